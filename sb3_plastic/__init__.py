@@ -1,0 +1,29 @@
+"""sb3-plastic: Stable-Baselines3 agents that keep their ability to learn when the world changes."""
+
+from sb3_plastic.activations import MaxMin, get_activation
+from sb3_plastic.config import IsometryConfig
+from sb3_plastic.dqn import PlasticDQN
+from sb3_plastic.isometry import dfi_per_layer, isometry_penalty, isometry_penalty_grad
+from sb3_plastic.networks import PlasticCNN, PlasticCombinedExtractor, PlasticMLP
+from sb3_plastic.optim import AdamO, reset_optimizer_state
+from sb3_plastic.ppo import PlasticPPO
+from sb3_plastic.sac import PlasticSAC
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AdamO",
+    "IsometryConfig",
+    "MaxMin",
+    "PlasticCNN",
+    "PlasticCombinedExtractor",
+    "PlasticDQN",
+    "PlasticMLP",
+    "PlasticPPO",
+    "PlasticSAC",
+    "dfi_per_layer",
+    "get_activation",
+    "isometry_penalty",
+    "isometry_penalty_grad",
+    "reset_optimizer_state",
+]

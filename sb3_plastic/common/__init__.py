@@ -1,0 +1,1 @@
+"""Machinery shared by every plastic algorithm."""

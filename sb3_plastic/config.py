@@ -1,0 +1,110 @@
+"""Configuration of the isometry machinery shared by every plastic algorithm and policy.
+
+The dataclass fields are the plastic keywords of ``PlasticPPO`` / ``PlasticDQN`` / ``PlasticSAC`` (and
+of their policies); the same spelling is used in rl_zoo3 yaml files and optuna samplers.
+Reference: Rosseau, Müller & Nowé (2026), "Preserving Plasticity in Continual Learning via Dynamical
+Isometry".
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Optional, Union
+
+from sb3_plastic.activations import ACTIVATIONS
+
+ISOMETRY_MODES = ("decoupled", "coupled", "off")
+OPTIMIZERS = ("adamo", "adam", "adam_equal_betas")
+LAYER_SELECTIONS = ("hidden", "all")
+#: beta1 = beta2 used by ``optimizer="adam_equal_betas"`` unless ``optimizer_kwargs["betas"]`` says otherwise
+#: (Dohare et al., 2024 use (0.99, 0.99) for PPO on Slippery Ant).
+EQUAL_BETA = 0.99
+
+
+@dataclass
+class IsometryConfig:
+    """Plastic network and optimizer settings.
+
+    :param activation: hidden activation: ``"relu"``, ``"maxmin"`` (GroupSort-2, isometric with orthogonal
+        layers) or ``"tanh"``. ``None`` keeps ``policy_kwargs["activation_fn"]`` if given, else ReLU.
+    :param isometry_coef: ``lambda`` >= 0 of the isometry penalty ``R(W) = ||W^T W - s I||_F^2``.
+    :param isometry_scale: target scale ``s`` > 0 (1 = orthogonal; 2 is an option for ReLU).
+    :param isometry_mode: ``"decoupled"`` (AdamO: the penalty step bypasses Adam's moments),
+        ``"coupled"`` (the penalty gradient is added to the task gradient before Adam; ablation) or
+        ``"off"`` (no penalty).
+    :param isometry_layers: which weights are regularised: ``"hidden"`` (every Linear/Conv layer except
+        output heads: action logits / mean, log_std, value, Q-values), ``"all"`` (every parameter with >= 2
+        dims), or a list of ``fnmatch`` patterns over the policy's parameter names
+        (e.g. ``["features_extractor.*", "mlp_extractor.*"]``).
+    :param optimizer: ``"adamo"`` (:class:`sb3_plastic.AdamO`), ``"adam"`` (``torch.optim.Adam``, as SB3) or
+        ``"adam_equal_betas"`` (Adam with beta1 = beta2 = 0.99, Dohare et al. 2024). With ``"adam"`` and
+        ``"adam_equal_betas"`` the penalty can only be ``"coupled"`` or ``"off"``.
+    :param orthogonal_init: orthogonal initialisation of hidden layers with gain ``sqrt(isometry_scale)``
+        (heads: SB3's gains for PPO, 1 otherwise). ``None``: on for MaxMin, off otherwise (SB3's own init).
+    """
+
+    activation: Optional[str] = None
+    isometry_coef: float = 1e-3
+    isometry_scale: float = 1.0
+    isometry_mode: str = "decoupled"
+    isometry_layers: Union[str, list[str]] = "hidden"
+    optimizer: str = "adamo"
+    orthogonal_init: Optional[bool] = None
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the bad value and what is allowed."""
+        bad_type = self.activation is not None and not isinstance(self.activation, str)
+        if bad_type or (self.activation is not None and self.activation.lower() not in ACTIVATIONS):
+            raise ValueError(f"Unknown activation {self.activation!r}; allowed: {sorted(ACTIVATIONS)} (or None)")
+        if self.activation is not None:
+            self.activation = self.activation.lower()
+        for name in ("isometry_coef",):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        scale = self.isometry_scale
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+            raise ValueError(f"isometry_scale must be a finite number > 0, got {scale!r}")
+        if self.isometry_mode not in ISOMETRY_MODES:
+            raise ValueError(f"Unknown isometry_mode {self.isometry_mode!r}; allowed: {list(ISOMETRY_MODES)}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"Unknown optimizer {self.optimizer!r}; allowed: {list(OPTIMIZERS)}")
+        if self.optimizer != "adamo" and self.isometry_mode == "decoupled":
+            raise ValueError(
+                f"isometry_mode='decoupled' is what AdamO does; with optimizer={self.optimizer!r} use "
+                "isometry_mode='coupled' or 'off', or optimizer='adamo'"
+            )
+        layers = self.isometry_layers
+        if isinstance(layers, str):
+            if layers not in LAYER_SELECTIONS:
+                raise ValueError(
+                    f"Unknown isometry_layers {layers!r}; allowed: {list(LAYER_SELECTIONS)} or a list of fnmatch patterns"
+                )
+        elif not (isinstance(layers, (list, tuple)) and all(isinstance(p, str) for p in layers)):
+            raise ValueError(f"isometry_layers must be 'hidden', 'all' or a list of patterns, got {layers!r}")
+        else:
+            self.isometry_layers = list(layers)
+        if self.orthogonal_init not in (None, True, False):
+            raise ValueError(f"orthogonal_init must be True, False or None, got {self.orthogonal_init!r}")
+
+    @property
+    def penalty_on(self) -> bool:
+        """Whether any isometry penalty is applied."""
+        return self.isometry_mode != "off" and self.isometry_coef > 0
+
+    @property
+    def use_orthogonal_init(self) -> bool:
+        """Resolved ``orthogonal_init``."""
+        return self.activation == "maxmin" if self.orthogonal_init is None else bool(self.orthogonal_init)
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """The fields as keyword arguments (what the plastic policies accept)."""
+        return asdict(self)
+
+
+#: Names of the plastic keywords, in signature order.
+ISOMETRY_KEYS: tuple[str, ...] = tuple(IsometryConfig.__dataclass_fields__)

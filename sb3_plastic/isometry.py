@@ -1,0 +1,100 @@
+"""The isometry penalty, its analytic gradient, deviation from isometry (DfI) and orthogonal init.
+
+For a weight ``W`` of shape ``(out, in)`` (a convolution kernel is viewed as ``(out, in * kh * kw)``)
+the penalty of Rosseau, Müller & Nowé (2026) is
+
+    R(W) = ||W^T W - s I||_F^2   if out >= in,      R(W) = ||W W^T - s I||_F^2   otherwise,
+
+with target scale ``s`` (1 by default; ``s = 2`` is an option for ReLU layers). Its gradient is
+``4 W (W^T W - s I)`` or ``4 (W W^T - s I) W``; no autograd is needed. With ``s = 1`` the penalty is
+the "deviation from isometry" DfI of FIRE (arXiv 2602.08040).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch as th
+from torch import nn
+
+#: Layer types whose ``weight`` the isometry machinery understands.
+WEIGHT_LAYERS: tuple[type[nn.Module], ...] = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+
+
+def _check_scale(scale: float) -> None:
+    if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+        raise ValueError(f"isometry_scale must be a finite number > 0, got {scale!r}")
+
+
+def as_matrix(weight: th.Tensor) -> th.Tensor:
+    """View a Linear weight ``(out, in)`` or a conv kernel ``(out, in, *k)`` as a matrix ``(out, in*prod(k))``."""
+    if weight.dim() < 2:
+        raise ValueError(f"the isometry penalty needs a weight with >= 2 dims, got shape {tuple(weight.shape)}")
+    return weight.reshape(weight.shape[0], -1)
+
+
+def gram_residual(weight: th.Tensor, scale: float = 1.0) -> th.Tensor:
+    """``W^T W - s I`` (tall or square ``W``) or ``W W^T - s I`` (wide ``W``), on the matrix view of ``weight``."""
+    w = as_matrix(weight)
+    gram = w.T @ w if w.shape[0] >= w.shape[1] else w @ w.T
+    return gram - scale * th.eye(gram.shape[0], dtype=gram.dtype, device=gram.device)
+
+
+def isometry_penalty(weight: th.Tensor, scale: float = 1.0) -> th.Tensor:
+    """The isometry penalty ``R(W)`` (a scalar tensor, differentiable)."""
+    _check_scale(scale)
+    return gram_residual(weight, scale).square().sum()
+
+
+def isometry_penalty_grad(weight: th.Tensor, scale: float = 1.0) -> th.Tensor:
+    """Analytic gradient of :func:`isometry_penalty` with respect to ``weight`` (same shape as ``weight``)."""
+    _check_scale(scale)
+    w = as_matrix(weight)
+    residual = gram_residual(weight, scale)
+    grad = 4.0 * (w @ residual) if w.shape[0] >= w.shape[1] else 4.0 * (residual @ w)
+    return grad.reshape(weight.shape)
+
+
+def deviation_from_isometry(weight: th.Tensor, scale: float = 1.0) -> float:
+    """DfI of one weight: ``R(W)`` with target scale ``scale`` as a Python float."""
+    with th.no_grad():
+        return float(isometry_penalty(weight.detach().float(), scale))
+
+
+def weight_layers(module: nn.Module) -> Iterable[tuple[str, nn.Module]]:
+    """``(name, layer)`` for every Linear / Conv layer inside ``module``, in registration order."""
+    for name, layer in module.named_modules():
+        if isinstance(layer, WEIGHT_LAYERS):
+            yield name, layer
+
+
+def dfi_per_layer(module: nn.Module, scale: float = 1.0) -> dict[str, float]:
+    """Deviation from isometry ``R(W)`` of every Linear / Conv layer of ``module``, keyed by layer name."""
+    _check_scale(scale)
+    return {name: deviation_from_isometry(layer.weight, scale) for name, layer in weight_layers(module)}
+
+
+def orthogonal_init_(layer: nn.Module, gain: float = 1.0) -> nn.Module:
+    """Orthogonal weight (``torch.nn.init.orthogonal_`` on the matrix view) and zero bias, in place."""
+    if not isinstance(layer, WEIGHT_LAYERS):
+        raise TypeError(f"orthogonal_init_ expects one of {[c.__name__ for c in WEIGHT_LAYERS]}, got {type(layer).__name__}")
+    with th.no_grad():
+        nn.init.orthogonal_(layer.weight, gain=gain)
+        if layer.bias is not None:
+            layer.bias.zero_()
+    return layer
+
+
+def orthogonal_init_network_(module: nn.Module, gain: float = 1.0, exclude: Iterable[nn.Module] = ()) -> list[str]:
+    """Orthogonally initialise every Linear / Conv layer of ``module`` except those in ``exclude``.
+
+    :return: the names of the layers that were initialised.
+    """
+    skipped = {id(m) for m in exclude}
+    done = []
+    for name, layer in weight_layers(module):
+        if id(layer) not in skipped:
+            orthogonal_init_(layer, gain)
+            done.append(name)
+    return done

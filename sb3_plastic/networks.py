@@ -1,0 +1,165 @@
+"""Feature extractors with a selectable activation ("relu" | "maxmin" | "tanh").
+
+* :class:`PlasticCNN`: the Nature-DQN CNN (Mnih et al., 2015; SB3's ``NatureCNN`` layer for layer)
+  for Atari-sized images, or the MinAtar CNN (Young & Tian, 2019: one 3x3 conv with 16 channels and a
+  128-unit layer) for 10x10 observations, chosen by ``arch`` ("auto" picks by image size).
+* :class:`PlasticMLP`: an MLP feature extractor.
+* :class:`PlasticCombinedExtractor`: SB3's ``CombinedExtractor`` with :class:`PlasticCNN` for images.
+
+With ``activation="relu"`` and ``arch="nature"`` the CNN creates the same layers in the same order as
+SB3's ``NatureCNN``, so a seeded run is identical.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import gymnasium as gym
+import torch as th
+from gymnasium import spaces
+from stable_baselines3.common.preprocessing import get_flattened_obs_dim, is_image_space, is_image_space_channels_first
+from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
+from torch import nn
+
+from sb3_plastic.activations import MaxMin, get_activation
+
+CNN_ARCHS = ("auto", "nature", "minatar")
+#: "auto" picks the Nature CNN when both spatial sizes are at least this large (its 8x8/4, 4x4/2, 3x3/1
+#: stack needs 36 pixels), the MinAtar CNN otherwise.
+NATURE_MIN_SIZE = 36
+
+
+def check_even_widths(activation: type[nn.Module], widths: dict[str, int]) -> None:
+    """MaxMin pairs features, so every width it acts on must be even: fail early with the culprit."""
+    if activation is MaxMin:
+        odd = {name: width for name, width in widths.items() if width % 2}
+        if odd:
+            raise ValueError(f"activation='maxmin' needs even layer widths, got odd {odd}")
+
+
+class PlasticCNN(BaseFeaturesExtractor):
+    """CNN feature extractor for image-like ``Box`` observations, with a selectable activation.
+
+    :param observation_space: a 3-D ``Box``; channels-first, or channels-last for non-image boxes
+        such as MinAtar's ``(10, 10, C)`` booleans (then the extractor moves the channels first itself;
+        SB3 already transposes channels-last uint8 images with ``VecTransposeImage``).
+    :param features_dim: width of the last (linear) layer; default 512 (Nature) or 128 (MinAtar).
+    :param activation: "relu" | "maxmin" | "tanh" or an ``nn.Module`` class.
+    :param arch: "nature", "minatar" or "auto" (Nature when H and W >= 36).
+    :param normalized_image: accepted for signature compatibility with SB3's ``NatureCNN``.
+    """
+
+    def __init__(
+        self,
+        observation_space: gym.Space,
+        features_dim: Union[int, None] = None,
+        activation: Union[str, type[nn.Module]] = "relu",
+        arch: str = "auto",
+        normalized_image: bool = False,
+    ) -> None:
+        if not isinstance(observation_space, spaces.Box) or len(observation_space.shape) != 3:
+            raise ValueError(f"PlasticCNN needs a 3-D Box observation space (C, H, W), got {observation_space}")
+        if arch not in CNN_ARCHS:
+            raise ValueError(f"Unknown arch {arch!r} for PlasticCNN; allowed: {list(CNN_ARCHS)}")
+        act = get_activation(activation)
+        shape = observation_space.shape
+        # uint8 images reach the extractor channels-first (SB3 wraps the env in VecTransposeImage);
+        # other boxes (MinAtar's (10, 10, C) booleans) are moved channels-first here when needed.
+        self.channels_last = not is_image_space(observation_space, check_channels=False) and (
+            not is_image_space_channels_first(observation_space)
+        )
+        chw = (shape[2], shape[0], shape[1]) if self.channels_last else shape
+        if arch == "auto":
+            arch = "nature" if min(chw[1], chw[2]) >= NATURE_MIN_SIZE else "minatar"
+        self.arch = arch
+        if features_dim is None:
+            features_dim = 512 if arch == "nature" else 128
+        super().__init__(observation_space, features_dim)
+        n_in = chw[0]
+        if arch == "nature":
+            check_even_widths(act, {"conv1": 32, "conv2": 64, "conv3": 64, "features_dim": features_dim})
+            self.cnn = nn.Sequential(
+                nn.Conv2d(n_in, 32, kernel_size=8, stride=4, padding=0),
+                act(),
+                nn.Conv2d(32, 64, kernel_size=4, stride=2, padding=0),
+                act(),
+                nn.Conv2d(64, 64, kernel_size=3, stride=1, padding=0),
+                act(),
+                nn.Flatten(),
+            )
+        else:
+            check_even_widths(act, {"conv1": 16, "features_dim": features_dim})
+            self.cnn = nn.Sequential(nn.Conv2d(n_in, 16, kernel_size=3, stride=1, padding=0), act(), nn.Flatten())
+        with th.no_grad():
+            sample = th.as_tensor(observation_space.sample()[None]).float()
+            n_flatten = self.cnn(self._channels_first(sample)).shape[1]
+        self.linear = nn.Sequential(nn.Linear(n_flatten, features_dim), act())
+
+    def _channels_first(self, x: th.Tensor) -> th.Tensor:
+        return x.permute(0, 3, 1, 2) if self.channels_last else x
+
+    def forward(self, observations: th.Tensor) -> th.Tensor:
+        return self.linear(self.cnn(self._channels_first(observations)))
+
+
+class PlasticMLP(BaseFeaturesExtractor):
+    """MLP feature extractor: flatten, then ``Linear -> activation`` for each width of ``net_arch``.
+
+    :param observation_space: any space SB3 can flatten.
+    :param net_arch: hidden widths; the last one is ``features_dim``.
+    :param activation: "relu" | "maxmin" | "tanh" or an ``nn.Module`` class.
+    """
+
+    def __init__(
+        self,
+        observation_space: gym.Space,
+        net_arch: tuple[int, ...] = (256, 256),
+        activation: Union[str, type[nn.Module]] = "relu",
+    ) -> None:
+        if len(net_arch) == 0 or any(int(w) <= 0 for w in net_arch):
+            raise ValueError(f"net_arch must be a non-empty list of positive widths, got {list(net_arch)}")
+        act = get_activation(activation)
+        check_even_widths(act, {f"layer{i}": int(w) for i, w in enumerate(net_arch)})
+        super().__init__(observation_space, int(net_arch[-1]))
+        layers: list[nn.Module] = [nn.Flatten()]
+        width = get_flattened_obs_dim(observation_space)
+        for w in net_arch:
+            layers += [nn.Linear(width, int(w)), act()]
+            width = int(w)
+        self.mlp = nn.Sequential(*layers)
+
+    def forward(self, observations: th.Tensor) -> th.Tensor:
+        return self.mlp(observations.float())
+
+
+class PlasticCombinedExtractor(BaseFeaturesExtractor):
+    """SB3's ``CombinedExtractor`` with :class:`PlasticCNN` for image keys and flattening for the rest.
+
+    :param observation_space: a ``Dict`` space.
+    :param cnn_output_dim: features per image key.
+    :param normalized_image: as in SB3.
+    :param activation: activation of the CNNs.
+    """
+
+    def __init__(
+        self,
+        observation_space: spaces.Dict,
+        cnn_output_dim: int = 256,
+        normalized_image: bool = False,
+        activation: Union[str, type[nn.Module]] = "relu",
+    ) -> None:
+        super().__init__(observation_space, features_dim=1)
+        extractors: dict[str, nn.Module] = {}
+        total = 0
+        for key, subspace in observation_space.spaces.items():
+            if is_image_space(subspace, normalized_image=normalized_image):
+                extractors[key] = PlasticCNN(subspace, features_dim=cnn_output_dim, activation=activation, arch="auto")
+                total += cnn_output_dim
+            else:
+                extractors[key] = nn.Flatten()
+                total += get_flattened_obs_dim(subspace)
+        self.extractors = nn.ModuleDict(extractors)
+        self._features_dim = total
+
+    def forward(self, observations: dict[str, th.Tensor]) -> th.Tensor:
+        return th.cat([extractor(observations[key]) for key, extractor in self.extractors.items()], dim=1)

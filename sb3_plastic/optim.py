@@ -1,0 +1,185 @@
+"""AdamO: Adam with a decoupled isometry step (Rosseau, Müller & Nowé, 2026).
+
+AdamO does to the isometry penalty what AdamW does to weight decay: the Adam moments ``m, v`` see
+only the task gradient, and the penalty acts through its own step,
+
+    theta <- theta - lr * m_hat / (sqrt(v_hat) + eps) - lr * lambda * grad R(theta),
+
+where ``R`` is :func:`sb3_plastic.isometry.isometry_penalty` and ``lambda = isometry_coef``.
+Mixing ``lambda * grad R`` into the gradient (``isometry_mode="coupled"``) lets Adam's second moment
+rescale the penalty; that ablation is kept so users can compare.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any, Optional, Union
+
+import torch as th
+
+from sb3_plastic.isometry import as_matrix, isometry_penalty_grad
+
+ISOMETRY_MODES = ("decoupled", "coupled")
+
+#: The decoupled isometry step is clamped per tensor so that ``4 * lr * lambda * sigma_max(W)^2 <= 1/2``.
+#: ``sigma_max^2`` is bounded from above by the largest absolute row sum of the Gram matrix, which costs
+#: no SVD. Below the bound the cubic map ``sigma <- sigma - 4 c sigma (sigma^2 - s)`` moves every
+#: singular value monotonically towards ``sqrt(s)`` without overshoot; above it the step could diverge.
+MAX_ISOMETRY_STEP = 0.125
+
+
+def _check_nonneg(name: str, value: Any) -> None:
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+
+
+def _check_group(group: dict[str, Any]) -> None:
+    _check_nonneg("isometry_coef", group["isometry_coef"])
+    scale = group["isometry_scale"]
+    if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+        raise ValueError(f"isometry_scale must be a finite number > 0, got {scale!r}")
+    if group["isometry_mode"] not in ISOMETRY_MODES:
+        raise ValueError(f"Unknown isometry_mode {group['isometry_mode']!r} for AdamO; allowed: {list(ISOMETRY_MODES)}")
+
+
+def reset_optimizer_state(
+    optimizer: th.optim.Optimizer,
+    param: th.Tensor,
+    index: Optional[Union[th.Tensor, Iterable[int]]] = None,
+    dim: int = 0,
+) -> None:
+    """Zero the optimizer state that belongs to ``param`` (whole tensor, or chosen rows / columns).
+
+    Works for any torch optimizer whose per-parameter state tensors have the parameter's shape
+    (Adam, AdamW, AdamO, RMSprop, SGD with momentum, ...).
+
+    :param optimizer: the optimizer holding the state.
+    :param param: the parameter (must be one of the optimizer's parameters).
+    :param index: ``None`` drops the whole state of ``param`` (Adam then restarts its step count and
+        bias correction for it); otherwise the indices (or a boolean mask) along ``dim`` whose
+        moments are set to zero, keeping the step count.
+    :param dim: the dimension ``index`` refers to: 0 = rows / output units, 1 = columns / input units.
+    """
+    if not any(param is p for group in optimizer.param_groups for p in group["params"]):
+        raise ValueError("reset_optimizer_state: the tensor is not a parameter of this optimizer")
+    if param not in optimizer.state:
+        return
+    if index is None:
+        del optimizer.state[param]
+        return
+    if not -param.dim() <= dim < param.dim():
+        raise ValueError(f"dim={dim} is out of range for a parameter of shape {tuple(param.shape)}")
+    idx = th.as_tensor(index, device=param.device) if not isinstance(index, th.Tensor) else index.to(param.device)
+    if idx.dtype == th.bool:
+        idx = idx.nonzero().flatten()
+    idx = idx.long()
+    for value in optimizer.state[param].values():
+        if isinstance(value, th.Tensor) and value.shape == param.shape:
+            value.index_fill_(dim, idx, 0.0)
+
+
+class AdamO(th.optim.Adam):
+    """Adam with a decoupled isometry step ("AdamO", Rosseau, Müller & Nowé, 2026).
+
+    :param params: parameters or param groups. A group may set its own ``isometry_coef``,
+        ``isometry_scale`` and ``isometry_mode``; the plastic policies put output heads in a group
+        with ``isometry_coef=0``.
+    :param lr: learning rate ``eta`` (SB3 overwrites it on every ``train()`` through its schedule).
+    :param betas: Adam's ``(beta1, beta2)``.
+    :param eps: Adam's epsilon.
+    :param weight_decay: decoupled (AdamW-style) weight decay on every parameter of the group.
+    :param isometry_coef: ``lambda`` >= 0. Every parameter with >= 2 dimensions in a group with
+        ``isometry_coef > 0`` is regularised; 0 makes AdamO step for step equal to ``torch.optim.Adam``.
+    :param isometry_scale: target scale ``s`` > 0 of ``W^T W`` (1: orthogonal; 2 is an option for ReLU).
+    :param isometry_mode: ``"decoupled"`` (AdamO proper) or ``"coupled"``: ``lambda * grad R`` is added to
+        ``p.grad`` before the Adam update (plain Adam on loss + lambda R; the ablation).
+    :param amsgrad: as in ``torch.optim.Adam``.
+    :param kwargs: other ``torch.optim.Adam`` keywords (``foreach``, ``fused``, ``maximize``, ...).
+
+    Blow-up guard: the decoupled step size ``lr * lambda`` is clamped per tensor to
+    ``MAX_ISOMETRY_STEP / (4 * bound)`` where ``bound >= sigma_max(W)^2`` (largest absolute row sum of the
+    Gram matrix); the value used at the last step is kept in ``state[p]["isometry_step"]``. In coupled mode
+    no clamp applies (Adam normalises the summed gradient).
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        isometry_coef: float = 1e-3,
+        isometry_scale: float = 1.0,
+        isometry_mode: str = "decoupled",
+        amsgrad: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        _check_nonneg("weight_decay", weight_decay)
+        if "decoupled_weight_decay" in kwargs:
+            raise ValueError("AdamO's weight decay is always decoupled; do not pass decoupled_weight_decay")
+        super().__init__(
+            params,
+            lr=lr,
+            betas=betas,
+            eps=eps,
+            weight_decay=weight_decay,
+            amsgrad=amsgrad,
+            decoupled_weight_decay=True,
+            **kwargs,
+        )
+        for group in self.param_groups:
+            group.setdefault("isometry_coef", isometry_coef)
+            group.setdefault("isometry_scale", isometry_scale)
+            group.setdefault("isometry_mode", isometry_mode)
+            _check_group(group)
+        self.defaults.update(isometry_coef=isometry_coef, isometry_scale=isometry_scale, isometry_mode=isometry_mode)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        super().add_param_group(param_group)
+        if "isometry_mode" in self.param_groups[-1]:  # defaults exist (not called from Adam.__init__)
+            _check_group(self.param_groups[-1])
+
+    @staticmethod
+    def is_regularised(param: th.Tensor, group: dict[str, Any]) -> bool:
+        """Whether ``param`` receives the isometry step: >= 2 dims in a group with ``isometry_coef > 0``."""
+        return group["isometry_coef"] > 0 and param.dim() >= 2
+
+    @th.no_grad()
+    def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:  # type: ignore[override]
+        """One AdamO step (see the class docstring)."""
+        loss = None
+        if closure is not None:
+            with th.enable_grad():
+                loss = closure()
+        pending: list[tuple[th.Tensor, th.Tensor, float, dict]] = []
+        for group in self.param_groups:
+            _check_group(group)
+            for p in group["params"]:
+                if p.grad is None or not self.is_regularised(p, group):
+                    continue
+                # Gradient of R at the current (pre-step) parameters, as in the update rule above.
+                grad_r = isometry_penalty_grad(p, group["isometry_scale"])
+                if group["isometry_mode"] == "coupled":
+                    p.grad.add_(grad_r, alpha=group["isometry_coef"])
+                else:
+                    w = as_matrix(p)
+                    gram = w.T @ w if w.shape[0] >= w.shape[1] else w @ w.T
+                    bound = gram.abs().sum(dim=1).max().clamp_min(1e-12)
+                    step = th.clamp(MAX_ISOMETRY_STEP / (4.0 * bound), max=float(group["lr"]) * group["isometry_coef"])
+                    pending.append((p, grad_r, step, group))
+        super().step()
+        for p, grad_r, step, _ in pending:
+            p.sub_(grad_r * step)
+            self.state[p]["isometry_step"] = step.detach()
+        return loss
+
+    def reset_state(
+        self, param: th.Tensor, index: Optional[Union[th.Tensor, Iterable[int]]] = None, dim: int = 0
+    ) -> None:
+        """Zero the moments of ``param`` (whole tensor, or rows ``dim=0`` / columns ``dim=1``).
+
+        See :func:`reset_optimizer_state`.
+        """
+        reset_optimizer_state(self, param, index, dim)

@@ -1,0 +1,303 @@
+"""Plastic policies: SB3's PPO / DQN / SAC policies with a selectable activation, orthogonal
+initialisation and AdamO with the output heads kept out of the isometry penalty.
+
+One mixin, :class:`PlasticPolicyMixin`, does the work for every policy; each concrete class only says
+which modules are output heads, which optimizers it owns and which target networks mirror which
+online networks. Reference: Rosseau, Müller & Nowé (2026), "Preserving Plasticity in Continual
+Learning via Dynamical Isometry".
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from typing import Any, Optional, Union
+
+import torch as th
+from stable_baselines3.common.policies import ActorCriticPolicy
+from stable_baselines3.common.type_aliases import Schedule
+from stable_baselines3.dqn.policies import DQNPolicy
+from stable_baselines3.sac.policies import SACPolicy
+from torch import nn
+
+from sb3_plastic.activations import get_activation
+from sb3_plastic.config import EQUAL_BETA, IsometryConfig
+from sb3_plastic.isometry import WEIGHT_LAYERS, orthogonal_init_
+from sb3_plastic.networks import PlasticCNN, PlasticCombinedExtractor, check_even_widths
+from sb3_plastic.optim import AdamO
+
+_PLASTIC_EXTRACTORS = ("PlasticCNN", "PlasticMLP", "PlasticCombinedExtractor")
+
+
+def _arch_widths(net_arch: Any) -> dict[str, int]:
+    """All hidden widths named in an SB3 ``net_arch`` (list, or dict of lists)."""
+    if net_arch is None:
+        return {}
+    if isinstance(net_arch, dict):
+        return {f"{key}[{i}]": int(w) for key, arch in net_arch.items() for i, w in enumerate(arch)}
+    return {f"net_arch[{i}]": int(w) for i, w in enumerate(net_arch)}
+
+
+class PlasticPolicyMixin:
+    """Adds the isometry keywords of :class:`sb3_plastic.IsometryConfig` to an SB3 policy.
+
+    Resolution happens before SB3 builds the networks: ``activation`` becomes ``activation_fn`` (and the
+    plastic feature extractor's activation), ``optimizer`` / ``isometry_*`` become ``optimizer_class`` /
+    ``optimizer_kwargs``. After SB3's ``_build`` (including its ``ortho_init``) the mixin applies the
+    orthogonal initialisation, re-syncs target networks and rebuilds each AdamO with two param groups:
+    regularised weights and the rest (``isometry_coef=0``).
+    """
+
+    #: default ``features_extractor_class`` of the concrete policy (None: SB3's default)
+    _plastic_default_extractor: Optional[type] = None
+    #: Adam epsilon SB3 uses for this policy family when the user gives no optimizer_kwargs (PPO: 1e-5)
+    _plastic_adam_eps: Optional[float] = None
+    #: SB3 puts no MLP layer after its NatureCNN in this policy family (PPO, DQN; not SAC)
+    _plastic_cnn_no_mlp: bool = False
+
+    isometry_config: IsometryConfig
+
+    def __init__(
+        self,
+        *args: Any,
+        activation: Optional[str] = None,
+        isometry_coef: float = 1e-3,
+        isometry_scale: float = 1.0,
+        isometry_mode: str = "decoupled",
+        isometry_layers: Union[str, list[str]] = "hidden",
+        optimizer: str = "adamo",
+        orthogonal_init: Optional[bool] = None,
+        **kwargs: Any,
+    ) -> None:
+        config = IsometryConfig(
+            activation=activation,
+            isometry_coef=isometry_coef,
+            isometry_scale=isometry_scale,
+            isometry_mode=isometry_mode,
+            isometry_layers=isometry_layers,
+            optimizer=optimizer,
+            orthogonal_init=orthogonal_init,
+        )
+        self._plastic_user_kwargs = {k: kwargs[k] for k in ("optimizer_class", "optimizer_kwargs") if k in kwargs}
+        kwargs = self._resolve_plastic_kwargs(config, kwargs)
+        self.isometry_config = config
+        super().__init__(*args, **kwargs)
+
+    # ------------------------------------------------------------------ construction
+    def _resolve_plastic_kwargs(self, config: IsometryConfig, kwargs: dict[str, Any]) -> dict[str, Any]:
+        kwargs = dict(kwargs)
+        user_fn = kwargs.get("activation_fn")
+        if config.activation is None:
+            act = get_activation(user_fn) if user_fn is not None else nn.ReLU
+        else:
+            act = get_activation(config.activation)
+            if user_fn is not None and user_fn is not act:
+                raise ValueError(
+                    f"activation={config.activation!r} conflicts with policy_kwargs activation_fn={user_fn!r}; "
+                    "set only one of them"
+                )
+        kwargs["activation_fn"] = act
+        check_even_widths(act, _arch_widths(kwargs.get("net_arch")))
+        if self._plastic_default_extractor is not None:
+            kwargs.setdefault("features_extractor_class", self._plastic_default_extractor)
+        extractor = kwargs.get("features_extractor_class")
+        if self._plastic_cnn_no_mlp and kwargs.get("net_arch") is None and extractor is PlasticCNN:
+            kwargs["net_arch"] = []
+        if extractor is not None and getattr(extractor, "__name__", "") in _PLASTIC_EXTRACTORS:
+            fe_kwargs = dict(kwargs.get("features_extractor_kwargs") or {})
+            fe_kwargs.setdefault("activation", act)
+            kwargs["features_extractor_kwargs"] = fe_kwargs
+
+        user_class = kwargs.get("optimizer_class")
+        user_opt_kwargs = dict(kwargs.get("optimizer_kwargs") or {})
+        if config.optimizer == "adam_equal_betas":
+            betas = tuple(user_opt_kwargs.get("betas", (EQUAL_BETA, EQUAL_BETA)))
+            if len(betas) != 2 or betas[0] != betas[1]:
+                raise ValueError(f"optimizer='adam_equal_betas' needs beta1 == beta2, got optimizer_kwargs betas={betas}")
+            user_opt_kwargs["betas"] = betas
+        if self._plastic_adam_eps is not None and kwargs.get("optimizer_kwargs") is None:
+            user_opt_kwargs.setdefault("eps", self._plastic_adam_eps)  # what SB3 does for this policy's Adam
+        use_adamo = config.optimizer == "adamo" or config.isometry_mode == "coupled"
+        if user_class is not None:
+            if not use_adamo:
+                return kwargs  # plasticity off: the user's optimizer exactly as SB3 would build it
+            if user_class is not AdamO:
+                raise ValueError(
+                    f"policy_kwargs optimizer_class={getattr(user_class, '__name__', user_class)} conflicts with "
+                    f"optimizer={config.optimizer!r} and isometry_mode={config.isometry_mode!r}; a custom "
+                    "optimizer_class is only used with optimizer='adam' and isometry_mode='off'"
+                )
+        if use_adamo:
+            user_opt_kwargs.update(
+                isometry_coef=float(config.isometry_coef) if config.isometry_mode != "off" else 0.0,
+                isometry_scale=float(config.isometry_scale),
+                isometry_mode="coupled" if config.isometry_mode == "coupled" else "decoupled",
+            )
+            kwargs["optimizer_class"] = AdamO
+        else:
+            kwargs["optimizer_class"] = th.optim.Adam
+        kwargs["optimizer_kwargs"] = user_opt_kwargs
+        return kwargs
+
+    def _build(self, lr_schedule: Schedule) -> None:
+        super()._build(lr_schedule)  # type: ignore[misc]
+        if self.isometry_config.use_orthogonal_init:
+            self._plastic_orthogonal_init()
+        self._plastic_regroup_optimizers()
+
+    # ------------------------------------------------------------------ per-policy hooks
+    def plastic_heads(self) -> list[nn.Module]:
+        """Output layers (action logits / mean, log_std, value, Q-values): excluded from the penalty."""
+        raise NotImplementedError
+
+    def plastic_optimizers(self) -> list[tuple[Any, str]]:
+        """``(owner, attribute)`` of every optimizer the policy owns."""
+        return [(self, "optimizer")]
+
+    def plastic_targets(self) -> list[tuple[nn.Module, nn.Module]]:
+        """``(target, online)`` pairs of target networks (copies, never optimised)."""
+        return []
+
+    def _plastic_head_gain(self, head: nn.Module) -> float:
+        return 1.0
+
+    # ------------------------------------------------------------------ plastic steps
+    def sync_targets(self) -> None:
+        """Copy every online network into its target network (hard update)."""
+        for target, online in self.plastic_targets():
+            target.load_state_dict(online.state_dict())
+
+    def _plastic_orthogonal_init(self) -> None:
+        heads = {id(m) for m in self.plastic_heads()}
+        in_targets = {id(m) for target, _ in self.plastic_targets() for m in target.modules()}
+        gain = math.sqrt(self.isometry_config.isometry_scale)
+        for module in self.modules():  # type: ignore[attr-defined]
+            if isinstance(module, WEIGHT_LAYERS) and id(module) not in in_targets:
+                orthogonal_init_(module, self._plastic_head_gain(module) if id(module) in heads else gain)
+        self.sync_targets()
+
+    def regularised_parameters(self) -> list[nn.Parameter]:
+        """The parameters the isometry penalty acts on, per ``isometry_layers``."""
+        layers = self.isometry_config.isometry_layers
+        named = list(self.named_parameters())  # type: ignore[attr-defined]
+        if layers == "all":
+            return [p for _, p in named if p.dim() >= 2]
+        if layers == "hidden":
+            heads = {id(m) for m in self.plastic_heads()}
+            hidden = {
+                id(m.weight)
+                for m in self.modules()  # type: ignore[attr-defined]
+                if isinstance(m, WEIGHT_LAYERS) and id(m) not in heads
+            }
+            return [p for _, p in named if id(p) in hidden]
+        return [p for name, p in named if p.dim() >= 2 and any(fnmatch.fnmatchcase(name, pat) for pat in layers)]
+
+    def _plastic_regroup_optimizers(self) -> None:
+        if self.optimizer_class is not AdamO:  # type: ignore[attr-defined]
+            return
+        regularised = {id(p) for p in self.regularised_parameters()}
+        for owner, attr in self.plastic_optimizers():
+            old: th.optim.Optimizer = getattr(owner, attr)
+            params = [p for group in old.param_groups for p in group["params"]]
+            groups = [
+                {"params": [p for p in params if id(p) in regularised]},
+                {"params": [p for p in params if id(p) not in regularised], "isometry_coef": 0.0},
+            ]
+            groups = [g for g in groups if g["params"]]
+            setattr(owner, attr, AdamO(groups, lr=old.param_groups[0]["lr"], **self.optimizer_kwargs))  # type: ignore[attr-defined]
+
+    def _get_constructor_parameters(self) -> dict[str, Any]:
+        data = super()._get_constructor_parameters()  # type: ignore[misc]
+        for key in ("optimizer_class", "optimizer_kwargs"):
+            if key in self._plastic_user_kwargs:
+                data[key] = self._plastic_user_kwargs[key]
+            else:
+                data.pop(key, None)
+        data.update(self.isometry_config.to_kwargs())
+        return data
+
+
+class PlasticActorCriticPolicy(PlasticPolicyMixin, ActorCriticPolicy):
+    """SB3's ``ActorCriticPolicy`` (PPO, A2C) with the isometry keywords of :class:`IsometryConfig`.
+
+    Heads: ``action_net`` and ``value_net`` (and the ``log_std`` vector). Under orthogonal init the heads
+    keep SB3's gains (0.01 for the action head, 1 for the value head).
+    """
+
+    _plastic_adam_eps = 1e-5
+    _plastic_cnn_no_mlp = True
+
+    def plastic_heads(self) -> list[nn.Module]:
+        return [self.action_net, self.value_net]
+
+    def _plastic_head_gain(self, head: nn.Module) -> float:
+        return 0.01 if head is self.action_net else 1.0
+
+
+class PlasticActorCriticCnnPolicy(PlasticActorCriticPolicy):
+    """:class:`PlasticActorCriticPolicy` with :class:`sb3_plastic.networks.PlasticCNN` features."""
+
+    _plastic_default_extractor = PlasticCNN
+
+
+class PlasticMultiInputActorCriticPolicy(PlasticActorCriticPolicy):
+    """:class:`PlasticActorCriticPolicy` for ``Dict`` observations (:class:`PlasticCombinedExtractor`)."""
+
+    _plastic_default_extractor = PlasticCombinedExtractor
+
+
+class PlasticDQNPolicy(PlasticPolicyMixin, DQNPolicy):
+    """SB3's ``DQNPolicy`` with the isometry keywords. Head: the last Linear of the Q-network."""
+
+    _plastic_cnn_no_mlp = True
+
+    def plastic_heads(self) -> list[nn.Module]:
+        return [self.q_net.q_net[-1]]
+
+    def plastic_targets(self) -> list[tuple[nn.Module, nn.Module]]:
+        return [(self.q_net_target, self.q_net)]
+
+
+class PlasticDQNCnnPolicy(PlasticDQNPolicy):
+    """:class:`PlasticDQNPolicy` with :class:`PlasticCNN` features."""
+
+    _plastic_default_extractor = PlasticCNN
+
+
+class PlasticDQNMultiInputPolicy(PlasticDQNPolicy):
+    """:class:`PlasticDQNPolicy` for ``Dict`` observations."""
+
+    _plastic_default_extractor = PlasticCombinedExtractor
+
+
+class PlasticSACPolicy(PlasticPolicyMixin, SACPolicy):
+    """SB3's ``SACPolicy`` with the isometry keywords; actor and critic each get an AdamO.
+
+    Heads: the actor's ``mu`` and ``log_std`` layers and the last Linear of every Q-network. The
+    entropy-coefficient optimizer belongs to the algorithm and stays SB3's Adam.
+    """
+
+    def plastic_heads(self) -> list[nn.Module]:
+        heads: list[nn.Module] = [self.actor.mu]
+        if isinstance(self.actor.log_std, nn.Module):
+            heads.append(self.actor.log_std)
+        heads += [q_net[-1] for q_net in self.critic.q_networks]
+        return heads
+
+    def plastic_optimizers(self) -> list[tuple[Any, str]]:
+        return [(self.actor, "optimizer"), (self.critic, "optimizer")]
+
+    def plastic_targets(self) -> list[tuple[nn.Module, nn.Module]]:
+        return [(self.critic_target, self.critic)]
+
+
+class PlasticSACCnnPolicy(PlasticSACPolicy):
+    """:class:`PlasticSACPolicy` with :class:`PlasticCNN` features."""
+
+    _plastic_default_extractor = PlasticCNN
+
+
+class PlasticSACMultiInputPolicy(PlasticSACPolicy):
+    """:class:`PlasticSACPolicy` for ``Dict`` observations."""
+
+    _plastic_default_extractor = PlasticCombinedExtractor

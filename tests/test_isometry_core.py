@@ -1,0 +1,240 @@
+"""MaxMin, the isometry penalty and its gradient, DfI, orthogonal init and AdamO."""
+
+import copy
+
+import pytest
+import torch as th
+from torch import nn
+
+from sb3_plastic import AdamO, MaxMin, dfi_per_layer, get_activation, isometry_penalty, isometry_penalty_grad
+from sb3_plastic.isometry import orthogonal_init_network_
+from sb3_plastic.optim import reset_optimizer_state
+
+
+def maxmin_reference(x: th.Tensor) -> th.Tensor:
+    """Elementwise loop over adjacent pairs of dim 1."""
+    out = x.clone()
+    for i in range(0, x.shape[1], 2):
+        a, b = x[:, i], x[:, i + 1]
+        out[:, i] = th.where(a >= b, a, b)
+        out[:, i + 1] = th.where(a >= b, b, a)
+    return out
+
+
+@pytest.mark.parametrize("shape", [(5, 6), (3, 4, 5, 7), (2, 8, 3)])
+def test_maxmin_matches_elementwise_reference(shape):
+    x = th.randn(*shape)
+    y = MaxMin()(x)
+    assert y.shape == x.shape
+    assert th.equal(y, maxmin_reference(x))
+    # norm preserving, and pairs along dim 1 (channels), not along the last axis
+    assert th.allclose(y.norm(), x.norm())
+    if len(shape) == 4:
+        assert th.equal(y[:, 0], th.maximum(x[:, 0], x[:, 1]))
+
+
+def test_maxmin_gradient_norm_preserved_and_no_arg_constructor():
+    x = th.randn(4, 10, requires_grad=True)
+    g = th.randn(4, 10)
+    MaxMin()(x).backward(g)
+    assert th.allclose(x.grad.norm(), g.norm())
+    assert get_activation("maxmin") is MaxMin
+
+
+def test_maxmin_odd_width_error():
+    with pytest.raises(ValueError, match="even"):
+        MaxMin()(th.randn(2, 5))
+    with pytest.raises(ValueError, match="got 3"):
+        MaxMin()(th.randn(2, 3, 4, 4))
+
+
+def test_unknown_activation_error():
+    with pytest.raises(ValueError, match="'gelu'.*allowed"):
+        get_activation("gelu")
+
+
+@pytest.mark.parametrize("shape", [(7, 4), (4, 7), (6, 3, 3, 3), (40, 3, 2, 2), (5, 5)])
+@pytest.mark.parametrize("scale", [1.0, 2.0])
+def test_isometry_gradient_matches_autograd(shape, scale):
+    w = th.randn(*shape, dtype=th.float64, requires_grad=True)
+    isometry_penalty(w, scale).backward()
+    assert th.allclose(isometry_penalty_grad(w.detach(), scale), w.grad, rtol=1e-10, atol=1e-10)
+
+
+def test_penalty_value_against_singular_values():
+    w = th.randn(9, 5, dtype=th.float64)
+    s = th.linalg.svdvals(w)
+    # ||W^T W - s I||_F^2 = sum (sigma_i^2 - s)^2 over the min(out, in) singular values
+    assert th.isclose(isometry_penalty(w, 2.0), ((s**2 - 2.0) ** 2).sum())
+    assert th.isclose(isometry_penalty(w.T, 2.0), ((s**2 - 2.0) ** 2).sum())
+
+
+def test_dfi_orthogonal_maxmin_network_is_zero():
+    net = nn.Sequential(nn.Linear(8, 16), MaxMin(), nn.Linear(16, 16), MaxMin(), nn.Conv1d(16, 4, 1))
+    orthogonal_init_network_(net, gain=1.0)
+    dfi = dfi_per_layer(net)
+    assert set(dfi) == {"0", "2", "4"}
+    assert max(dfi.values()) < 1e-9
+    # a layer scaled by 2 has DfI = sum (4 - 1)^2 over its 8 singular values
+    with th.no_grad():
+        net[0].weight.mul_(2)
+    assert dfi_per_layer(net)["0"] == pytest.approx(8 * 9.0, rel=1e-5)
+
+
+def test_bad_scale_error():
+    with pytest.raises(ValueError, match="isometry_scale"):
+        isometry_penalty(th.randn(3, 3), -1.0)
+
+
+def _train_pair(opt_a, opt_b, net_a, net_b, steps=25):
+    for _ in range(steps):
+        x = th.randn(16, 6)
+        for net, opt in ((net_a, opt_a), (net_b, opt_b)):
+            opt.zero_grad()
+            net(x).pow(2).mean().backward()
+            opt.step()
+
+
+@pytest.mark.parametrize("weight_decay", [0.0, 1e-2])
+def test_adamo_with_zero_coef_equals_torch_adam(weight_decay):
+    th.manual_seed(0)
+    net_a = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+    net_b = copy.deepcopy(net_a)
+    opt_a = th.optim.Adam(net_a.parameters(), lr=1e-2, eps=1e-5, weight_decay=weight_decay, decoupled_weight_decay=True)
+    opt_b = AdamO(net_b.parameters(), lr=1e-2, eps=1e-5, weight_decay=weight_decay, isometry_coef=0.0)
+    for _ in range(25):
+        _train_pair(opt_a, opt_b, net_a, net_b, steps=1)
+        for pa, pb in zip(net_a.parameters(), net_b.parameters()):
+            assert th.equal(pa, pb)
+
+
+def test_adamo_drives_singular_values_to_sqrt_scale():
+    th.manual_seed(1)
+    for scale in (1.0, 2.0):
+        w = nn.Parameter(th.randn(12, 7) * 2.5)
+        opt = AdamO([w], lr=1e-2, isometry_coef=5.0, isometry_scale=scale)
+        for _ in range(3000):
+            w.grad = th.zeros_like(w)  # no task gradient: only the isometry step acts
+            opt.step()
+        assert th.allclose(th.linalg.svdvals(w.detach()), th.full((7,), scale**0.5), atol=1e-4)
+
+
+def test_adamo_decoupled_moments_see_only_task_gradient():
+    th.manual_seed(2)
+    w = nn.Parameter(th.randn(5, 5))
+    opt = AdamO([w], lr=1e-3, isometry_coef=1.0)
+    g = th.randn(5, 5)
+    w.grad = g.clone()
+    opt.step()
+    assert th.allclose(opt.state[w]["exp_avg"], 0.1 * g)  # (1 - beta1) * g: no penalty gradient inside
+    coupled = nn.Parameter(w.detach().clone())
+    opt_c = AdamO([coupled], lr=1e-3, isometry_coef=1.0, isometry_mode="coupled")
+    coupled.grad = g.clone()
+    expected = 0.1 * (g + isometry_penalty_grad(coupled.detach()))
+    opt_c.step()
+    assert th.allclose(opt_c.state[coupled]["exp_avg"], expected)
+
+
+def test_adamo_step_formula():
+    """theta <- Adam(theta) - lr * lambda * grad R(theta_before), checked against a hand computation."""
+    th.manual_seed(3)
+    w = nn.Parameter(th.randn(4, 6) * 0.5)
+    before = w.detach().clone()
+    lr, lam = 1e-3, 0.3
+    opt = AdamO([w], lr=lr, isometry_coef=lam, eps=1e-8)
+    g = th.randn(4, 6)
+    w.grad = g.clone()
+    opt.step()
+    adam = before - lr * g / (g.abs() + 1e-8)  # first Adam step: m_hat = g, sqrt(v_hat) = |g|
+    expected = adam - lr * lam * isometry_penalty_grad(before)
+    assert th.allclose(w.detach(), expected, atol=1e-6)
+
+
+def test_adamo_param_group_override_and_one_dim_params_untouched():
+    a = nn.Parameter(th.randn(6, 6) * 3)
+    b = nn.Parameter(th.randn(6, 6) * 3)
+    bias = nn.Parameter(th.randn(6) * 3)
+    opt = AdamO([{"params": [a, bias]}, {"params": [b], "isometry_coef": 0.0}], lr=1e-2, isometry_coef=1.0)
+    b0, bias0 = b.detach().clone(), bias.detach().clone()
+    for p in (a, b, bias):
+        p.grad = th.zeros_like(p)
+    opt.step()
+    assert th.equal(b.detach(), b0) and th.equal(bias.detach(), bias0)
+    assert not th.equal(a.detach(), b0)
+
+
+def test_adamo_blow_up_guard_clamps_step():
+    w = nn.Parameter(th.randn(10, 10) * 10)  # sigma_max^2 ~ 400 * 10
+    opt = AdamO([w], lr=1.0, isometry_coef=10.0)  # lr * lambda = 10: an unclamped cubic step explodes
+    for _ in range(200):
+        w.grad = th.zeros_like(w)
+        opt.step()
+        assert th.isfinite(w).all()
+    assert float(opt.state[w]["isometry_step"]) < 10.0
+    assert th.linalg.svdvals(w.detach()).max() < 1.5
+
+
+def test_adamo_state_dict_round_trip():
+    th.manual_seed(4)
+    net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    groups = [{"params": [net[0].weight]}, {"params": [net[0].bias, net[2].weight, net[2].bias], "isometry_coef": 0.0}]
+    opt = AdamO(groups, lr=1e-3, isometry_coef=0.05, isometry_scale=2.0)
+    for _ in range(3):
+        opt.zero_grad()
+        net(th.randn(5, 4)).sum().backward()
+        opt.step()
+    net2 = copy.deepcopy(net)
+    groups2 = [{"params": [net2[0].weight]}, {"params": [net2[0].bias, net2[2].weight, net2[2].bias], "isometry_coef": 0.0}]
+    opt2 = AdamO(groups2, lr=1e-3)
+    opt2.load_state_dict(copy.deepcopy(opt.state_dict()))  # torch shares tensors otherwise
+    assert opt2.param_groups[0]["isometry_coef"] == 0.05 and opt2.param_groups[0]["isometry_scale"] == 2.0
+    assert opt2.param_groups[1]["isometry_coef"] == 0.0
+    x = th.randn(5, 4)
+    for n, o in ((net, opt), (net2, opt2)):
+        o.zero_grad()
+        n(x).sum().backward()
+        o.step()
+    for pa, pb in zip(net.parameters(), net2.parameters()):
+        assert th.equal(pa, pb)
+
+
+def test_adamo_bad_arguments():
+    p = [nn.Parameter(th.randn(2, 2))]
+    with pytest.raises(ValueError, match="isometry_coef.*-1"):
+        AdamO(p, isometry_coef=-1)
+    with pytest.raises(ValueError, match="isometry_mode 'sideways'.*allowed"):
+        AdamO(p, isometry_mode="sideways")
+    with pytest.raises(ValueError, match="isometry_scale"):
+        AdamO(p, isometry_scale=0)
+
+
+@pytest.mark.parametrize("optimizer_class", [AdamO, th.optim.Adam])
+def test_reset_moments_rows_columns_and_whole(optimizer_class):
+    w = nn.Parameter(th.randn(5, 4))
+    opt = optimizer_class([w], lr=1e-3)
+    w.grad = th.randn(5, 4)
+    opt.step()
+    reset_optimizer_state(opt, w, [1, 3], dim=0)
+    for key in ("exp_avg", "exp_avg_sq"):
+        state = opt.state[w][key]
+        assert (state[[1, 3]] == 0).all() and (state[[0, 2, 4]] != 0).all()
+    reset_optimizer_state(opt, w, th.tensor([True, False, False, False]), dim=1)
+    assert (opt.state[w]["exp_avg"][:, 0] == 0).all() and (opt.state[w]["exp_avg"][0, 1:] != 0).all()
+    reset_optimizer_state(opt, w)
+    assert w not in opt.state
+    with pytest.raises(ValueError, match="not a parameter"):
+        reset_optimizer_state(opt, nn.Parameter(th.randn(2)))
+
+
+@pytest.mark.skipif(not th.cuda.is_available(), reason="needs CUDA")
+def test_adamo_cuda_matches_cpu():
+    th.manual_seed(5)
+    w_cpu = nn.Parameter(th.randn(16, 8))
+    w_gpu = nn.Parameter(w_cpu.detach().cuda())
+    opts = [AdamO([w_cpu], lr=1e-2, isometry_coef=0.5), AdamO([w_gpu], lr=1e-2, isometry_coef=0.5)]
+    for _ in range(20):
+        g = th.randn(16, 8)
+        w_cpu.grad, w_gpu.grad = g.clone(), g.cuda()
+        for o in opts:
+            o.step()
+    assert th.allclose(w_cpu.detach(), w_gpu.detach().cpu(), atol=1e-4)
