@@ -92,7 +92,13 @@ class PlasticCNN(BaseFeaturesExtractor):
             self.cnn = nn.Sequential(nn.Conv2d(n_in, 16, kernel_size=3, stride=1, padding=0), act(), nn.Flatten())
         with th.no_grad():
             sample = th.as_tensor(observation_space.sample()[None]).float()
-            n_flatten = self.cnn(self._channels_first(sample)).shape[1]
+            try:
+                n_flatten = self.cnn(self._channels_first(sample)).shape[1]
+            except RuntimeError as exc:
+                raise ValueError(
+                    f"observation of shape {shape} (channels-first {tuple(chw)}) is too small for arch={arch!r}; "
+                    f"the Nature CNN needs H, W >= {NATURE_MIN_SIZE}, the MinAtar CNN H, W >= 3"
+                ) from exc
         self.linear = nn.Sequential(nn.Linear(n_flatten, features_dim), act())
 
     def _channels_first(self, x: th.Tensor) -> th.Tensor:
