@@ -28,7 +28,10 @@ class IsometryConfig:
 
     :param activation: hidden activation: ``"relu"``, ``"maxmin"`` (GroupSort-2, isometric with orthogonal
         layers) or ``"tanh"``. ``None`` keeps ``policy_kwargs["activation_fn"]`` if given, else ReLU.
-    :param isometry_coef: ``lambda`` >= 0 of the isometry penalty ``R(W) = ||W^T W - s I||_F^2``.
+    :param isometry_coef: ``lambda`` >= 0 of the isometry penalty ``R(W) = ||W^T W - s I||_F^2``. The decoupled
+        step per update is ``lr * lambda * grad R``, so its strength scales with the learning rate: in our
+        supervised probe (tests/test_supervised_plasticity.py) ``lr * lambda`` between 1e-4 and 1e-2 kept
+        ReLU networks trainable. Default 0.1 (``lr * lambda = 3e-5`` at SB3's PPO learning rate).
     :param isometry_scale: target scale ``s`` > 0 (1 = orthogonal; 2 is an option for ReLU).
     :param isometry_mode: ``"decoupled"`` (AdamO: the penalty step bypasses Adam's moments),
         ``"coupled"`` (the penalty gradient is added to the task gradient before Adam; ablation) or
@@ -45,7 +48,7 @@ class IsometryConfig:
     """
 
     activation: Optional[str] = None
-    isometry_coef: float = 1e-3
+    isometry_coef: float = 0.1
     isometry_scale: float = 1.0
     isometry_mode: str = "decoupled"
     isometry_layers: Union[str, list[str]] = "hidden"

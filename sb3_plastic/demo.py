@@ -18,9 +18,9 @@ from sb3_plastic.isometry import dfi_per_layer
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--env", default="CartPole-v1")
-    parser.add_argument("--timesteps", type=int, default=30_000)
+    parser.add_argument("--timesteps", type=int, default=20_000)
     parser.add_argument("--activation", default="maxmin", choices=["maxmin", "relu", "tanh"])
-    parser.add_argument("--isometry-coef", type=float, default=1e-2)
+    parser.add_argument("--isometry-coef", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 

@@ -26,7 +26,7 @@ ISOMETRY_MODES = ("decoupled", "coupled")
 #: ``sigma_max^2`` is bounded from above by the largest absolute row sum of the Gram matrix, which costs
 #: no SVD. Below the bound the cubic map ``sigma <- sigma - 4 c sigma (sigma^2 - s)`` moves every
 #: singular value monotonically towards ``sqrt(s)`` without overshoot; above it the step could diverge.
-MAX_ISOMETRY_STEP = 0.125
+MAX_ISOMETRY_STEP = 0.5
 
 
 def _check_nonneg(name: str, value: Any) -> None:
@@ -98,9 +98,11 @@ class AdamO(th.optim.Adam):
     :param kwargs: other ``torch.optim.Adam`` keywords (``foreach``, ``fused``, ``maximize``, ...).
 
     Blow-up guard: the decoupled step size ``lr * lambda`` is clamped per tensor to
-    ``MAX_ISOMETRY_STEP / (4 * bound)`` where ``bound >= sigma_max(W)^2`` (largest absolute row sum of the
+    ``MAX_ISOMETRY_STEP / (4 * bound)`` (so ``4 * step * sigma_max^2 <= 1/2``) where
+    ``bound >= sigma_max(W)^2`` (largest absolute row sum of the
     Gram matrix); the value used at the last step is kept in ``state[p]["isometry_step"]``. In coupled mode
-    no clamp applies (Adam normalises the summed gradient).
+    no clamp applies (Adam normalises the summed gradient). A parameter whose ``.grad`` is ``None`` gets
+    neither the Adam step nor the isometry step (as AdamW skips its weight decay).
     """
 
     def __init__(
@@ -110,7 +112,7 @@ class AdamO(th.optim.Adam):
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 0.0,
-        isometry_coef: float = 1e-3,
+        isometry_coef: float = 0.1,
         isometry_scale: float = 1.0,
         isometry_mode: str = "decoupled",
         amsgrad: bool = False,
@@ -169,7 +171,12 @@ class AdamO(th.optim.Adam):
                     bound = gram.abs().sum(dim=1).max().clamp_min(1e-12)
                     step = th.clamp(MAX_ISOMETRY_STEP / (4.0 * bound), max=float(group["lr"]) * group["isometry_coef"])
                     pending.append((p, grad_r, step, group))
-        super().step()
+        # torch wraps every optimizer class's ``step`` to run step hooks; calling the wrapped Adam.step from
+        # here would run the hooks registered on this AdamO twice per step.
+        adam_step = th.optim.Adam.step
+        if getattr(adam_step, "hooked", False):
+            adam_step = adam_step.__wrapped__  # type: ignore[attr-defined]
+        adam_step(self)
         for p, grad_r, step, _ in pending:
             p.sub_(grad_r * step)
             self.state[p]["isometry_step"] = step.detach()

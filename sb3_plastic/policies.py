@@ -61,7 +61,7 @@ class PlasticPolicyMixin:
         self,
         *args: Any,
         activation: Optional[str] = None,
-        isometry_coef: float = 1e-3,
+        isometry_coef: float = 0.1,
         isometry_scale: float = 1.0,
         isometry_mode: str = "decoupled",
         isometry_layers: Union[str, list[str]] = "hidden",

@@ -22,7 +22,7 @@ class PlasticPPO(PlasticAlgorithmMixin, PPO):
     :class:`~sb3_plastic.common.plastic_algorithm.PlasticAlgorithmMixin` /
     :class:`~sb3_plastic.config.IsometryConfig` (``activation``, ``isometry_coef``, ``isometry_scale``,
     ``isometry_mode``, ``isometry_layers``, ``optimizer``, ``orthogonal_init``).
-    Defaults: ReLU, AdamO with ``isometry_coef=1e-3`` on hidden layers (Rosseau, Müller & Nowé, 2026).
+    Defaults: ReLU, AdamO with ``isometry_coef=0.1`` on hidden layers (Rosseau, Müller & Nowé, 2026).
     ``activation="tanh", isometry_mode="off", optimizer="adam"`` is exactly SB3's PPO.
     """
 

@@ -238,3 +238,16 @@ def test_adamo_cuda_matches_cpu():
         for o in opts:
             o.step()
     assert th.allclose(w_cpu.detach(), w_gpu.detach().cpu(), atol=1e-4)
+
+
+def test_adamo_runs_step_hooks_once_per_step():
+    th.optim.Adam([nn.Parameter(th.zeros(1))])  # once any Adam exists torch has wrapped Adam.step with hooks
+    w = nn.Parameter(th.randn(3, 3))
+    opt = AdamO([w], lr=1e-3, isometry_coef=0.1)
+    calls = []
+    opt.register_step_post_hook(lambda *_: calls.append(1))
+    opt.register_step_pre_hook(lambda *_: calls.append(0))
+    for _ in range(3):
+        w.grad = th.randn(3, 3)
+        opt.step()
+    assert calls == [0, 1] * 3

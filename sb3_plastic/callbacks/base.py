@@ -14,7 +14,8 @@ class PlasticCallback(BaseCallback):
 
     * ``self.networks``: :func:`sb3_plastic.common.surgery.find_networks` of the model, refreshed at each
       training start (a loaded model has new modules and optimizers).
-    * ``self.state``: a dict stored in ``model.plastic_state[self.state_key]``; SB3's ``save`` pickles it
+    * ``self.state``: a dict stored in ``model.plastic_state[self.state_key]`` (a
+      :class:`~sb3_plastic.common.surgery.PlasticStateStore`); SB3's ``save`` pickles it
       with the model and ``load`` restores it, so counters and statistics survive save -> load -> learn
       when the same callback (same ``name``) is passed to ``learn`` again.
     * :meth:`record`: logs under ``plasticity/<key>`` through SB3's logger.

@@ -18,6 +18,7 @@ of the pair depends on both pre-activations.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -105,7 +106,7 @@ class NetworkSpec:
         head_ids = {id(h) for h in self.heads()}
         hidden: dict[int, HiddenLayer] = {}
         for path in self.paths:
-            for layer, nxt in zip(path[:-1], path[1:]):
+            for layer, nxt in itertools.pairwise(path):
                 if id(layer) in head_ids:
                     continue
                 spec = hidden.setdefault(
@@ -132,8 +133,8 @@ def _activation_after(module: nn.Module) -> dict[int, nn.Module]:
     for parent in module.modules():
         if isinstance(parent, nn.Sequential):
             children = list(parent.children())
-            for a, b in zip(children[:-1], children[1:]):
-                if isinstance(a, LAYER_TYPES) and not isinstance(b, LAYER_TYPES):
+            for a, b in itertools.pairwise(children):
+                if isinstance(a, LAYER_TYPES) and not isinstance(b, (*LAYER_TYPES, nn.Flatten, nn.Identity)):
                     found[id(a)] = b
     return found
 
@@ -159,6 +160,10 @@ def find_networks(model: BaseAlgorithm) -> list[NetworkSpec]:
 
     Supports actor-critic policies (PPO, A2C, RecurrentPPO's MLP part, MaskablePPO), DQN, QR-DQN, SAC
     and TQC (and their plastic versions).
+
+    Limitation: with SAC/TQC's ``share_features_extractor=True`` (off by default) the shared extractor
+    belongs to the actor, and its last layer lists only the actor's first layer as consumer, not the
+    critics' first layers.
 
     :raises TypeError: for a policy whose structure is not known.
     """
@@ -191,7 +196,9 @@ def find_networks(model: BaseAlgorithm) -> list[NetworkSpec]:
         critic_paths = [critic_fe + layers_of(q_net) for q_net in critic.q_networks]
         return [
             NetworkSpec("actor", actor, actor.optimizer, None, actor_paths, _names_with_prefix(actor, "actor")),
-            NetworkSpec("critic", critic, critic.optimizer, policy.critic_target, critic_paths, _names_with_prefix(critic, "critic")),
+            NetworkSpec(
+                "critic", critic, critic.optimizer, policy.critic_target, critic_paths, _names_with_prefix(critic, "critic")
+            ),
         ]
     raise TypeError(f"sb3_plastic does not know the network structure of {type(policy).__name__}")
 
@@ -212,8 +219,35 @@ def sync_target(spec: NetworkSpec) -> None:
         spec.target.load_state_dict({k: v for k, v in own.items() if k in target_keys}, strict=False)
 
 
+class PlasticStateStore:
+    """Holder of the interventions' persistent state on a model (``model.plastic_state``).
+
+    SB3's ``save`` writes an attribute as JSON whenever ``json.dumps`` accepts it (turning tuples into
+    lists and int keys into strings) and pickles it otherwise; this class is not JSON-serialisable, so
+    the state is always pickled and comes back after ``load`` with its exact types (tensors included).
+    """
+
+    def __init__(self) -> None:
+        self.data: dict[str, dict[str, Any]] = {}
+
+    def __getitem__(self, key: str) -> dict[str, Any]:
+        return self.data[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.data
+
+    def keys(self) -> Any:
+        return self.data.keys()
+
+    def __repr__(self) -> str:
+        return f"PlasticStateStore({sorted(self.data)})"
+
+
 def model_state(model: BaseAlgorithm, key: str) -> dict[str, Any]:
-    """A dict stored on the model under ``plastic_state[key]``: SB3's ``save`` pickles it with the model
-    and ``load`` restores it, so an intervention's counters and statistics survive save -> load -> learn."""
-    store = model.__dict__.setdefault("plastic_state", {})
-    return store.setdefault(key, {})
+    """The dict ``model.plastic_state.data[key]``: saved and restored with the model by SB3's
+    ``save`` / ``load``, so an intervention's counters and statistics survive save -> load -> learn."""
+    store = model.__dict__.get("plastic_state")
+    if not isinstance(store, PlasticStateStore):
+        store = PlasticStateStore()
+        model.__dict__["plastic_state"] = store
+    return store.data.setdefault(key, {})

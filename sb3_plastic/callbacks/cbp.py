@@ -1,0 +1,823 @@
+"""Continual Backprop: generate-and-test replacement of the least useful hidden units.
+
+Reference: Dohare, Hernandez-Garcia, Lan, Rahman, Mahmood & Sutton (2024), "Loss of plasticity in deep
+continual learning", Nature 632, 768-774.
+
+After every optimizer step, on the post-activation outputs ``h`` of the minibatch that produced the
+step, each hidden unit ``j`` of each hidden layer is updated as
+
+* ``age_j += 1``
+* ``f_j <- eta f_j + (1 - eta) mean(h_j)`` (running mean activation)
+* ``u_j <- eta u_j + (1 - eta) y_j`` with the *contribution* utility
+  ``y_j = mean_k |W_out[k, j]| * mean|h_j|`` or the *adaptable contribution*
+  ``y_j / mean_i |W_in[j, i]|``,
+
+and the bias-corrected utility is ``u_hat_j = u_j / (1 - eta^age_j)``. Units older than the maturity
+threshold are eligible; ``rho * #eligible`` units per step are replaced (fractions accumulate per layer),
+lowest ``u_hat`` first. A replaced unit gets fresh incoming weights from the layer's own initialiser, a zero
+bias and zero outgoing weights; the next layer's bias absorbs its mean contribution
+``b_next += W_out[:, j] * f_hat_j`` so the network output at the mean activation is unchanged; its
+statistics restart and the optimizer moments of every touched row / column are zeroed.
+
+What a *unit* is:
+
+* Linear layer: an output feature; Conv2d layer: an output channel (statistics averaged over the batch
+  and the spatial positions).
+* Under MaxMin (GroupSort-2) the sorted pair of features ``(2k, 2k+1)`` is one unit: each output of the
+  pair depends on both pre-activations, so replacing one half would leave a unit half made of old weights.
+  The utility of a pair is the mean of its two features' utilities; both incoming rows and both outgoing
+  column groups are replaced together.
+* At a conv -> linear boundary (an NCHW flatten) channel ``c`` owns the next layer's columns
+  ``c*P .. c*P+P-1`` (``P = H*W``); the running mean activation of a conv layer is kept per spatial
+  position, so the bias absorption is exact column by column.
+
+Differences from the public reference code (shibhansh/loss-of-plasticity, ``gnt.py``/``convGnT.py``):
+the optimizer moments of the touched rows and columns are reset (the RL code skipped it), the conv
+utility is the product of the means over positions (the reference averages per-position products), and
+"adaptable contribution" is the contribution divided by the mean incoming weight magnitude, as in our
+design brief (the reference additionally centres ``h`` on its running mean).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Optional
+
+import torch as th
+from stable_baselines3.common.base_class import BaseAlgorithm
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from sb3_plastic.callbacks.base import PlasticCallback
+from sb3_plastic.common.surgery import HiddenLayer
+from sb3_plastic.optim import reset_optimizer_state
+
+#: Utility measures: "contribution" and "adaptable_contribution" (contribution / mean |incoming weight|).
+UTILITIES: tuple[str, ...] = ("contribution", "adaptable_contribution")
+#: Initialisers for new units: "default" (PyTorch's default Linear/Conv2d init) or "orthogonal".
+INITS: tuple[str, ...] = ("default", "orthogonal")
+#: Activations whose outputs are >= 0, so that mean|h| = mean(h) (one reduction less per step).
+NONNEGATIVE_ACTIVATIONS: tuple[type[nn.Module], ...] = (nn.ReLU, nn.ReLU6, nn.Sigmoid, nn.Softplus)
+#: Slack when taking the integer part of the accumulated replacement count (0.1 added ten times is 1).
+_FLOOR_EPS = 1e-9
+
+
+# ---------------------------------------------------------------------------------------------- arguments
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_cbp_args(
+    replacement_rate: Any,
+    maturity_threshold: Any,
+    decay_rate: Any,
+    utility: Any,
+    names: tuple[str, str, str, str] = ("replacement_rate", "maturity_threshold", "decay_rate", "utility"),
+) -> tuple[float, int, float, str]:
+    """Validate the Continual Backprop hyper-parameters.
+
+    :param names: the keywords the user typed (the algorithms say ``cbp_decay_rate`` / ``cbp_utility``).
+    :return: ``(replacement_rate, maturity_threshold, decay_rate, utility)`` normalised (float, int, float, str).
+    :raises ValueError: naming the bad value and what is allowed.
+    """
+    n_rate, n_mat, n_decay, n_util = names
+    if not (_is_number(replacement_rate) and 0.0 <= replacement_rate <= 1.0):
+        raise ValueError(
+            f"{n_rate} must be a number in [0, 1] (fraction of eligible units replaced per update; 0 = off), "
+            f"got {replacement_rate!r}"
+        )
+    if not (_is_number(maturity_threshold) and maturity_threshold >= 0 and float(maturity_threshold).is_integer()):
+        raise ValueError(f"{n_mat} must be an integer >= 0 (gradient updates), got {maturity_threshold!r}")
+    if not (_is_number(decay_rate) and 0.0 <= decay_rate < 1.0):
+        raise ValueError(f"{n_decay} must be a number in [0, 1), got {decay_rate!r}")
+    if utility not in UTILITIES:
+        raise ValueError(f"Unknown {n_util} {utility!r}; allowed: {list(UTILITIES)}")
+    return float(replacement_rate), int(maturity_threshold), float(decay_rate), str(utility)
+
+
+# ---------------------------------------------------------------------------------------------- new units
+def fresh_incoming_weights(weight: th.Tensor, rows: th.Tensor, init: str = "default", gain: float = 1.0) -> th.Tensor:
+    """Fresh incoming weights for the output rows ``rows`` of a Linear / Conv2d ``weight``.
+
+    * ``"default"``: PyTorch's default init of a fresh layer of the same shape,
+      ``kaiming_uniform_(a=sqrt(5))``, i.e. ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))`` (what SB3's DQN, SAC, TQC,
+      QR-DQN and non-orthogonal PPO layers are built with). ``gain`` is ignored.
+    * ``"orthogonal"``: on the matrix view ``(out, fan_in)`` of the weight. When the layer is wide or square
+      (``out <= fan_in``, rows can be orthonormal) the new rows are orthonormal to each other and to the
+      span of the rows that are kept, scaled to norm ``gain``: the new rows add singular values exactly
+      ``gain`` and leave the others untouched, so replacing units never moves an isometric layer away from
+      isometry. When the layer is tall (``out > fan_in``, an orthogonal init has orthonormal *columns*)
+      the rows are drawn from a fresh ``orthogonal_(gain)`` matrix of the full shape.
+
+    :param weight: the layer's weight ``(out, in)`` or ``(out, in, kh, kw)``.
+    :param rows: indices of the output rows to draw.
+    :param init: ``"default"`` or ``"orthogonal"``.
+    :param gain: gain of the orthogonal init.
+    :return: a tensor of shape ``(len(rows), *weight.shape[1:])`` on the weight's device and dtype.
+    """
+    if init not in INITS:
+        raise ValueError(f"Unknown init {init!r}; allowed: {list(INITS)}")
+    rows = rows.to(weight.device).long()
+    k = int(rows.numel())
+    shape = (k, *weight.shape[1:])
+    with th.no_grad():
+        if init == "default":
+            out = th.empty(shape, device=weight.device, dtype=weight.dtype)
+            if k:
+                nn.init.kaiming_uniform_(out, a=math.sqrt(5))
+            return out
+        matrix = weight.detach().reshape(weight.shape[0], -1).float()
+        n_out, fan_in = matrix.shape
+        if k == 0:
+            return th.empty(shape, device=weight.device, dtype=weight.dtype)
+        if n_out <= fan_in:
+            keep = th.ones(n_out, dtype=th.bool, device=weight.device)
+            keep[rows] = False
+            draw = th.randn(k, fan_in, device=weight.device)
+            kept = matrix[keep]
+            if kept.shape[0] > 0:
+                basis, _ = th.linalg.qr(kept.T)  # (fan_in, n_kept), orthonormal columns spanning the kept rows
+                for _ in range(2):  # project twice: "twice is enough" for numerical orthogonality
+                    draw = draw - (draw @ basis) @ basis.T
+            q, r = th.linalg.qr(draw.T)  # (fan_in, k)
+            signs = th.sign(th.diagonal(r))
+            signs[signs == 0] = 1.0
+            new = (q * signs).T * gain
+        else:
+            full = th.empty(n_out, fan_in, device=weight.device)
+            nn.init.orthogonal_(full, gain=gain)
+            new = full[rows]
+        return new.reshape(shape).to(weight.dtype)
+
+
+# ---------------------------------------------------------------------------------------------- core
+def layer_problem(spec: HiddenLayer) -> Optional[str]:
+    """Why generate-and-test cannot act on ``spec`` (``None`` when it can): a layer that is not a Linear /
+    Conv2d, an odd width under MaxMin, or a consumer whose input does not fit the producer's units (a
+    network structure that :func:`~sb3_plastic.common.surgery.find_networks` did not understand)."""
+    if not isinstance(spec.layer, (nn.Linear, nn.Conv2d)):
+        return f"layer {spec.name!r} is a {type(spec.layer).__name__}; expected Linear or Conv2d"
+    if spec.n_features % spec.group_size:
+        return f"layer {spec.name!r} has {spec.n_features} features, not a multiple of {spec.group_size}"
+    for consumer in spec.consumers:
+        nxt = consumer.layer
+        if isinstance(nxt, nn.Conv2d):
+            if nxt.groups != 1:
+                return f"layer {spec.name!r} feeds a grouped convolution (not supported)"
+            needed, has = consumer.offset + spec.n_features, nxt.in_channels
+        elif isinstance(nxt, nn.Linear):
+            needed, has = consumer.offset + spec.n_features * consumer.columns_per_unit, nxt.in_features
+        else:
+            return f"layer {spec.name!r} feeds a {type(nxt).__name__}; expected Linear or Conv2d"
+        if has < needed:
+            return (
+                f"layer {spec.name!r} ({spec.n_features} features) cannot feed {type(nxt).__name__} with {has} inputs "
+                f"at offset {consumer.offset} ({consumer.columns_per_unit} columns per feature)"
+            )
+    return None
+
+
+@dataclass
+class _LayerInfo:
+    """Per-layer constants of a :class:`GenerateAndTest` step (looked up once, not on every step)."""
+
+    weight: th.Tensor
+    is_conv: bool
+    n_features: int
+    group_size: int
+    n_units: int
+    fan_in: int
+    out_count: int  # outgoing weights per feature over all consumers
+    whole_consumer: Optional[th.Tensor]  # weight of the only consumer when it reads exactly this layer
+    nonneg: bool  # the recorded activation is >= 0 (ReLU-like): |h| = h
+
+    @staticmethod
+    def of(spec: HiddenLayer) -> _LayerInfo:
+        weight = spec.layer.weight
+        n = spec.n_features
+        out_count = 0
+        for consumer in spec.consumers:
+            w = consumer.layer.weight
+            out_count += w.shape[0] * (w.shape[2] * w.shape[3] if w.dim() == 4 else consumer.columns_per_unit)
+        whole = None
+        if len(spec.consumers) == 1:
+            consumer = spec.consumers[0]
+            w = consumer.layer.weight
+            per_unit = 1 if w.dim() == 4 else consumer.columns_per_unit
+            if consumer.offset == 0 and w.shape[1] == n * per_unit:
+                whole = w
+        return _LayerInfo(
+            weight=weight,
+            is_conv=isinstance(spec.layer, nn.Conv2d),
+            n_features=n,
+            group_size=spec.group_size,
+            n_units=spec.n_units,
+            fan_in=weight[0].numel(),
+            out_count=out_count,
+            whole_consumer=whole,
+            nonneg=isinstance(spec.activation, NONNEGATIVE_ACTIVATIONS),
+        )
+
+
+class GenerateAndTest:
+    """The generate-and-test core of Continual Backprop (Dohare et al., 2024, Nature), usable without RL.
+
+    It acts on a list of :class:`~sb3_plastic.common.surgery.HiddenLayer` specs (a layer, the activation
+    after it, the layers consuming its output with the conv -> linear column mapping) and the optimizer
+    that trains them. Feed it the post-activation outputs of the minibatch that produced each optimizer
+    step, either explicitly with :meth:`step` or automatically with :meth:`attach`, which installs a forward
+    hook on each activation (recording only training-mode, grad-enabled forwards) and an optimizer
+    step-post hook.
+
+    :param layers: hidden layers; their ``name`` keys the state (must be unique).
+    :param optimizer: optimizer of the layers (its moments of touched rows / columns are zeroed on
+        replacement); ``None`` for no optimizer state to reset. Parameters it does not hold are skipped.
+    :param replacement_rate: ``rho``, fraction of eligible units replaced per step (fractions accumulate).
+    :param maturity_threshold: units with ``age > maturity_threshold`` steps are eligible.
+    :param decay_rate: ``eta`` of the running utility and mean activation.
+    :param utility: ``"contribution"`` or ``"adaptable_contribution"``.
+    :param init: initialiser of new incoming weights, ``"default"`` or ``"orthogonal"``
+        (see :func:`fresh_incoming_weights`).
+    :param init_gain: gain of the orthogonal initialiser.
+    :param state: dict to keep the per-layer statistics in (persisted by the RL callback); created if None.
+        Entry per layer name: ``age`` (units, int64, kept on the CPU), ``utility`` (units), ``mean_activation``
+        (features, positions; positions = 1 for Linear, H*W for Conv2d), ``accumulated`` (0-dim float64),
+        ``replaced`` (0-dim int64, cumulative).
+    :param after_step: called with ``{layer name: replaced unit indices}`` after every :meth:`step`.
+    """
+
+    def __init__(
+        self,
+        layers: Sequence[HiddenLayer],
+        optimizer: Optional[th.optim.Optimizer] = None,
+        replacement_rate: float = 1e-4,
+        maturity_threshold: int = 100,
+        decay_rate: float = 0.99,
+        utility: str = "contribution",
+        init: str = "default",
+        init_gain: float = 1.0,
+        state: Optional[dict[str, dict[str, th.Tensor]]] = None,
+        after_step: Optional[Callable[[dict[str, th.Tensor]], None]] = None,
+    ) -> None:
+        (
+            self.replacement_rate,
+            self.maturity_threshold,
+            self.decay_rate,
+            self.utility,
+        ) = check_cbp_args(replacement_rate, maturity_threshold, decay_rate, utility)
+        if init not in INITS:
+            raise ValueError(f"Unknown init {init!r}; allowed: {list(INITS)}")
+        if not (_is_number(init_gain) and init_gain > 0):
+            raise ValueError(f"init_gain must be a finite number > 0, got {init_gain!r}")
+        names = [spec.name for spec in layers]
+        if len(set(names)) != len(names):
+            raise ValueError(f"GenerateAndTest needs unique layer names, got {names}")
+        for spec in layers:
+            problem = layer_problem(spec)
+            if problem is not None:
+                raise ValueError(problem)
+        self.layers: dict[str, HiddenLayer] = {spec.name: spec for spec in layers}
+        self.optimizer = optimizer
+        self.init = init
+        self.init_gain = float(init_gain)
+        self.state: dict[str, dict[str, th.Tensor]] = {} if state is None else state
+        self.after_step = after_step
+        self._optimized = set() if optimizer is None else {id(p) for group in optimizer.param_groups for p in group["params"]}
+        self._info = {spec.name: _LayerInfo.of(spec) for spec in layers}
+        self._stored: dict[str, th.Tensor] = {}
+        self._handles: list[RemovableHandle] = []
+        self._depth = 0
+        for spec in layers:
+            self._bind_state(spec)
+
+    # ------------------------------------------------------------------ state
+    def _bind_state(self, spec: HiddenLayer) -> None:
+        device = spec.layer.weight.device
+        entry = self.state.setdefault(spec.name, {})
+        if "age" in entry and entry["age"].shape != (spec.n_units,):
+            raise ValueError(
+                f"stored Continual Backprop state of layer {spec.name!r} has {entry['age'].numel()} units, "
+                f"the layer has {spec.n_units}"
+            )
+        # Ages stay on the CPU: eligibility is counted every step, and a CPU count never waits for the GPU.
+        entry["age"] = entry.get("age", th.zeros(spec.n_units, dtype=th.long)).cpu()
+        entry["utility"] = entry.get("utility", th.zeros(spec.n_units)).to(device)
+        if "mean_activation" in entry:
+            entry["mean_activation"] = entry["mean_activation"].to(device)
+        elif isinstance(spec.layer, nn.Linear):
+            entry["mean_activation"] = th.zeros(spec.n_features, 1, device=device)
+        # Conv2d: allocated at the first step, when the number of spatial positions is known.
+        entry["accumulated"] = entry.get("accumulated", th.zeros((), dtype=th.float64)).cpu()
+        entry["replaced"] = entry.get("replaced", th.zeros((), dtype=th.long)).cpu()
+
+    def ages(self, name: str) -> th.Tensor:
+        """Ages (optimizer steps since creation) of the units of layer ``name`` (a CPU tensor)."""
+        return self.state[name]["age"]
+
+    def _correction(self, age: th.Tensor, device: th.device) -> th.Tensor:
+        """``1 - eta^age`` as float on ``device`` (0 where ``age == 0``)."""
+        return 1.0 - th.pow(th.full_like(age, self.decay_rate, dtype=th.float32), age.float()).to(device)
+
+    def bias_corrected_utility(self, name: str) -> th.Tensor:
+        """``u_hat = u / (1 - eta^age)`` per unit (0 for units of age 0)."""
+        entry = self.state[name]
+        u = entry["utility"]
+        correction = self._correction(entry["age"], u.device)
+        return th.where(correction > 0, u / correction.clamp_min(1e-30), th.zeros_like(u))
+
+    def bias_corrected_mean_activation(self, name: str) -> th.Tensor:
+        """``f_hat = f / (1 - eta^age)`` per feature and position, shape (features, positions)."""
+        entry = self.state[name]
+        if "mean_activation" not in entry:
+            raise ValueError(f"layer {name!r} has seen no activations yet")
+        f = entry["mean_activation"]
+        correction = self._correction(entry["age"].repeat_interleave(self.layers[name].group_size), f.device)[:, None]
+        return th.where(correction > 0, f / correction.clamp_min(1e-30), th.zeros_like(f))
+
+    def eligible(self, name: str) -> th.Tensor:
+        """Boolean mask of the units of layer ``name`` older than the maturity threshold (CPU)."""
+        return self.state[name]["age"] > self.maturity_threshold
+
+    def replaced(self, name: str) -> int:
+        """Cumulative number of units replaced in layer ``name``."""
+        return int(self.state[name]["replaced"])
+
+    # ------------------------------------------------------------------ statistics
+    def _outgoing_sum(self, name: str) -> tuple[th.Tensor, int]:
+        """``(sum_k |W_out[k, j]|`` per feature over every outgoing weight of every consumer, number of summed
+        weights per feature``)``; their ratio is the pooled ``mean_k |W_out[k, j]|``."""
+        info = self._info[name]
+        n = info.n_features
+        if info.whole_consumer is not None:  # fast path: the whole input of a single consumer
+            w = info.whole_consumer
+            if w.dim() == 4:
+                return w.abs().sum(dim=(0, 2, 3)), info.out_count
+            if w.shape[1] == n:
+                return w.abs().sum(dim=0), info.out_count
+            return w.abs().view(w.shape[0], n, -1).sum(dim=(0, 2)), info.out_count
+        total = th.zeros(n, device=info.weight.device)
+        for consumer in self.layers[name].consumers:
+            w = consumer.layer.weight
+            start = consumer.offset
+            if isinstance(consumer.layer, nn.Conv2d):
+                total += w[:, start : start + n].abs().sum(dim=(0, 2, 3)).to(total.device)
+            else:
+                p = consumer.columns_per_unit
+                total += w[:, start : start + n * p].abs().reshape(w.shape[0], n, p).sum(dim=(0, 2)).to(total.device)
+        if info.out_count == 0:
+            return th.ones_like(total), 1
+        return total, info.out_count
+
+    def update(self, activations: Mapping[str, th.Tensor]) -> None:
+        """The statistics part of a step: ages, running mean activations and utilities of the layers in
+        ``activations`` (post-activation outputs of one minibatch); other layers are left untouched.
+
+        The means of the formulas are computed as sums with the ``1/count`` factors folded into the running
+        average updates (fewer tensor operations per step)."""
+        eta = self.decay_rate
+        with th.no_grad():
+            for name, h in activations.items():
+                info = self._info[name]
+                entry = self.state[name]
+                n = info.n_features
+                weight = info.weight
+                h = h.detach()
+                if h.device != weight.device or h.dtype != th.float32:
+                    h = h.to(device=weight.device, dtype=th.float32)
+                if info.is_conv:
+                    h = h.reshape(h.shape[0], n, -1)  # (batch, channels, positions)
+                    n_batch, n_pos = h.shape[0], h.shape[2]
+                    h_sum = h.sum(dim=0)
+                    abs_sum = h_sum.sum(dim=1) if info.nonneg else h.abs().sum(dim=(0, 2))
+                else:
+                    h = h.reshape(-1, n)
+                    n_batch, n_pos = h.shape[0], 1
+                    h_sum = h.sum(dim=0)
+                    abs_sum = h_sum if info.nonneg else h.abs().sum(dim=0)
+                    h_sum = h_sum.unsqueeze(1)
+                f = entry.get("mean_activation")
+                if f is None:
+                    f = entry["mean_activation"] = th.zeros_like(h_sum)
+                elif f.shape != h_sum.shape:
+                    raise ValueError(
+                        f"layer {name!r}: activations have {h_sum.shape[1]} positions per feature, the stored "
+                        f"statistics {f.shape[1]}; Continual Backprop needs a fixed input size"
+                    )
+                ages = entry["age"].numpy()  # shares memory with the CPU tensor: += is in place, no torch dispatch
+                ages += 1
+                # f <- eta f + (1 - eta) mean(h)
+                f.mul_(eta).add_(h_sum, alpha=(1.0 - eta) / n_batch)
+                # y = mean|W_out| * mean|h|  [/ mean|W_in|], averaged over the features of a unit
+                out_sum, out_count = self._outgoing_sum(name)
+                scale = (1.0 - eta) / (out_count * n_batch * n_pos * info.group_size)
+                u = entry["utility"]
+                if self.utility == "adaptable_contribution":
+                    y = out_sum.mul_(abs_sum).div_(weight.abs().reshape(n, -1).sum(dim=1).clamp_min(1e-12))
+                    scale *= info.fan_in
+                    if info.group_size > 1:
+                        y = y.view(info.n_units, info.group_size).sum(dim=1)
+                    u.mul_(eta).add_(y, alpha=scale)
+                elif info.group_size > 1:
+                    y = out_sum.mul_(abs_sum).view(info.n_units, info.group_size).sum(dim=1)
+                    u.mul_(eta).add_(y, alpha=scale)
+                else:
+                    u.mul_(eta).addcmul_(out_sum, abs_sum, value=scale)
+
+    def select(self, names: Optional[Sequence[str]] = None) -> dict[str, th.Tensor]:
+        """The test part of a step: for each layer, add ``rho * #eligible`` to its accumulator, take the
+        integer part and pick that many eligible units with the lowest bias-corrected utility (ties: lower
+        index first). Mutates the accumulators; returns the unit indices of the layers where units are replaced."""
+        chosen: dict[str, th.Tensor] = {}
+        for name in self.layers if names is None else names:
+            entry = self.state[name]
+            n_eligible = int((entry["age"].numpy() > self.maturity_threshold).sum())
+            if n_eligible == 0 or self.replacement_rate == 0:
+                continue
+            acc = float(entry["accumulated"]) + self.replacement_rate * n_eligible
+            n = min(math.floor(acc + _FLOOR_EPS), n_eligible)
+            entry["accumulated"].fill_(acc - n)
+            if n == 0:
+                continue
+            u_hat = self.bias_corrected_utility(name)
+            candidates = self.eligible(name).nonzero().flatten().to(u_hat.device)
+            order = th.sort(u_hat[candidates], stable=True).indices
+            chosen[name] = candidates[order[:n]]
+        return chosen
+
+    def _features_of(self, spec: HiddenLayer, units: th.Tensor) -> th.Tensor:
+        g = spec.group_size
+        if g == 1:
+            return units
+        return (units[:, None] * g + th.arange(g, device=units.device)[None, :]).flatten()
+
+    def replace(self, name: str, units: th.Tensor) -> None:
+        """The generate part: give ``units`` of layer ``name`` fresh incoming weights, zero bias and zero
+        outgoing weights, move their mean contribution into the consumers' biases, zero the optimizer
+        moments of the touched rows / columns and restart their statistics."""
+        spec = self.layers[name]
+        entry = self.state[name]
+        layer = spec.layer
+        device = layer.weight.device
+        units = units.to(device).long()
+        if units.numel() == 0:
+            return
+        feats = self._features_of(spec, units)
+        with th.no_grad():
+            if "mean_activation" in entry:
+                f_hat = self.bias_corrected_mean_activation(name)[feats]  # (k, positions)
+            else:
+                f_hat = th.zeros(feats.numel(), 1, device=device)
+            for consumer in spec.consumers:
+                nxt = consumer.layer
+                if isinstance(nxt, nn.Conv2d):
+                    cols = feats + consumer.offset
+                    if nxt.bias is not None:
+                        # a constant input map f_bar on channel c adds sum_taps W[k, c] * f_bar to every output
+                        # position (exact where no zero padding is involved)
+                        taps = nxt.weight[:, cols].sum(dim=(2, 3))
+                        nxt.bias.add_((taps.float() @ f_hat.mean(dim=1)).to(nxt.bias.dtype))
+                else:
+                    p = consumer.columns_per_unit
+                    cols = consumer.columns(feats)
+                    if nxt.bias is not None:
+                        if f_hat.shape[1] == p:
+                            f_cols = f_hat.reshape(-1)  # per column: channel c, position q -> column c*P + q
+                        else:
+                            f_cols = f_hat.mean(dim=1).repeat_interleave(p)
+                        nxt.bias.add_((nxt.weight[:, cols].float() @ f_cols).to(nxt.bias.dtype))
+                nxt.weight.index_fill_(1, cols, 0.0)
+                self._reset_moments(nxt.weight, cols, dim=1)
+            layer.weight[feats] = fresh_incoming_weights(layer.weight, feats, self.init, self.init_gain)
+            self._reset_moments(layer.weight, feats, dim=0)
+            if layer.bias is not None:
+                layer.bias[feats] = 0.0
+                self._reset_moments(layer.bias, feats, dim=0)
+            entry["age"][units.cpu()] = 0
+            entry["utility"][units] = 0.0
+            if "mean_activation" in entry:
+                entry["mean_activation"][feats] = 0.0
+            entry["replaced"] += int(units.numel())
+
+    def _zero_outgoing(self, name: str, units: th.Tensor) -> None:
+        spec = self.layers[name]
+        feats = self._features_of(spec, units)
+        with th.no_grad():
+            for consumer in spec.consumers:
+                cols = feats + consumer.offset if isinstance(consumer.layer, nn.Conv2d) else consumer.columns(feats)
+                consumer.layer.weight.index_fill_(1, cols, 0.0)
+
+    def _reset_moments(self, param: th.Tensor, index: th.Tensor, dim: int) -> None:
+        if self.optimizer is not None and id(param) in self._optimized:
+            reset_optimizer_state(self.optimizer, param, index, dim)
+
+    def step(self, activations: Optional[Mapping[str, th.Tensor]] = None) -> dict[str, th.Tensor]:
+        """One generate-and-test step (call it after each optimizer step).
+
+        :param activations: post-activation outputs per layer name of the minibatch that produced the
+            optimizer step; ``None`` uses (and clears) those recorded by the hooks of :meth:`attach`.
+            Layers without activations are skipped (no ageing, no replacement).
+        :return: replaced unit indices per layer name (only layers where units were replaced).
+        """
+        if activations is None:
+            activations, self._stored = self._stored, {}
+        if not activations:
+            return {}
+        unknown = sorted(set(activations) - set(self.layers))
+        if unknown:
+            raise KeyError(f"no hidden layer named {unknown}; known: {sorted(self.layers)}")
+        self.update(activations)
+        chosen = self.select(list(activations))
+        for name, units in chosen.items():
+            self.replace(name, units)
+        if len(chosen) > 1:
+            # a fresh row of a consumer replaced in the same step must not re-open a replaced unit's output
+            for name, units in chosen.items():
+                self._zero_outgoing(name, units)
+        if self.after_step is not None:
+            self.after_step(chosen)
+        return chosen
+
+    # ------------------------------------------------------------------ hooks
+    @property
+    def attached(self) -> bool:
+        """Whether the hooks of :meth:`attach` are installed."""
+        return bool(self._handles)
+
+    def observe(self, name: str, h: th.Tensor) -> None:
+        """Record ``h`` as the latest post-activation output of layer ``name`` (what the hooks do)."""
+        self._stored[name] = h.detach()
+
+    def attach(self) -> None:
+        """Install the hooks (idempotent).
+
+        * A forward hook per layer on its activation module (on the layer itself, applying the activation,
+          when an activation module is shared by several layers; on the layer output when there is none)
+          that records the output only when the module is in training mode and autograd is on: SB3 switches
+          training mode on inside ``train()`` and off for rollouts, ``predict`` and evaluation, and the
+          no-grad forwards of ``train()`` (SAC/TQC's next-state actions) compute targets, not the loss being
+          stepped. The recorded output is therefore the last loss forward before the optimizer step.
+        * With an optimizer: step pre/post hooks; the post hook runs :meth:`step` once per outermost
+          ``optimizer.step()`` (an optimizer whose ``step`` calls a hooked parent ``step``, such as AdamO
+          calling ``Adam.step``, fires hooks twice; the depth count keeps one step per update).
+        """
+        if self._handles:
+            return
+        counts: dict[int, int] = {}
+        for spec in self.layers.values():
+            if spec.activation is not None:
+                counts[id(spec.activation)] = counts.get(id(spec.activation), 0) + 1
+        for name, spec in self.layers.items():
+            act = spec.activation
+            if act is not None and counts[id(act)] == 1:
+                self._handles.append(act.register_forward_hook(self._recorder(name)))
+            else:
+                self._handles.append(spec.layer.register_forward_hook(self._recorder(name, act)))
+        if self.optimizer is not None:
+            self._handles.append(self.optimizer.register_step_pre_hook(self._pre_step))
+            self._handles.append(self.optimizer.register_step_post_hook(self._post_step))
+
+    def detach(self) -> None:
+        """Remove the hooks and drop recorded activations."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self._stored = {}
+        self._depth = 0
+
+    def _recorder(self, name: str, apply: Optional[nn.Module] = None) -> Callable[..., None]:
+        def hook(module: nn.Module, inputs: Any, output: th.Tensor) -> None:
+            self._depth = 0  # forwards happen outside optimizer steps: recover from a step that raised
+            if module.training and th.is_grad_enabled():
+                if apply is not None:
+                    with th.no_grad():
+                        output = apply(output)
+                self._stored[name] = output.detach()
+
+        return hook
+
+    def _pre_step(self, optimizer: th.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self._depth += 1
+
+    def _post_step(self, optimizer: th.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self._depth = max(self._depth - 1, 0)
+        if self._depth == 0:
+            self.step()
+
+
+# ---------------------------------------------------------------------------------------------- SB3
+def resolve_init(model: BaseAlgorithm) -> tuple[str, float]:
+    """The initialiser the model's hidden layers were built with, as ``(init, gain)``.
+
+    Plastic policies with orthogonal init (MaxMin by default): ``("orthogonal", sqrt(isometry_scale))``;
+    SB3 actor-critic policies with ``ortho_init=True`` (PPO, A2C): ``("orthogonal", sqrt(2))``, SB3's gain for
+    feature extractors and MLP layers; everything else (DQN, QR-DQN, SAC, TQC, ``ortho_init=False``):
+    PyTorch's default init, ``("default", 1.0)``.
+    """
+    policy = model.policy
+    config = getattr(policy, "isometry_config", None)
+    if config is not None and config.use_orthogonal_init:
+        return "orthogonal", math.sqrt(config.isometry_scale)
+    if getattr(policy, "ortho_init", False):
+        return "orthogonal", math.sqrt(2.0)
+    return "default", 1.0
+
+
+class ContinualBackprop(PlasticCallback):
+    """Continual Backprop (Dohare et al., 2024, "Loss of plasticity in deep continual learning", Nature)
+    for any SB3 / sb3-contrib algorithm: PPO, A2C, DQN, QR-DQN, SAC, TQC and their plastic versions.
+
+    Each network found by :func:`~sb3_plastic.common.surgery.find_networks` (PPO/A2C: ``policy``; DQN:
+    ``q_net``; QR-DQN: ``quantile_net``; SAC/TQC: ``actor`` and ``critic``) gets a :class:`GenerateAndTest`
+    over its hidden Linear / Conv2d layers (output heads are never replaced). SB3 callbacks never run inside
+    ``train()``, so at training start the callback installs forward hooks on the activations and a
+    step-post hook on each network's optimizer; generate-and-test runs after every optimizer step on the
+    activations of the minibatch that produced it. Only training-mode, grad-enabled forwards are recorded
+    (rollouts, ``predict`` and evaluation run in eval mode and change nothing). The hooks are removed at
+    training end and never installed twice.
+
+    SAC / TQC: at the critic's optimizer step the recorded critic activations are those of the critic
+    forward on the replay actions (the last training-mode, grad-enabled critic forward before that step);
+    at the actor's step the actor activations are those of the actor forward on the replay observations
+    (the next-observation forward runs without grad and is not recorded). Target networks are not touched:
+    they follow the online network through SB3's own (polyak or periodic) updates.
+
+    New units get incoming weights from the layer's own initialiser (:func:`resolve_init`,
+    :func:`fresh_incoming_weights`): orthogonal rows for orthogonally initialised layers (MaxMin / plastic
+    ``orthogonal_init``, SB3's ``ortho_init``), PyTorch's default init otherwise. Units, MaxMin pairs and
+    the conv -> linear mapping: see the module docstring. Maturity counts optimizer steps (PPO: minibatch
+    updates), not environment steps.
+
+    Logged: ``plasticity/cbp/<network>/<layer>/replaced`` (cumulative) and ``plasticity/cbp/replaced``
+    (total). Utilities, ages, mean activations, accumulators and counts live in ``self.state`` (stored on
+    the model, keyed ``state[network][layer]``), so they survive save -> load -> learn.
+
+    :param replacement_rate: ``rho`` in [0, 1]: fraction of the eligible units replaced per optimizer step
+        (fractions accumulate per layer); 0 turns the callback off. Dohare et al. use 1e-4 for PPO.
+    :param maturity_threshold: units are eligible after this many optimizer steps (Dohare et al.: 10 000 for PPO).
+    :param decay_rate: ``eta`` in [0, 1) of the running utility and mean activation (0.99).
+    :param utility: ``"contribution"`` or ``"adaptable_contribution"``.
+    :param name: distinguishes two instances on one model (part of the state key).
+    :param verbose: 1 prints the replacement counts at training end, 2 every replacement.
+    """
+
+    def __init__(
+        self,
+        replacement_rate: float = 1e-4,
+        maturity_threshold: int = 100,
+        decay_rate: float = 0.99,
+        utility: str = "contribution",
+        name: Optional[str] = None,
+        verbose: int = 0,
+    ) -> None:
+        super().__init__(name=name, verbose=verbose)
+        (
+            self.replacement_rate,
+            self.maturity_threshold,
+            self.decay_rate,
+            self.utility,
+        ) = check_cbp_args(replacement_rate, maturity_threshold, decay_rate, utility)
+        self.engines: dict[str, GenerateAndTest] = {}
+
+    @property
+    def enabled(self) -> bool:
+        """Whether any unit can be replaced (``replacement_rate > 0``)."""
+        return self.replacement_rate > 0
+
+    def _on_training_start(self) -> None:
+        super()._on_training_start()
+        self._detach()
+        if not self.enabled:
+            return
+        init, gain = resolve_init(self.model)
+        for spec in self.networks:
+            layers = []
+            for layer in spec.hidden_layers():
+                problem = layer_problem(layer)
+                if problem is None:
+                    layers.append(layer)
+                else:
+                    warnings.warn(f"ContinualBackprop skips {spec.name}/{layer.name}: {problem}")
+            if not layers or spec.optimizer is None:
+                continue
+            engine = GenerateAndTest(
+                layers,
+                spec.optimizer,
+                replacement_rate=self.replacement_rate,
+                maturity_threshold=self.maturity_threshold,
+                decay_rate=self.decay_rate,
+                utility=self.utility,
+                init=init,
+                init_gain=gain,
+                state=self.state.setdefault(spec.name, {}),
+                after_step=self._logger_for(spec.name),
+            )
+            engine.attach()
+            self.engines[spec.name] = engine
+        self._record_counts()
+
+    def _on_training_end(self) -> None:
+        self._record_counts()
+        if self.verbose >= 1 and self.engines:
+            print(f"ContinualBackprop: {self.counts()}")
+        self._detach()
+
+    def _detach(self) -> None:
+        for engine in self.engines.values():
+            engine.detach()
+        self.engines = {}
+
+    def _logger_for(self, network: str) -> Callable[[dict[str, th.Tensor]], None]:
+        def after_step(chosen: dict[str, th.Tensor]) -> None:
+            if self.verbose >= 2:
+                for layer, units in chosen.items():
+                    if units.numel():
+                        print(f"ContinualBackprop: {network}/{layer}: replaced units {units.tolist()}")
+            self._record_counts()
+
+        return after_step
+
+    def counts(self) -> dict[str, int]:
+        """Cumulative replacements per ``<network>/<layer>``."""
+        return {
+            f"{network}/{layer}": int(entry["replaced"])
+            for network, layers in self.state.items()
+            for layer, entry in layers.items()
+        }
+
+    @property
+    def total_replaced(self) -> int:
+        """Cumulative replacements over every network and layer."""
+        return sum(self.counts().values())
+
+    def _record_counts(self) -> None:
+        if self.model is None or not self.engines:
+            return
+        counts = self.counts()
+        for key, value in counts.items():
+            self.record(f"cbp/{key}/replaced", value)
+        self.record("cbp/replaced", sum(counts.values()))
+
+
+# ---------------------------------------------------------------------------------------------- config
+@dataclass
+class ContinualBackpropConfig:
+    """Continual Backprop settings as the top-level keywords of the plastic algorithms (and rl_zoo3 yaml /
+    optuna samplers). Dohare et al. (2024), "Loss of plasticity in deep continual learning", Nature.
+
+    :param replacement_rate: ``rho`` in [0, 1], fraction of eligible hidden units replaced per optimizer
+        step (fractions accumulate); 0 (default) turns Continual Backprop off. Reference RL value: 1e-4.
+    :param maturity_threshold: optimizer steps before a unit may be replaced (reference RL value: 10 000).
+    :param cbp_decay_rate: ``eta`` in [0, 1) of the running utility and mean activation (0.99).
+    :param cbp_utility: ``"contribution"`` (``mean|W_out| * mean|h|``) or ``"adaptable_contribution"``
+        (divided by ``mean|W_in|``).
+    """
+
+    replacement_rate: float = 0.0
+    maturity_threshold: int = 100
+    cbp_decay_rate: float = 0.99
+    cbp_utility: str = "contribution"
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the bad value and what is allowed; normalise the types."""
+        (
+            self.replacement_rate,
+            self.maturity_threshold,
+            self.cbp_decay_rate,
+            self.cbp_utility,
+        ) = check_cbp_args(
+            self.replacement_rate,
+            self.maturity_threshold,
+            self.cbp_decay_rate,
+            self.cbp_utility,
+            names=("replacement_rate", "maturity_threshold", "cbp_decay_rate", "cbp_utility"),
+        )
+
+    @property
+    def enabled(self) -> bool:
+        """Whether Continual Backprop is on (``replacement_rate > 0``)."""
+        return self.replacement_rate > 0
+
+    def make_callback(self, name: Optional[str] = None, verbose: int = 0) -> ContinualBackprop:
+        """The :class:`ContinualBackprop` callback with these settings (a no-op when not :attr:`enabled`)."""
+        return ContinualBackprop(
+            replacement_rate=self.replacement_rate,
+            maturity_threshold=self.maturity_threshold,
+            decay_rate=self.cbp_decay_rate,
+            utility=self.cbp_utility,
+            name=name,
+            verbose=verbose,
+        )
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """The fields as keyword arguments."""
+        return asdict(self)
+
+
+#: Names of the Continual Backprop keywords of the plastic algorithms, in signature order.
+CBP_KEYS: tuple[str, ...] = tuple(ContinualBackpropConfig.__dataclass_fields__)

@@ -1,0 +1,548 @@
+"""ReDo: recycling dormant neurons (Sokar, Agarwal, Castro & Evci, 2023).
+
+Reference: G. Sokar, R. Agarwal, P. S. Castro, U. Evci, "The Dormant Neuron Phenomenon in Deep
+Reinforcement Learning", ICML 2023 (https://arxiv.org/abs/2302.12902).
+
+For a hidden layer with post-activation outputs ``h`` on a probe batch, the score of unit ``i`` is
+
+    s_i = mean|h_i| / (mean_j mean|h_j| + 1e-9),
+
+where ``mean|h_i|`` averages over the batch (and, for a conv layer, over the spatial positions) and
+``j`` runs over the layer's features. Unit ``i`` is *tau-dormant* if ``s_i <= tau`` (0.025 is the
+paper's default, 0.1 an aggressive setting). Every ``period`` gradient steps ReDo
+
+* re-draws the incoming weights of every dormant unit from the layer's own initialiser,
+* sets its bias to zero,
+* sets its outgoing weights (the matching input columns of every consumer layer; for a conv layer
+  read by a Linear through an NCHW flatten, the ``H*W`` columns of the channel) to zero,
+* zeroes the optimizer moments of exactly those rows / entries / columns.
+
+Output heads are never recycled. Under MaxMin (GroupSort-2) a unit is a sorted pair of features (each
+output of the pair depends on both pre-activations); a pair is dormant only if *both* of its features
+are dormant, and then both rows are recycled.
+
+The module offers the pieces without RL (:func:`neuron_scores`, :func:`dormant_units`,
+:func:`probe_activity`, :func:`redo_reset_`, :func:`redo_layers_`) and :class:`ReDo`, an SB3
+callback for PPO, A2C, DQN, QR-DQN, SAC and TQC (plastic or not).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Optional, Union
+
+import numpy as np
+import torch as th
+from stable_baselines3.common.base_class import BaseAlgorithm
+from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
+from stable_baselines3.common.utils import obs_as_tensor
+from torch import nn
+
+from sb3_plastic.callbacks.base import PlasticCallback
+from sb3_plastic.common.surgery import HiddenLayer, NetworkSpec
+from sb3_plastic.optim import reset_optimizer_state
+
+#: ``layer -> (fresh_weight, fresh_bias)``: a new draw from a layer's initialiser; the layer is untouched.
+LayerInit = Callable[[nn.Module], tuple[th.Tensor, Optional[th.Tensor]]]
+
+#: Added to the layer mean in the score denominator (as in the paper's reference implementation).
+SCORE_EPS = 1e-9
+
+
+# ---------------------------------------------------------------------------------------------------
+# Fresh initialisation
+# ---------------------------------------------------------------------------------------------------
+@th.no_grad()
+def default_layer_init(layer: nn.Module) -> tuple[th.Tensor, Optional[th.Tensor]]:
+    """A fresh draw of PyTorch's default initialisation of a Linear / Conv layer (``reset_parameters``):
+    Kaiming-uniform weight with ``a = sqrt(5)``, bias ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``.
+
+    The random numbers are drawn in the same order as ``layer.reset_parameters()`` (weight, then bias),
+    so under the same torch seed the result equals a reset copy of the layer. The layer is not modified.
+    """
+    weight = th.empty_like(layer.weight, memory_format=th.contiguous_format)
+    nn.init.kaiming_uniform_(weight, a=math.sqrt(5))
+    bias = None
+    if getattr(layer, "bias", None) is not None:
+        fan_in, _ = nn.init._calculate_fan_in_and_fan_out(weight)
+        bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0.0
+        bias = th.empty_like(layer.bias).uniform_(-bound, bound)
+    return weight, bias
+
+
+def orthogonal_layer_init(gain: Union[float, Callable[[nn.Module], float]] = 1.0) -> LayerInit:
+    """Initialiser drawing an orthogonal weight (``torch.nn.init.orthogonal_`` on the matrix view, as SB3's
+    ``init_weights`` and :func:`sb3_plastic.isometry.orthogonal_init_`) and a zero bias.
+
+    :param gain: a constant gain, or ``layer -> gain``.
+    """
+
+    @th.no_grad()
+    def init(layer: nn.Module) -> tuple[th.Tensor, Optional[th.Tensor]]:
+        g = gain(layer) if callable(gain) else gain
+        weight = th.empty_like(layer.weight, memory_format=th.contiguous_format)
+        nn.init.orthogonal_(weight, gain=float(g))
+        bias = th.zeros_like(layer.bias) if getattr(layer, "bias", None) is not None else None
+        return weight, bias
+
+    return init
+
+
+def model_layer_init(model: Union[BaseAlgorithm, nn.Module]) -> LayerInit:
+    """The initialiser a model's policy used for its layers, as a :data:`LayerInit`.
+
+    * plastic policies with orthogonal initialisation (``isometry_config.use_orthogonal_init``):
+      orthogonal, gain ``sqrt(isometry_scale)`` for hidden layers and the policy's head gains for heads;
+    * SB3 actor-critic policies with ``ortho_init=True`` (PPO, A2C): orthogonal with SB3's gains
+      (``sqrt(2)`` for features extractor and MLP, 0.01 for the action head, 1 for the value head);
+    * everything else (DQN, QR-DQN, SAC, TQC, ``ortho_init=False``): PyTorch's default
+      (:func:`default_layer_init`).
+
+    Biases are drawn as the initialiser draws them (zero for the orthogonal schemes).
+
+    :param model: an SB3 algorithm or its policy.
+    """
+    policy = model.policy if isinstance(model, BaseAlgorithm) else model
+    config = getattr(policy, "isometry_config", None)
+    if config is not None and config.use_orthogonal_init:
+        heads = {id(h): h for h in policy.plastic_heads()}
+        hidden_gain = math.sqrt(config.isometry_scale)
+
+        def plastic_gain(layer: nn.Module) -> float:
+            return float(policy._plastic_head_gain(layer)) if id(layer) in heads else hidden_gain
+
+        return orthogonal_layer_init(plastic_gain)
+    if getattr(policy, "ortho_init", False) and hasattr(policy, "mlp_extractor") and hasattr(policy, "action_net"):
+        module_gains: list[tuple[nn.Module, float]] = [
+            (policy.mlp_extractor, math.sqrt(2)),
+            (policy.action_net, 0.01),
+            (policy.value_net, 1.0),
+        ]
+        for attr in ("features_extractor", "pi_features_extractor", "vf_features_extractor"):
+            if isinstance(getattr(policy, attr, None), nn.Module):
+                module_gains.append((getattr(policy, attr), math.sqrt(2)))
+        gains = {id(m): g for module, g in module_gains for m in module.modules()}
+        ortho = orthogonal_layer_init(lambda layer: gains[id(layer)])
+
+        def sb3_init(layer: nn.Module) -> tuple[th.Tensor, Optional[th.Tensor]]:
+            return ortho(layer) if id(layer) in gains else default_layer_init(layer)
+
+        return sb3_init
+    return default_layer_init
+
+
+# ---------------------------------------------------------------------------------------------------
+# Scores and dormant units
+# ---------------------------------------------------------------------------------------------------
+def _feature_mean_abs(activations: th.Tensor) -> th.Tensor:
+    if activations.dim() < 2:
+        raise ValueError(f"activations must have shape (N, F) or (N, C, ...), got {tuple(activations.shape)}")
+    dims = [d for d in range(activations.dim()) if d != 1]
+    return activations.detach().abs().float().mean(dim=dims)
+
+
+def scores_from_activity(mean_abs: th.Tensor) -> th.Tensor:
+    """ReDo scores ``s_i = a_i / (mean_j a_j + 1e-9)`` from per-feature mean absolute activations ``a``."""
+    return mean_abs / (mean_abs.mean() + SCORE_EPS)
+
+
+def neuron_scores(activations: th.Tensor) -> th.Tensor:
+    """Per-feature ReDo scores of post-activation outputs ``activations`` of shape ``(N, F)`` or
+    ``(N, C, H, W)`` (mean over the batch and spatial positions), normalised by the layer mean."""
+    return scores_from_activity(_feature_mean_abs(activations))
+
+
+def _validate_tau(tau: Any) -> float:
+    if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not (0 < tau <= 1):
+        raise ValueError(f"tau must be a number in (0, 1], got {tau!r}")
+    return float(tau)
+
+
+def _units_from_scores(scores: th.Tensor, tau: float, group_size: int) -> th.Tensor:
+    if scores.numel() % group_size:
+        raise ValueError(f"{scores.numel()} features cannot be split into units of {group_size}")
+    return (scores <= tau).view(-1, group_size).all(dim=1)
+
+
+def dormant_units(activations: th.Tensor, tau: float = 0.025, group_size: int = 1) -> th.Tensor:
+    """Boolean mask of the tau-dormant units of a layer.
+
+    :param activations: post-activation outputs ``(N, F)`` or ``(N, C, H, W)`` on a probe batch.
+    :param tau: dormancy threshold in (0, 1]: a feature is dormant if its score is ``<= tau``.
+    :param group_size: features per unit (2 under MaxMin: a pair is dormant only if both features are).
+    :return: a bool tensor of shape ``(F // group_size,)``.
+    """
+    return _units_from_scores(neuron_scores(activations), _validate_tau(tau), group_size)
+
+
+def _post_activation(hidden: HiddenLayer, out: th.Tensor) -> th.Tensor:
+    """The output after the module that follows ``hidden.layer``; the layer output itself when that
+    module is not element-/feature-wise (e.g. ``nn.Flatten`` changes the shape)."""
+    act = hidden.activation
+    if act is None:
+        return out
+    try:
+        h = act(out)
+    except Exception:  # an unusual module after the layer: fall back to the layer output
+        return out
+    return h if isinstance(h, th.Tensor) and h.shape == out.shape else out
+
+
+@th.no_grad()
+def probe_activity(layers: Sequence[HiddenLayer], forward: Callable[[], Any]) -> list[Optional[th.Tensor]]:
+    """Per-feature mean absolute post-activation output of each layer over what ``forward`` computes.
+
+    Forward hooks on the layers record ``|act(layer(x))|`` while ``forward()`` runs under ``torch.no_grad``
+    (the activation module is re-applied to the layer output, so a module shared by several layers is
+    no problem); the hooks are removed afterwards. A layer run several times (a features extractor shared
+    by the policy and the value path) is averaged over all its calls.
+
+    :return: one tensor of shape ``(n_features,)`` per layer, or ``None`` for a layer ``forward`` never ran.
+    """
+    sums: list[Optional[th.Tensor]] = [None] * len(layers)
+    counts = [0] * len(layers)
+
+    def make_hook(i: int) -> Callable[..., None]:
+        def hook(module: nn.Module, inputs: Any, output: th.Tensor) -> None:
+            h = _post_activation(layers[i], output).abs().float()
+            dims = [d for d in range(h.dim()) if d != 1]
+            s = h.sum(dim=dims)
+            sums[i] = s if sums[i] is None else sums[i] + s
+            counts[i] += h.numel() // h.shape[1]
+
+        return hook
+
+    handles = [hidden.layer.register_forward_hook(make_hook(i)) for i, hidden in enumerate(layers)]
+    try:
+        forward()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return [None if s is None else s / max(c, 1) for s, c in zip(sums, counts)]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Resetting
+# ---------------------------------------------------------------------------------------------------
+def _reset_moments(optimizers: Iterable[th.optim.Optimizer], param: th.Tensor, index: th.Tensor, dim: int) -> None:
+    for opt in optimizers:
+        if any(param is p for group in opt.param_groups for p in group["params"]):
+            reset_optimizer_state(opt, param, index, dim)
+
+
+def _unique_optimizers(optimizers: Iterable[Optional[th.optim.Optimizer]]) -> list[th.optim.Optimizer]:
+    return list({id(o): o for o in optimizers if o is not None}.values())
+
+
+@th.no_grad()
+def redo_reset_(
+    hidden: HiddenLayer,
+    units: th.Tensor,
+    optimizers: Iterable[th.optim.Optimizer] = (),
+    init: LayerInit = default_layer_init,
+) -> th.Tensor:
+    """Recycle units of a hidden layer in place (ReDo's reset; Parameter objects are kept).
+
+    Incoming weights of the units are re-drawn from ``init`` (a full fresh draw of which only the
+    units' rows are used), their bias entries set to zero, their outgoing weights (input columns of every
+    consumer, with the conv -> linear flatten mapping) set to zero, and the optimizer moments of exactly
+    those rows / entries / columns zeroed in every optimizer of ``optimizers`` that holds the tensor
+    (the step counts are kept).
+
+    :param hidden: the layer with its consumers (see :meth:`sb3_plastic.common.surgery.NetworkSpec.hidden_layers`).
+    :param units: a bool mask over the layer's units or unit indices (a unit is ``hidden.group_size`` features).
+    :param optimizers: optimizers whose moments are zeroed.
+    :param init: the initialiser of fresh incoming weights.
+    :return: the feature (row) indices that were reset.
+    """
+    units = th.as_tensor(units).cpu()
+    if units.dtype == th.bool:
+        if units.numel() != hidden.n_units:
+            raise ValueError(f"unit mask has {units.numel()} entries, layer {hidden.name} has {hidden.n_units} units")
+        units = units.nonzero().flatten()
+    units = units.long().flatten()
+    g = hidden.group_size
+    features = (units.view(-1, 1) * g + th.arange(g).view(1, -1)).flatten()
+    if features.numel() == 0:
+        return features
+    optimizers = _unique_optimizers(optimizers)
+    layer = hidden.layer
+    features = features.to(layer.weight.device)
+    fresh_weight, _ = init(layer)
+    layer.weight[features] = fresh_weight[features].to(layer.weight.dtype)
+    _reset_moments(optimizers, layer.weight, features, 0)
+    if getattr(layer, "bias", None) is not None:
+        layer.bias[features] = 0.0
+        _reset_moments(optimizers, layer.bias, features, 0)
+    for consumer in hidden.consumers:
+        cols = consumer.columns(features).to(consumer.layer.weight.device)
+        consumer.layer.weight.index_fill_(1, cols, 0.0)
+        _reset_moments(optimizers, consumer.layer.weight, cols, 1)
+    return features
+
+
+@dataclass
+class ReDoLayerResult:
+    """What :func:`redo_layers_` found and did in one layer."""
+
+    name: str
+    n_units: int
+    n_dormant: int
+    dormant_fraction: float
+
+
+def redo_layers_(
+    layers: Sequence[HiddenLayer],
+    forward: Callable[[], Any],
+    tau: float = 0.025,
+    optimizers: Iterable[th.optim.Optimizer] = (),
+    init: LayerInit = default_layer_init,
+) -> list[ReDoLayerResult]:
+    """One ReDo step on a set of hidden layers: score every layer on the probe computation ``forward``
+    first, then recycle the dormant units of every layer (scores are not recomputed between layers).
+
+    Layers that ``forward`` does not reach are skipped.
+    """
+    tau = _validate_tau(tau)
+    optimizers = _unique_optimizers(optimizers)
+    activity = probe_activity(layers, forward)
+    results = []
+    for hidden, mean_abs in zip(layers, activity):
+        if mean_abs is None:
+            continue
+        dormant = _units_from_scores(scores_from_activity(mean_abs), tau, hidden.group_size)
+        n_dormant = int(dormant.sum())
+        if n_dormant:
+            redo_reset_(hidden, dormant.cpu(), optimizers, init)
+        results.append(ReDoLayerResult(hidden.name, hidden.n_units, n_dormant, n_dormant / max(hidden.n_units, 1)))
+    return results
+
+
+# ---------------------------------------------------------------------------------------------------
+# The callback
+# ---------------------------------------------------------------------------------------------------
+def _validate_positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+        raise ValueError(f"{name} must be an integer > 0, got {value!r}")
+    return int(value)
+
+
+def network_probe(
+    model: BaseAlgorithm, spec: NetworkSpec, observations: Any, actions: Optional[th.Tensor]
+) -> Callable[[], Any]:
+    """The forward computation of one of the model's networks on probe data (no sampling, no side effects).
+
+    ``policy`` (PPO / A2C): action distribution and value; ``q_net`` / ``quantile_net``: the network;
+    ``actor`` (SAC / TQC): the action distribution parameters; ``critic``: Q-values of ``actions``.
+    """
+    policy = model.policy
+    if spec.name == "policy":
+        return lambda: (policy.get_distribution(observations), policy.predict_values(observations))
+    if spec.name == "actor":
+        return lambda: spec.module.get_action_dist_params(observations)
+    if spec.name == "critic":
+        if actions is None:
+            raise ValueError("the critic probe needs actions")
+        return lambda: spec.module(observations, actions)
+    return lambda: spec.module(observations)
+
+
+class ReDo(PlasticCallback):
+    """ReDo, "Recycling Dormant neurons" (Sokar et al., 2023, "The Dormant Neuron Phenomenon in Deep
+    Reinforcement Learning", ICML), as an SB3 callback for PPO, A2C, DQN, QR-DQN, SAC and TQC.
+
+    Every ``period`` gradient steps (SB3's ``model._n_updates``; PPO counts epochs, the off-policy
+    algorithms count gradient steps) the hidden layers of every online network are scored on a probe
+    batch and the tau-dormant units are recycled (see :mod:`sb3_plastic.callbacks.redo` and
+    :func:`redo_reset_`): fresh incoming weights from the initialiser the model used
+    (:func:`model_layer_init`), zero bias, zero outgoing weights, zeroed optimizer moments of exactly
+    those entries. Output heads are excluded; under MaxMin a sorted pair is one unit (dormant only if
+    both features are).
+
+    * Off-policy (DQN, QR-DQN, SAC, TQC): checked in ``_on_step``; the probe is
+      ``replay_buffer.sample(probe_size)`` (observations, and its actions for the critics).
+    * On-policy (PPO, A2C): a probe of ``probe_size`` observations is drawn from the rollout buffer at each
+      rollout end; the check and reset happen at the next rollout start (or at training end), i.e. after
+      ``train()`` and before the next rollout is collected. A rollout is therefore always collected and
+      trained on with one and the same network (its stored log-probabilities and values stay valid).
+    * Target networks are **not** touched, as in the reference implementation: a DQN / QR-DQN target
+      receives the recycled units at its next scheduled hard update, SAC / TQC targets through polyak
+      averaging. Copying online -> target here would shorten the target's schedule.
+
+    Logged (``plasticity/redo/...``; ``redo_<name>`` with a ``name``): ``<network>/<layer>/dormant_fraction``
+    and ``<network>/<layer>/resets`` at each check, ``dormant_fraction``, ``resets``, ``total_resets``
+    and ``events``. Persistent (``self.state``; survives save -> load -> learn): ``last_step`` (gradient
+    step of the last check), ``events``, ``total_resets`` and ``layer_resets`` per layer.
+
+    :param period: gradient steps between two checks (> 0).
+    :param tau: dormancy threshold in (0, 1] (0.025: the paper's default; 0.1: aggressive).
+    :param probe_size: number of probe samples (> 0).
+    :param name: distinguishes two ReDo callbacks on one model.
+    :param verbose: SB3 verbosity (1: print a line per check).
+    """
+
+    def __init__(
+        self,
+        period: int = 1000,
+        tau: float = 0.025,
+        probe_size: int = 256,
+        name: Optional[str] = None,
+        verbose: int = 0,
+    ) -> None:
+        super().__init__(name=name, verbose=verbose)
+        self.period = _validate_positive_int("period", period)
+        self.tau = _validate_tau(tau)
+        self.probe_size = _validate_positive_int("probe_size", probe_size)
+        self._init: LayerInit = default_layer_init
+        self._on_policy = False
+        self._stash: Optional[tuple[Any, Optional[th.Tensor]]] = None
+
+    @property
+    def log_prefix(self) -> str:
+        return "redo" if self.name is None else f"redo_{self.name}"
+
+    def _init_callback(self) -> None:
+        super()._init_callback()
+        self._init = model_layer_init(self.model)
+
+    def _on_training_start(self) -> None:
+        super()._on_training_start()
+        self.state.setdefault("last_step", self.gradient_steps)
+        self.state.setdefault("events", 0)
+        self.state.setdefault("total_resets", 0)
+        self.state.setdefault("layer_resets", {})
+        self._init = model_layer_init(self.model)
+        self._on_policy = isinstance(self.model, OnPolicyAlgorithm)
+        self._stash = None
+
+    @property
+    def due(self) -> bool:
+        """Whether ``period`` gradient steps have passed since the last check."""
+        return self.gradient_steps - int(self.state.get("last_step", 0)) >= self.period
+
+    # ------------------------------------------------------------------ triggers
+    def _on_step(self) -> bool:
+        if not self._on_policy and self.due:
+            probe = self._replay_probe()
+            if probe is not None:
+                self.recycle(*probe)
+        return True
+
+    def _on_rollout_end(self) -> None:
+        if self._on_policy:
+            self._stash = self._rollout_probe()
+
+    def _on_rollout_start(self) -> None:
+        if self._on_policy and self.due and self._stash is not None:
+            self.recycle(*self._stash)
+
+    def _on_training_end(self) -> None:
+        # after the last train() of this learn() call, also between rollouts (covers learn() called
+        # repeatedly for one rollout at a time)
+        self._on_rollout_start()
+
+    # ------------------------------------------------------------------ probes
+    def _replay_probe(self) -> Optional[tuple[Any, Optional[th.Tensor]]]:
+        buffer = getattr(self.model, "replay_buffer", None)
+        if buffer is None or buffer.size() == 0:
+            return None
+        data = buffer.sample(self.probe_size, env=getattr(self.model, "_vec_normalize_env", None))
+        return data.observations, data.actions
+
+    def _rollout_probe(self) -> Optional[tuple[Any, Optional[th.Tensor]]]:
+        buffer = getattr(self.model, "rollout_buffer", None)
+        if buffer is None or not (buffer.full or buffer.pos > 0):
+            return None
+        n_rows = (buffer.buffer_size if buffer.full else buffer.pos) * buffer.n_envs
+        idx = np.random.choice(n_rows, size=min(self.probe_size, n_rows), replace=False)
+
+        def take(arr: np.ndarray) -> np.ndarray:
+            flat = arr[: n_rows // buffer.n_envs].reshape(n_rows, *arr.shape[2:])
+            return flat[idx].copy()
+
+        obs = buffer.observations
+        sample = {k: take(v) for k, v in obs.items()} if isinstance(obs, dict) else take(obs)
+        actions = th.as_tensor(take(buffer.actions), device=self.model.device)
+        return obs_as_tensor(sample, self.model.device), actions
+
+    # ------------------------------------------------------------------ the step
+    def recycle(self, observations: Any, actions: Optional[th.Tensor] = None) -> list[tuple[str, ReDoLayerResult]]:
+        """Score every online network on ``observations`` (and ``actions`` for critics) and recycle its
+        dormant units now; updates counters and logs. Returns ``(network, result)`` per layer."""
+        optimizers = [spec.optimizer for spec in self.networks]
+        out: list[tuple[str, ReDoLayerResult]] = []
+        for spec in self.networks:
+            forward = network_probe(self.model, spec, observations, actions)
+            for result in redo_layers_(spec.hidden_layers(), forward, self.tau, optimizers, self._init):
+                out.append((spec.name, result))
+        layer_resets = self.state.setdefault("layer_resets", {})
+        total_units = sum(r.n_units for _, r in out)
+        total_dormant = sum(r.n_dormant for _, r in out)
+        prefix = self.log_prefix
+        for net, r in out:
+            key = f"{net}/{r.name}"
+            layer_resets[key] = layer_resets.get(key, 0) + r.n_dormant
+            self.record(f"{prefix}/{key}/dormant_fraction", r.dormant_fraction)
+            self.record(f"{prefix}/{key}/resets", r.n_dormant)
+        self.state["last_step"] = self.gradient_steps
+        self.state["events"] = int(self.state.get("events", 0)) + 1
+        self.state["total_resets"] = int(self.state.get("total_resets", 0)) + total_dormant
+        self.record(f"{prefix}/dormant_fraction", total_dormant / max(total_units, 1))
+        self.record(f"{prefix}/resets", total_dormant)
+        self.record(f"{prefix}/total_resets", self.state["total_resets"])
+        self.record(f"{prefix}/events", self.state["events"])
+        if self.verbose >= 1:
+            print(
+                f"ReDo at gradient step {self.gradient_steps}: {total_dormant}/{total_units} units dormant "
+                f"(tau={self.tau}) recycled"
+            )
+        return out
+
+
+@dataclass
+class ReDoConfig:
+    """ReDo settings as top-level keywords of the plastic algorithms (and rl_zoo3 / optuna).
+
+    :param redo_period: gradient steps between two ReDo checks; ``None`` switches ReDo off.
+    :param redo_tau: dormancy threshold in (0, 1] (0.025 default, 0.1 aggressive).
+    :param redo_probe_size: probe batch size.
+    """
+
+    redo_period: Optional[int] = None
+    redo_tau: float = 0.025
+    redo_probe_size: int = 256
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the bad value and what is allowed."""
+        if self.redo_period is not None:
+            self.redo_period = _validate_positive_int("redo_period", self.redo_period)
+        try:
+            self.redo_tau = _validate_tau(self.redo_tau)
+        except ValueError:
+            raise ValueError(f"redo_tau must be a number in (0, 1], got {self.redo_tau!r}") from None
+        self.redo_probe_size = _validate_positive_int("redo_probe_size", self.redo_probe_size)
+
+    @property
+    def enabled(self) -> bool:
+        """Whether ReDo is on (``redo_period`` is set)."""
+        return self.redo_period is not None
+
+    def make_callback(self) -> Optional[ReDo]:
+        """The :class:`ReDo` callback for these settings, or ``None`` when ReDo is off."""
+        if not self.enabled:
+            return None
+        assert self.redo_period is not None
+        return ReDo(period=self.redo_period, tau=self.redo_tau, probe_size=self.redo_probe_size)
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """The fields as keyword arguments."""
+        return asdict(self)
+
+
+#: Names of the ReDo keywords, in signature order.
+REDO_KEYS: tuple[str, ...] = tuple(ReDoConfig.__dataclass_fields__)

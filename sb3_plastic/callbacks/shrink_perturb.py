@@ -1,0 +1,438 @@
+"""Shrink & Perturb, in Ash & Adams' event form and in Dohare et al.'s continual form.
+
+References:
+
+* J. T. Ash, R. P. Adams, "On Warm-Starting Neural Network Training", NeurIPS 2020
+  (https://arxiv.org/abs/1910.08475): at each arrival of new data,
+  ``theta <- lambda * theta + p * theta_fresh`` with ``theta_fresh`` a fresh draw of the network's
+  initialisation (``lambda = 0.4``, ``p = 0.1`` in their experiments).
+* S. Dohare, J. F. Hernandez-Garcia, Q. Lan, P. Rahman, A. R. Mahmood, R. S. Sutton, "Loss of
+  plasticity in deep continual learning", Nature 632, 2024: the continual variant, L2 weight decay plus
+  Gaussian noise ``N(0, sigma^2)`` added to every weight after each optimizer step.
+
+Both act on the weight and bias of every Linear / Conv2d layer of every online network (output heads
+included, as in both papers); other parameters (PPO's ``log_std`` vector, SAC's entropy coefficient)
+are left alone.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Optional
+
+import numpy as np
+import torch as th
+from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from sb3_plastic.callbacks.base import PlasticCallback
+from sb3_plastic.callbacks.redo import LayerInit, default_layer_init, model_layer_init
+from sb3_plastic.common.surgery import find_networks, sync_target
+from sb3_plastic.optim import reset_optimizer_state
+
+MODES = ("event", "continual")
+
+#: Ash & Adams (2020): shrink factor lambda and perturbation scale p.
+DEFAULT_SHRINK = 0.4
+DEFAULT_PERTURB = 0.1
+#: Dohare et al. (2024), continual form (their permuted-MNIST / ImageNet settings): noise std and L2 strength.
+DEFAULT_NOISE_STD = 1e-5
+DEFAULT_WEIGHT_DECAY = 1e-4
+
+
+# ---------------------------------------------------------------------------------------------------
+# The operations
+# ---------------------------------------------------------------------------------------------------
+def _holds(optimizer: th.optim.Optimizer, param: th.Tensor) -> bool:
+    return any(param is p for group in optimizer.param_groups for p in group["params"])
+
+
+@th.no_grad()
+def shrink_perturb_(
+    layers: Iterable[nn.Module],
+    shrink: float = DEFAULT_SHRINK,
+    perturb: float = DEFAULT_PERTURB,
+    init: LayerInit = default_layer_init,
+    optimizers: Iterable[Optional[th.optim.Optimizer]] = (),
+) -> list[nn.Parameter]:
+    """Ash & Adams' shrink & perturb, in place: ``theta <- shrink * theta + perturb * theta_fresh`` for the
+    weight and bias of each layer, ``theta_fresh`` being a fresh draw of ``init`` (one draw per layer,
+    weight then bias, in the order of ``layers``). Parameter objects are kept (optimizers and target-net
+    polyak updates hold them by reference); the whole optimizer state of every touched tensor is dropped
+    (Adam restarts its moments and bias correction for it).
+
+    :param layers: Linear / Conv layers (each is processed once).
+    :param shrink: ``lambda`` in (0, 1].
+    :param perturb: ``p`` >= 0 (0: pure shrinking, nothing is drawn).
+    :param init: the initialiser of ``theta_fresh`` (e.g. :func:`sb3_plastic.callbacks.redo.model_layer_init`).
+    :param optimizers: optimizers whose state of the touched tensors is cleared.
+    :return: the touched parameters.
+    """
+    _check_fraction("shrink", shrink)
+    _check_nonneg("perturb", perturb)
+    touched: list[nn.Parameter] = []
+    seen: set[int] = set()
+    for layer in layers:
+        if id(layer) in seen:
+            continue
+        seen.add(id(layer))
+        bias = getattr(layer, "bias", None)
+        fresh_w, fresh_b = init(layer) if perturb > 0 else (None, None)
+        layer.weight.mul_(shrink)
+        if fresh_w is not None:
+            layer.weight.add_(fresh_w.to(layer.weight), alpha=perturb)
+        touched.append(layer.weight)
+        if bias is not None:
+            bias.mul_(shrink)
+            if fresh_b is not None:
+                bias.add_(fresh_b.to(bias), alpha=perturb)
+            touched.append(bias)
+    for opt in {id(o): o for o in optimizers if o is not None}.values():
+        for param in touched:
+            if _holds(opt, param):
+                reset_optimizer_state(opt, param)
+    return touched
+
+
+@th.no_grad()
+def continual_shrink_perturb_(params: Sequence[th.Tensor], lr: float, weight_decay: float, noise_std: float) -> None:
+    """Dohare et al.'s continual shrink & perturb step, in place, on each tensor in order:
+
+        theta <- (1 - lr * weight_decay) * theta + noise_std * eps,   eps ~ N(0, I).
+
+    The shrink is decoupled weight decay (AdamW-style): for plain SGD it is exactly the L2 penalty
+    ``weight_decay / 2 * ||theta||^2`` of Dohare et al.'s SGD experiments; with Adam it does not pass through
+    the moments (the reference's Adam runs put L2 into the gradient; use ``optimizer_kwargs`` for that).
+    """
+    factor = 1.0 - float(lr) * float(weight_decay)
+    for p in params:
+        if factor != 1.0:
+            p.mul_(factor)
+        if noise_std > 0:
+            p.add_(th.randn_like(p), alpha=float(noise_std))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Validation
+# ---------------------------------------------------------------------------------------------------
+def _is_number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float, np.floating, np.integer)) and math.isfinite(value)
+
+
+def _check_fraction(name: str, value: Any) -> None:
+    if not (_is_number(value) and 0 < value <= 1):
+        raise ValueError(f"{name} must be a number in (0, 1], got {value!r}")
+
+
+def _check_nonneg(name: str, value: Any) -> None:
+    if not (_is_number(value) and value >= 0):
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+
+
+def _check_settings(
+    mode: Optional[str],
+    shrink: Any,
+    perturb: Any,
+    every: Any,
+    on_task_change: Any,
+    noise_std: Any,
+    weight_decay: Any,
+    names: dict[str, str],
+) -> None:
+    """Validate shrink & perturb settings; ``names`` maps each argument to the keyword the user typed."""
+    if mode is not None and mode not in MODES:
+        raise ValueError(f"Unknown {names['mode']} {mode!r}; allowed: {list(MODES)}")
+    _check_fraction(names["shrink"], shrink)
+    _check_nonneg(names["perturb"], perturb)
+    _check_nonneg(names["noise_std"], noise_std)
+    _check_nonneg(names["weight_decay"], weight_decay)
+    if every is not None and (isinstance(every, bool) or not isinstance(every, (int, np.integer)) or every <= 0):
+        raise ValueError(f"{names['every']} must be None or an integer > 0 (env steps), got {every!r}")
+    if not isinstance(on_task_change, (bool, np.bool_)):
+        raise ValueError(f"{names['on_task_change']} must be True or False, got {on_task_change!r}")
+    if mode == "event" and every is None and not on_task_change:
+        raise ValueError(
+            f"{names['mode']}='event' needs a trigger: set {names['every']} (env steps) and/or {names['on_task_change']}=True"
+        )
+    if mode == "continual" and (every is not None or on_task_change):
+        raise ValueError(
+            f"{names['every']} and {names['on_task_change']} only apply to {names['mode']}='event'; the continual "
+            "form acts after every optimizer step"
+        )
+
+
+_CALLBACK_NAMES = {k: k for k in ("mode", "shrink", "perturb", "every", "on_task_change", "noise_std", "weight_decay")}
+_CONFIG_NAMES = {
+    "mode": "shrink_perturb",
+    "shrink": "shrink_factor",
+    "perturb": "perturb_scale",
+    "every": "shrink_perturb_every",
+    "on_task_change": "shrink_perturb_on_task_change",
+    "noise_std": "perturb_noise_std",
+    "weight_decay": "shrink_weight_decay",
+}
+
+
+def _plain(value: Any) -> Any:
+    return value.item() if isinstance(value, (np.generic, th.Tensor)) else value
+
+
+# ---------------------------------------------------------------------------------------------------
+# The callback
+# ---------------------------------------------------------------------------------------------------
+class ShrinkPerturb(PlasticCallback):
+    """Shrink & Perturb as an SB3 callback for PPO, A2C, DQN, QR-DQN, SAC and TQC (plastic or not).
+
+    ``mode="event"`` (Ash & Adams, 2020, "On Warm-Starting Neural Network Training"): at each new-data
+    event, ``theta <- shrink * theta + perturb * theta_fresh`` on the weight and bias of every Linear /
+    Conv2d layer of every online network (heads included), ``theta_fresh`` a fresh draw of the initialiser
+    the model used (:func:`sb3_plastic.callbacks.redo.model_layer_init`). Values are written in place; the
+    optimizer state of every touched tensor is dropped; every target network is then hard-synced to its
+    online network (DQN, QR-DQN, SAC, TQC), since a shrunk online net and an old target would disagree for
+    a whole target period. Events: every ``every`` env steps and/or when ``info["task_id"]`` changes
+    (``on_task_change``). Off-policy algorithms apply an event at once (in ``_on_step``, between env
+    steps, never inside ``train()``); on-policy algorithms apply it at the next rollout start, after the
+    current rollout has been trained on with the network that collected it.
+
+    ``mode="continual"`` (Dohare et al., 2024, "Loss of plasticity in deep continual learning", Nature):
+    after every optimizer step of a network optimizer (an ``optimizer.register_step_post_hook`` installed
+    at training start and removed at training end), for the weight and bias of every Linear / Conv2d layer
+    it trains, ``theta <- (1 - lr * weight_decay) * theta + noise_std * N(0, I)`` with ``lr`` the param
+    group's current learning rate (see :func:`continual_shrink_perturb_`). Only steps taken while the
+    policy is in training mode (inside ``train()``) are perturbed. The entropy-coefficient optimizer of
+    SAC / TQC is not a network optimizer and is left alone. Target networks follow by their own schedule.
+
+    Logged: ``plasticity/shrink_perturb/events`` (event mode), ``plasticity/shrink_perturb/noise_steps``
+    (continual mode). Persistent (``self.state``): ``events``, ``pending``, ``steps_since_event``,
+    ``task_ids``, ``noise_steps``.
+
+    :param mode: ``"event"`` or ``"continual"``.
+    :param shrink: ``lambda`` in (0, 1] (event mode; Ash & Adams: 0.4).
+    :param perturb: ``p`` >= 0 (event mode; Ash & Adams: 0.1).
+    :param every: event every this many env steps (``model.num_timesteps``), or ``None``.
+    :param on_task_change: event when ``info["task_id"]`` changes.
+    :param noise_std: ``sigma`` >= 0 of the continual noise (Dohare et al.: 1e-4 .. 1e-6; default 1e-5).
+    :param weight_decay: L2 strength >= 0 of the continual shrink (Dohare et al.: 1e-5 .. 1e-4; default 1e-4).
+    :param name: distinguishes two ShrinkPerturb callbacks on one model.
+    :param verbose: SB3 verbosity (1: print a line per event).
+    """
+
+    def __init__(
+        self,
+        mode: str = "event",
+        shrink: float = DEFAULT_SHRINK,
+        perturb: float = DEFAULT_PERTURB,
+        every: Optional[int] = None,
+        on_task_change: bool = False,
+        noise_std: float = DEFAULT_NOISE_STD,
+        weight_decay: float = DEFAULT_WEIGHT_DECAY,
+        name: Optional[str] = None,
+        verbose: int = 0,
+    ) -> None:
+        super().__init__(name=name, verbose=verbose)
+        _check_settings(mode, shrink, perturb, every, on_task_change, noise_std, weight_decay, _CALLBACK_NAMES)
+        self.mode = mode
+        self.shrink = float(shrink)
+        self.perturb = float(perturb)
+        self.every = None if every is None else int(every)
+        self.on_task_change = bool(on_task_change)
+        self.noise_std = float(noise_std)
+        self.weight_decay = float(weight_decay)
+        self._init: LayerInit = default_layer_init
+        self._on_policy = False
+        self._last_timesteps = 0
+        self._handles: list[RemovableHandle] = []
+
+    @property
+    def log_prefix(self) -> str:
+        return "shrink_perturb" if self.name is None else f"shrink_perturb_{self.name}"
+
+    # ------------------------------------------------------------------ lifecycle
+    def _init_callback(self) -> None:
+        super()._init_callback()
+        self._init = model_layer_init(self.model)
+
+    def _on_training_start(self) -> None:
+        super()._on_training_start()
+        for key, value in (
+            ("events", 0),
+            ("pending", False),
+            ("steps_since_event", 0),
+            ("task_ids", None),
+            ("noise_steps", 0),
+        ):
+            self.state.setdefault(key, value)
+        self._init = model_layer_init(self.model)
+        self._on_policy = isinstance(self.model, OnPolicyAlgorithm)
+        self._last_timesteps = self.model.num_timesteps
+        self._remove_hooks()
+        if self.mode == "continual":
+            self._install_hooks()
+
+    def _on_training_end(self) -> None:
+        self._remove_hooks()
+
+    def _on_rollout_end(self) -> None:
+        if self.mode == "continual":
+            self.record(f"{self.log_prefix}/noise_steps", self.state["noise_steps"])
+
+    # ------------------------------------------------------------------ continual form
+    def _install_hooks(self) -> None:
+        by_opt: dict[int, tuple[th.optim.Optimizer, set[int]]] = {}
+        for spec in self.networks:
+            if spec.optimizer is None:
+                continue
+            ids = {
+                id(p) for layer in spec.weight_layers() for p in (layer.weight, getattr(layer, "bias", None)) if p is not None
+            }
+            entry = by_opt.setdefault(id(spec.optimizer), (spec.optimizer, set()))
+            entry[1].update(ids)
+        for opt, ids in by_opt.values():
+            pre, post = self._make_hooks(ids)
+            self._handles += [opt.register_step_pre_hook(pre), opt.register_step_post_hook(post)]
+
+    def _make_hooks(self, ids: set[int]) -> tuple[Any, Any]:
+        # torch runs an optimizer's step hooks from every hooked ``step`` in the class hierarchy: a subclass
+        # whose ``step`` calls ``super().step()`` (AdamO) fires them twice per step once any instance of the
+        # parent class exists. The depth counter makes the perturbation act once, after the outermost step.
+        depth = [0]
+
+        def pre(optimizer: th.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            depth[0] += 1
+
+        def post(optimizer: th.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            depth[0] = max(depth[0] - 1, 0)
+            if depth[0] > 0 or not self.model.policy.training:
+                return
+            for group in optimizer.param_groups:
+                params = [p for p in group["params"] if id(p) in ids]
+                if params:
+                    continual_shrink_perturb_(params, group["lr"], self.weight_decay, self.noise_std)
+            self.state["noise_steps"] = int(self.state.get("noise_steps", 0)) + 1
+
+        return pre, post
+
+    def _remove_hooks(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    # ------------------------------------------------------------------ event form
+    def _on_step(self) -> bool:
+        if self.mode != "event":
+            return True
+        trigger = False
+        delta = self.model.num_timesteps - self._last_timesteps
+        self._last_timesteps = self.model.num_timesteps
+        if self.every is not None:
+            self.state["steps_since_event"] = int(self.state.get("steps_since_event", 0)) + max(delta, 0)
+            if self.state["steps_since_event"] >= self.every:
+                self.state["steps_since_event"] %= self.every
+                trigger = True
+        if self.on_task_change:
+            infos = self.locals.get("infos") or []
+            ids = tuple(_plain(info["task_id"]) for info in infos if isinstance(info, dict) and "task_id" in info)
+            if ids:
+                previous = self.state.get("task_ids")
+                if previous is not None and tuple(previous) != ids:
+                    trigger = True
+                self.state["task_ids"] = ids
+        if trigger:
+            if self._on_policy:
+                self.state["pending"] = True
+            else:
+                self.apply()
+        return True
+
+    def _on_rollout_start(self) -> None:
+        if self.mode == "event" and self._on_policy and self.state.get("pending"):
+            self.apply()
+
+    def apply(self) -> list[nn.Parameter]:
+        """Apply one shrink & perturb event now (all online networks; optimizer state of the touched tensors
+        cleared; targets re-synced). Returns the touched parameters."""
+        networks = self.networks or find_networks(self.model)
+        layers = list({id(m): m for spec in networks for m in spec.weight_layers()}.values())
+        touched = shrink_perturb_(layers, self.shrink, self.perturb, self._init, [spec.optimizer for spec in networks])
+        for spec in networks:
+            sync_target(spec)
+        self.state["pending"] = False
+        self.state["events"] = int(self.state.get("events", 0)) + 1
+        self.record(f"{self.log_prefix}/events", self.state["events"])
+        if self.verbose >= 1:
+            print(f"Shrink & Perturb event {self.state['events']} at {self.model.num_timesteps} env steps")
+        return touched
+
+
+@dataclass
+class ShrinkPerturbConfig:
+    """Shrink & Perturb settings as top-level keywords of the plastic algorithms (and rl_zoo3 / optuna).
+
+    :param shrink_perturb: ``None`` (off), ``"event"`` (Ash & Adams) or ``"continual"`` (Dohare et al.).
+    :param shrink_factor: ``lambda`` in (0, 1] of the event form.
+    :param perturb_scale: ``p`` >= 0 of the event form.
+    :param shrink_perturb_every: event every this many env steps (event form).
+    :param shrink_perturb_on_task_change: event when ``info["task_id"]`` changes (event form).
+    :param perturb_noise_std: noise std >= 0 of the continual form.
+    :param shrink_weight_decay: weight decay >= 0 of the continual form (``theta *= 1 - lr * wd`` per step).
+
+    The event-form fields are ignored when the mode is ``None``; with ``"event"`` at least one trigger is
+    required, with ``"continual"`` none may be set.
+    """
+
+    shrink_perturb: Optional[str] = None
+    shrink_factor: float = DEFAULT_SHRINK
+    perturb_scale: float = DEFAULT_PERTURB
+    shrink_perturb_every: Optional[int] = None
+    shrink_perturb_on_task_change: bool = False
+    perturb_noise_std: float = DEFAULT_NOISE_STD
+    shrink_weight_decay: float = DEFAULT_WEIGHT_DECAY
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the bad value and what is allowed."""
+        if self.shrink_perturb is not None and not isinstance(self.shrink_perturb, str):
+            raise ValueError(f"Unknown shrink_perturb {self.shrink_perturb!r}; allowed: {list(MODES)} or None")
+        _check_settings(
+            self.shrink_perturb,
+            self.shrink_factor,
+            self.perturb_scale,
+            self.shrink_perturb_every,
+            self.shrink_perturb_on_task_change,
+            self.perturb_noise_std,
+            self.shrink_weight_decay,
+            _CONFIG_NAMES,
+        )
+
+    @property
+    def enabled(self) -> bool:
+        """Whether Shrink & Perturb is on."""
+        return self.shrink_perturb is not None
+
+    def make_callback(self) -> Optional[ShrinkPerturb]:
+        """The :class:`ShrinkPerturb` callback for these settings, or ``None`` when it is off."""
+        if not self.enabled:
+            return None
+        assert self.shrink_perturb is not None
+        return ShrinkPerturb(
+            mode=self.shrink_perturb,
+            shrink=self.shrink_factor,
+            perturb=self.perturb_scale,
+            every=self.shrink_perturb_every,
+            on_task_change=self.shrink_perturb_on_task_change,
+            noise_std=self.perturb_noise_std,
+            weight_decay=self.shrink_weight_decay,
+        )
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """The fields as keyword arguments."""
+        return asdict(self)
+
+
+#: Names of the Shrink & Perturb keywords, in signature order.
+SHRINK_PERTURB_KEYS: tuple[str, ...] = tuple(ShrinkPerturbConfig.__dataclass_fields__)
