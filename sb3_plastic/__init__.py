@@ -1,6 +1,7 @@
 """sb3-plastic: Stable-Baselines3 agents that keep their ability to learn when the world changes."""
 
 from sb3_plastic.activations import MaxMin, get_activation
+from sb3_plastic.callbacks import FIRE, ContinualBackprop, ReDo, ShrinkPerturb
 from sb3_plastic.config import IsometryConfig
 from sb3_plastic.dqn import PlasticDQN
 from sb3_plastic.isometry import dfi_per_layer, isometry_penalty, isometry_penalty_grad
@@ -12,7 +13,9 @@ from sb3_plastic.sac import PlasticSAC
 __version__ = "0.1.0"
 
 __all__ = [
+    "FIRE",
     "AdamO",
+    "ContinualBackprop",
     "IsometryConfig",
     "MaxMin",
     "PlasticCNN",
@@ -21,6 +24,8 @@ __all__ = [
     "PlasticMLP",
     "PlasticPPO",
     "PlasticSAC",
+    "ReDo",
+    "ShrinkPerturb",
     "dfi_per_layer",
     "get_activation",
     "isometry_penalty",

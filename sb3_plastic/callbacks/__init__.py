@@ -1,5 +1,33 @@
-"""Plasticity interventions as SB3 callbacks (work on PPO, A2C, DQN, SAC, QR-DQN, TQC, plastic or not)."""
+"""Plasticity interventions as SB3 callbacks.
+
+They work on PPO, A2C, DQN, SAC, TD3 and sb3-contrib's QR-DQN and TQC, plain or plastic:
+
+* :class:`FIRE`: orthogonalise the weights (polar factor by Newton–Schulz) at a midpoint / task switch.
+* :class:`ContinualBackprop`: generate-and-test replacement of low-utility hidden units.
+* :class:`ReDo`: recycle dormant units.
+* :class:`ShrinkPerturb`: shrink and perturb the weights, at events or continually.
+
+Each has a config dataclass whose fields are the top-level keywords of the plastic algorithms.
+"""
 
 from sb3_plastic.callbacks.base import PlasticCallback
+from sb3_plastic.callbacks.cbp import ContinualBackprop, ContinualBackpropConfig, GenerateAndTest
+from sb3_plastic.callbacks.fire import FIRE, FIREConfig, fire_, newton_schulz_polar
+from sb3_plastic.callbacks.redo import ReDo, ReDoConfig, dormant_units
+from sb3_plastic.callbacks.shrink_perturb import ShrinkPerturb, ShrinkPerturbConfig
 
-__all__ = ["PlasticCallback"]
+__all__ = [
+    "FIRE",
+    "ContinualBackprop",
+    "ContinualBackpropConfig",
+    "FIREConfig",
+    "GenerateAndTest",
+    "PlasticCallback",
+    "ReDo",
+    "ReDoConfig",
+    "ShrinkPerturb",
+    "ShrinkPerturbConfig",
+    "dormant_units",
+    "fire_",
+    "newton_schulz_polar",
+]

@@ -41,11 +41,13 @@ design brief (the reference additionally centres ``h`` on its running mean).
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
+import numpy as np
 import torch as th
 from stable_baselines3.common.base_class import BaseAlgorithm
 from torch import nn
@@ -67,7 +69,8 @@ _FLOOR_EPS = 1e-9
 
 # ---------------------------------------------------------------------------------------------- arguments
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """A finite real number (numpy scalars included), not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)) and math.isfinite(value)
 
 
 def check_cbp_args(

@@ -8,13 +8,30 @@ policy through ``policy_kwargs`` and passes every other argument to SB3 untouche
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from typing import Any, Optional, Union
 
 from stable_baselines3.common.base_class import BaseAlgorithm
+from stable_baselines3.common.callbacks import BaseCallback, CallbackList, ConvertCallback
 
 from sb3_plastic.config import ISOMETRY_KEYS, IsometryConfig
 from sb3_plastic.policies import PlasticPolicyMixin
+
+
+def intervention_config_classes() -> dict[str, type]:
+    """The intervention configs whose fields are top-level keywords of every plastic algorithm."""
+    from sb3_plastic.callbacks.cbp import ContinualBackpropConfig
+    from sb3_plastic.callbacks.fire import FIREConfig
+    from sb3_plastic.callbacks.redo import ReDoConfig
+    from sb3_plastic.callbacks.shrink_perturb import ShrinkPerturbConfig
+
+    return {"fire": FIREConfig, "cbp": ContinualBackpropConfig, "redo": ReDoConfig, "shrink_perturb": ShrinkPerturbConfig}
+
+
+def intervention_keys() -> tuple[str, ...]:
+    """Names of the intervention keywords (fields of the intervention configs)."""
+    return tuple(f.name for cls in intervention_config_classes().values() for f in dataclasses.fields(cls))
 
 
 class PlasticAlgorithmMixin:
@@ -31,7 +48,13 @@ class PlasticAlgorithmMixin:
     :param isometry_layers: ``"hidden"``, ``"all"`` or a list of fnmatch patterns.
     :param optimizer: ``"adamo"``, ``"adam"`` or ``"adam_equal_betas"``.
     :param orthogonal_init: orthogonal hidden layers (default: only with MaxMin).
-    :param kwargs: SB3's keyword arguments, unchanged.
+    :param kwargs: SB3's keyword arguments, unchanged, and the intervention keywords: the fields of
+        :class:`~sb3_plastic.callbacks.FIREConfig` (``fire_at``, ``fire_every``, ...),
+        :class:`~sb3_plastic.callbacks.ContinualBackpropConfig` (``replacement_rate``, ``maturity_threshold``,
+        ...), :class:`~sb3_plastic.callbacks.ReDoConfig` (``redo_period``, ...) and
+        :class:`~sb3_plastic.callbacks.ShrinkPerturbConfig` (``shrink_perturb``, ...). An enabled intervention
+        is added to the callbacks of every ``learn()`` call; it is the same class users can pass as a
+        callback themselves.
     """
 
     isometry_config: IsometryConfig
@@ -60,6 +83,10 @@ class PlasticAlgorithmMixin:
             optimizer=optimizer,
             orthogonal_init=orthogonal_init,
         )
+        interventions = {}
+        for key, cls in intervention_config_classes().items():
+            names = {f.name for f in dataclasses.fields(cls)}
+            interventions[key] = cls(**{name: kwargs.pop(name) for name in list(kwargs) if name in names})
         base_init = super().__init__  # type: ignore[misc]
         try:
             bound = inspect.signature(base_init).bind(policy, env, *args, **kwargs)
@@ -75,7 +102,33 @@ class PlasticAlgorithmMixin:
         policy_kwargs.update(config.to_kwargs())
         bound.arguments["policy_kwargs"] = policy_kwargs
         self.isometry_config = config
+        self.intervention_configs = interventions
         base_init(*bound.args, **bound.kwargs)
+
+    def intervention_callbacks(self) -> list[BaseCallback]:
+        """Callbacks of the interventions enabled through keywords (named ``"auto"``)."""
+        callbacks = []
+        for config in self.intervention_configs.values():
+            callback = config.make_callback() if config.enabled else None
+            if callback is not None:
+                callback.name = "auto"  # persistent state key "<Class>:auto", distinct from user-passed callbacks
+                callbacks.append(callback)
+        return callbacks
+
+    def learn(self, total_timesteps: int, callback: Any = None, *args: Any, **kwargs: Any) -> Any:
+        """SB3's ``learn``, with the keyword-enabled interventions added to ``callback``."""
+        extra = self.intervention_callbacks()
+        if extra:
+            if callback is None:
+                user: list[BaseCallback] = []
+            elif isinstance(callback, list):
+                user = list(callback)
+            elif isinstance(callback, BaseCallback):
+                user = [callback]
+            else:
+                user = [ConvertCallback(callback)]
+            callback = CallbackList(user + extra)
+        return super().learn(total_timesteps, callback, *args, **kwargs)  # type: ignore[misc]
 
     def _check_plastic_policy(self, policy: Union[str, type]) -> None:
         if isinstance(policy, str):

@@ -24,6 +24,7 @@ from typing import Any, Optional
 
 import torch as th
 from stable_baselines3.common.base_class import BaseAlgorithm
+from stable_baselines3.common.preprocessing import get_flattened_obs_dim
 from torch import nn
 
 from sb3_plastic.activations import MaxMin
@@ -87,6 +88,9 @@ class NetworkSpec:
     target: Optional[nn.Module]
     paths: list[list[nn.Module]]
     layer_names: dict[int, str]
+    #: input offset of a consumer for an edge (id(producer), id(consumer)); 0 when absent. Non-zero when a
+    #: Dict-observation extractor concatenates several sub-extractors' outputs.
+    edge_offsets: dict[tuple[int, int], int] = field(default_factory=dict)
 
     def weight_layers(self) -> list[nn.Module]:
         """Every Linear / Conv2d of the network, each once, in path order (heads included)."""
@@ -117,7 +121,7 @@ class NetworkSpec:
                 per_unit = 1
                 if isinstance(layer, nn.Conv2d) and isinstance(nxt, nn.Linear):
                     per_unit = nxt.in_features // layer.out_channels
-                spec.consumers.append(Consumer(nxt, per_unit))
+                spec.consumers.append(Consumer(nxt, per_unit, self.edge_offsets.get((id(layer), id(nxt)), 0)))
         return list(hidden.values())
 
     def parameters(self) -> list[nn.Parameter]:
@@ -146,6 +150,34 @@ def layers_of(module: Optional[nn.Module]) -> list[nn.Module]:
     return [m for m in module.modules() if isinstance(m, LAYER_TYPES)]
 
 
+def _extractor_paths(
+    extractor: Optional[nn.Module], tails: list[list[nn.Module]], offsets: dict[tuple[int, int], int]
+) -> list[list[nn.Module]]:
+    """Paths ``extractor layers + tail`` for each tail; a Dict-observation extractor (SB3's
+    ``CombinedExtractor``: a ``ModuleDict`` ``extractors`` whose outputs are concatenated in key order)
+    gives one path per sub-extractor with layers, and records where its output starts in the concat."""
+    subs = getattr(extractor, "extractors", None)
+    if not isinstance(subs, nn.ModuleDict):
+        return [layers_of(extractor) + tail for tail in tails]
+    spaces = getattr(extractor, "_observation_space", None)
+    paths: list[list[nn.Module]] = []
+    start = 0
+    for key, sub in subs.items():
+        layers = layers_of(sub)
+        width = getattr(sub, "features_dim", None)
+        if width is None:
+            if spaces is None:
+                raise TypeError(f"cannot tell the output width of sub-extractor {key!r}")
+            width = get_flattened_obs_dim(spaces[key])
+        for tail in tails:
+            if layers and tail:
+                offsets[(id(layers[-1]), id(tail[0]))] = start
+                paths.append(layers + tail)
+        start += int(width)
+    paths += [tail for tail in tails if tail not in paths]
+    return paths
+
+
 def _head_layers(head: nn.Module) -> list[nn.Module]:
     """A head is a Linear, or a Sequential whose weight layer is the head (TQC's clipped mu)."""
     return layers_of(head)[-1:] if not isinstance(head, LAYER_TYPES) else [head]
@@ -158,8 +190,8 @@ def _names(root: nn.Module) -> dict[int, str]:
 def find_networks(model: BaseAlgorithm) -> list[NetworkSpec]:
     """The online networks of an SB3 / sb3-contrib model, with optimizers, targets and layer paths.
 
-    Supports actor-critic policies (PPO, A2C, RecurrentPPO's MLP part, MaskablePPO), DQN, QR-DQN, SAC
-    and TQC (and their plastic versions).
+    Supports actor-critic policies (PPO, A2C, RecurrentPPO's MLP part, MaskablePPO), DQN, QR-DQN, SAC,
+    TQC, TD3 and DDPG (and their plastic versions), with Box or Dict observations.
 
     Limitation: with SAC/TQC's ``share_features_extractor=True`` (off by default) the shared extractor
     belongs to the actor, and its last layer lists only the actor's first layer as consumer, not the
@@ -168,36 +200,52 @@ def find_networks(model: BaseAlgorithm) -> list[NetworkSpec]:
     :raises TypeError: for a policy whose structure is not known.
     """
     policy = model.policy
-    names = _names(policy)
+    off: dict[tuple[int, int], int] = {}
     if hasattr(policy, "mlp_extractor") and hasattr(policy, "action_net"):
-        pi = layers_of(policy.pi_features_extractor) + layers_of(policy.mlp_extractor.policy_net) + [policy.action_net]
-        vf = layers_of(policy.vf_features_extractor) + layers_of(policy.mlp_extractor.value_net) + [policy.value_net]
-        return [NetworkSpec("policy", policy, policy.optimizer, None, [pi, vf], names)]
+        pi_tail = [*layers_of(policy.mlp_extractor.policy_net), policy.action_net]
+        vf_tail = [*layers_of(policy.mlp_extractor.value_net), policy.value_net]
+        if policy.pi_features_extractor is policy.vf_features_extractor:
+            paths = _extractor_paths(policy.pi_features_extractor, [pi_tail, vf_tail], off)
+        else:
+            paths = _extractor_paths(policy.pi_features_extractor, [pi_tail], off)
+            paths += _extractor_paths(policy.vf_features_extractor, [vf_tail], off)
+        return [NetworkSpec("policy", policy, policy.optimizer, None, paths, _names(policy), off)]
     if hasattr(policy, "q_net") and hasattr(policy, "q_net_target"):
         q = policy.q_net
-        path = layers_of(q.features_extractor) + layers_of(q.q_net)
-        return [NetworkSpec("q_net", q, policy.optimizer, policy.q_net_target, [path], _names_with_prefix(q, "q_net"))]
+        paths = _extractor_paths(q.features_extractor, [layers_of(q.q_net)], off)
+        return [NetworkSpec("q_net", q, policy.optimizer, policy.q_net_target, paths, _names_with_prefix(q, "q_net"), off)]
     if hasattr(policy, "quantile_net") and hasattr(policy, "quantile_net_target"):
         q = policy.quantile_net
-        path = layers_of(q.features_extractor) + layers_of(q.quantile_net)
-        return [
-            NetworkSpec(
-                "quantile_net", q, policy.optimizer, policy.quantile_net_target, [path], _names_with_prefix(q, "quantile_net")
-            )
-        ]
+        paths = _extractor_paths(q.features_extractor, [layers_of(q.quantile_net)], off)
+        names = _names_with_prefix(q, "quantile_net")
+        return [NetworkSpec("quantile_net", q, policy.optimizer, policy.quantile_net_target, paths, names, off)]
     if hasattr(policy, "actor") and hasattr(policy, "critic") and hasattr(policy, "critic_target"):
         actor, critic = policy.actor, policy.critic
-        body = layers_of(actor.features_extractor) + layers_of(actor.latent_pi)
-        actor_paths = [body + _head_layers(actor.mu)]
-        if isinstance(actor.log_std, nn.Module):
-            actor_paths.append(body + _head_layers(actor.log_std))
         shared = policy.share_features_extractor
-        critic_fe = [] if shared else layers_of(critic.features_extractor)
-        critic_paths = [critic_fe + layers_of(q_net) for q_net in critic.q_networks]
+        if hasattr(actor, "latent_pi"):  # SAC, TQC
+            body = layers_of(actor.latent_pi)
+            tails = [body + _head_layers(actor.mu)]
+            if isinstance(actor.log_std, nn.Module):
+                tails.append(body + _head_layers(actor.log_std))
+            actor_target = None
+        elif isinstance(getattr(actor, "mu", None), nn.Sequential):  # TD3, DDPG
+            tails = [layers_of(actor.mu)]
+            actor_target = getattr(policy, "actor_target", None)
+        else:
+            raise TypeError(f"sb3_plastic does not know the actor structure of {type(policy).__name__}")
+        actor_paths = _extractor_paths(actor.features_extractor, tails, off)
+        critic_tails = [layers_of(q_net) for q_net in critic.q_networks]
+        critic_paths = critic_tails if shared else _extractor_paths(critic.features_extractor, critic_tails, off)
         return [
-            NetworkSpec("actor", actor, actor.optimizer, None, actor_paths, _names_with_prefix(actor, "actor")),
+            NetworkSpec("actor", actor, actor.optimizer, actor_target, actor_paths, _names_with_prefix(actor, "actor"), off),
             NetworkSpec(
-                "critic", critic, critic.optimizer, policy.critic_target, critic_paths, _names_with_prefix(critic, "critic")
+                "critic",
+                critic,
+                critic.optimizer,
+                policy.critic_target,
+                critic_paths,
+                _names_with_prefix(critic, "critic"),
+                off,
             ),
         ]
     raise TypeError(f"sb3_plastic does not know the network structure of {type(policy).__name__}")
@@ -248,6 +296,9 @@ def model_state(model: BaseAlgorithm, key: str) -> dict[str, Any]:
     ``save`` / ``load``, so an intervention's counters and statistics survive save -> load -> learn."""
     store = model.__dict__.get("plastic_state")
     if not isinstance(store, PlasticStateStore):
+        old = store
         store = PlasticStateStore()
+        if isinstance(old, dict):  # state written as a plain dict (older saves): keep it
+            store.data.update(old)
         model.__dict__["plastic_state"] = store
     return store.data.setdefault(key, {})
