@@ -2,10 +2,112 @@
 
 The folder ``envs/`` of the repository is mapped onto the package ``sb3_plastic.envs`` (see
 ``pyproject.toml``), so installing sb3-plastic never creates a top-level module named ``envs``.
-Importing this package registers the gymnasium ids of the namespace ``sb3_plastic/``.
+Importing this package registers the gymnasium ids of the namespace ``sb3_plastic/`` (idempotent):
+
+==========================================  ===================================  ======================  ==============
+id                                          what changes                         default change_every    needs extra
+==========================================  ===================================  ======================  ==============
+``sb3_plastic/SlipperyHalfCheetah-v0``      floor/feet friction (next episode)   2 000 000               ``mujoco``
+``sb3_plastic/SlipperyAnt-v0``              floor/feet friction (next episode)   2 000 000               ``mujoco``
+``sb3_plastic/PermutedMinAtar-<Game>-v0``   observation channel permutation      500 000                 (core)
+``sb3_plastic/SwitchingMinAtar-v0``         the MinAtar game                     500 000 per game        (core)
+``sb3_plastic/SwitchingAtari-v0``           the Atari game (18 actions)          2 500 000 per game      ``atari``
+==========================================  ===================================  ======================  ==============
+
+(``<Game>``: Asterix, Breakout, Freeway, Seaquest, SpaceInvaders.) Every id takes ``change_every``,
+``task_seed`` and ``at_episode_end`` keywords; see :mod:`~sb3_plastic.envs.mujoco_envs`,
+:mod:`~sb3_plastic.envs.minatar_envs` and :mod:`~sb3_plastic.envs.atari_envs`. The MuJoCo and Atari
+ids are registered even without their extras; ``gym.make`` then raises
+``gymnasium.error.DependencyNotInstalled`` naming the extra to install.
+
+All of them count env steps per env copy and derive each task from ``(task_seed, task_index)`` alone,
+so the copies of an SB3 vector env see the same task sequence; ``info["task_id"]`` and
+``info["task_step"]`` tell loggers the task, the observation never does. Where a change happens
+exactly: :class:`~sb3_plastic.envs.schedule.TaskSchedule`.
+
+Building blocks for your own non-stationary envs (stable API): :class:`TaskSchedule`,
+:class:`PiecewiseStationaryWrapper`, :class:`ChannelPermutation`, :class:`PhysicsParameterSchedule`,
+:class:`GameSwitchingEnv`, :class:`PadChannels`, :class:`PadActions`.
 """
 
 from __future__ import annotations
 
-#: Gymnasium ids registered by this package (filled as environments are added).
-REGISTERED_IDS: list[str] = []
+import gymnasium as gym
+
+from sb3_plastic.envs.schedule import TaskSchedule
+from sb3_plastic.envs.wrappers import (
+    ChannelPermutation,
+    GameMux,
+    GameSwitchingEnv,
+    PadActions,
+    PadChannels,
+    PhysicsParameterSchedule,
+    PiecewiseStationaryWrapper,
+)
+
+#: Namespace of the gymnasium ids of this package.
+NAMESPACE = "sb3_plastic"
+
+_MODULE = "sb3_plastic.envs"
+
+#: id -> (entry point, kwargs, max_episode_steps)
+_SPECS: dict[str, tuple[str, dict, object]] = {
+    f"{NAMESPACE}/SlipperyHalfCheetah-v0": (f"{_MODULE}.mujoco_envs:make_slippery_half_cheetah", {}, 1000),
+    f"{NAMESPACE}/SlipperyAnt-v0": (f"{_MODULE}.mujoco_envs:make_slippery_ant", {}, 1000),
+    **{
+        f"{NAMESPACE}/PermutedMinAtar-{name}-v0": (f"{_MODULE}.minatar_envs:make_permuted_minatar", {"game": game}, None)
+        for game, name in (
+            ("asterix", "Asterix"),
+            ("breakout", "Breakout"),
+            ("freeway", "Freeway"),
+            ("seaquest", "Seaquest"),
+            ("space_invaders", "SpaceInvaders"),
+        )
+    },
+    f"{NAMESPACE}/SwitchingMinAtar-v0": (f"{_MODULE}.minatar_envs:make_switching_minatar", {}, None),
+    f"{NAMESPACE}/SwitchingAtari-v0": (f"{_MODULE}.atari_envs:make_switching_atari", {}, None),
+}
+
+#: Gymnasium ids registered by this package.
+REGISTERED_IDS: list[str] = list(_SPECS)
+
+
+def register_env(env_id: str, entry_point: str, kwargs: dict | None = None, max_episode_steps: int | None = None) -> str:
+    """Register one more id with gymnasium (idempotent) and list it in :data:`REGISTERED_IDS`.
+
+    For env modules of this package that register their own ids (e.g. an adapter with an optional extra):
+    give a lazy ``"module:function"`` entry point so nothing heavy is imported before ``gym.make``.
+    """
+    if env_id not in gym.registry:
+        gym.register(id=env_id, entry_point=entry_point, kwargs=dict(kwargs or {}), max_episode_steps=max_episode_steps)
+    if env_id not in REGISTERED_IDS:
+        REGISTERED_IDS.append(env_id)
+    return env_id
+
+
+def register_envs() -> list[str]:
+    """Register the ``sb3_plastic/`` ids with gymnasium (idempotent: ids already registered are left alone).
+
+    :return: the registered ids (:data:`REGISTERED_IDS`).
+    """
+    for env_id, (entry_point, kwargs, max_episode_steps) in _SPECS.items():
+        register_env(env_id, entry_point, kwargs, max_episode_steps)
+    return list(REGISTERED_IDS)
+
+
+register_envs()
+
+__all__ = [
+    "NAMESPACE",
+    "REGISTERED_IDS",
+    "ChannelPermutation",
+    "GameMux",
+    "GameSwitchingEnv",
+    "PadActions",
+    "PadChannels",
+    "PhysicsParameterSchedule",
+    "PiecewiseStationaryWrapper",
+    "TaskSchedule",
+    "register_env",
+    "register_envs",
+]

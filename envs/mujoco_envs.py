@@ -1,0 +1,128 @@
+"""Slippery MuJoCo locomotion: HalfCheetah / Ant whose ground friction changes every ``change_every`` steps.
+
+Slippery Ant is the continual RL benchmark of Dohare et al. (2024), "Loss of plasticity in deep
+continual learning", Nature 632, 768-774 (reference code: shibhansh/loss-of-plasticity,
+``lop/envs/slippery_ant.py``); Slippery HalfCheetah applies the same recipe to HalfCheetah.
+
+Friction: for every task ``k`` a sliding friction coefficient ``f = 10 ** U(log10 lo, log10 hi)`` is
+drawn from ``schedule.rng(k)`` (default range ``(0.02, 2.0)``, so ``log10 f ~ U(-1.7, 0.3)``; task 0 is
+drawn too) and written into the first column (sliding) of ``model.geom_friction`` of *every* geom.
+MuJoCo combines the friction of two touching geoms with an element-wise maximum, so writing only the
+floor (as the reference code edits the floor of the XML) would leave every contact at least as
+grippy as the feet (``1.0`` for Ant); writing all geoms makes every floor/feet contact use exactly ``f``.
+Torsional and rolling friction are left as they are.
+
+By default a change takes effect at the next episode end (Dohare et al.): the episode that starts
+with a ``reset()`` after ``n`` env steps runs with the friction of task ``n // change_every``.
+``info["friction"]`` carries the friction in force, with ``info["task_id"]`` and ``info["task_step"]``.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any, Optional
+
+import gymnasium as gym
+import numpy as np
+
+from sb3_plastic.envs._deps import require
+from sb3_plastic.envs.schedule import TaskSchedule
+from sb3_plastic.envs.wrappers import PhysicsParameterSchedule
+
+#: Default friction range ``(low, high)`` of the log-uniform draw (Dohare et al., 2024).
+DEFAULT_FRICTION_RANGE = (0.02, 2.0)
+#: Default task length in env steps (Dohare et al., 2024: a new friction every 2M steps).
+SLIPPERY_CHANGE_EVERY = 2_000_000
+
+
+def check_friction_range(friction_range: Any) -> tuple[float, float]:
+    """Return ``friction_range`` as ``(low, high)`` floats with ``0 < low <= high < inf``.
+
+    ``low == high`` is allowed (a constant friction). :raises ValueError: for anything else.
+    """
+    allowed = "a pair (low, high) of finite numbers with 0 < low <= high, e.g. (0.02, 2.0)"
+    if isinstance(friction_range, (str, bytes)):
+        raise ValueError(f"friction_range must be {allowed}, got {friction_range!r}")
+    try:
+        values = list(friction_range)
+    except TypeError:
+        raise ValueError(f"friction_range must be {allowed}, got {friction_range!r}") from None
+    if len(values) != 2 or not all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in values):
+        raise ValueError(f"friction_range must be {allowed}, got {friction_range!r}")
+    low, high = float(values[0]), float(values[1])
+    if not (math.isfinite(low) and math.isfinite(high) and 0 < low <= high):
+        raise ValueError(f"friction_range must be {allowed}, got {friction_range!r}")
+    return low, high
+
+
+class SlipperyFriction(PhysicsParameterSchedule):
+    """Replace the sliding friction of every geom of a MuJoCo env by a log-uniform draw per task.
+
+    See the module docstring for the exact draw and where it is written. Dohare et al. (2024),
+    Nature 632, 768-774 ("Slippery Ant").
+
+    :param env: a gymnasium MuJoCo env (its ``unwrapped.model`` is modified in place).
+    :param change_every: task length in env steps (> 0; default 2 000 000).
+    :param friction_range: ``(low, high)``, ``0 < low <= high``; ``f = 10 ** U(log10 low, log10 high)``.
+    :param task_seed: seed of the friction sequence, shared by the copies of a vector env (>= 0).
+    :param at_episode_end: apply a new friction at the next ``reset()`` (default) or immediately.
+    """
+
+    def __init__(
+        self,
+        env: gym.Env,
+        change_every: int = SLIPPERY_CHANGE_EVERY,
+        friction_range: tuple[float, float] = DEFAULT_FRICTION_RANGE,
+        task_seed: int = 0,
+        at_episode_end: bool = True,
+    ) -> None:
+        self.friction_range = check_friction_range(friction_range)
+        model = getattr(env.unwrapped, "model", None)
+        if model is None or not hasattr(model, "geom_friction"):
+            raise ValueError(f"SlipperyFriction needs a MuJoCo env with unwrapped.model.geom_friction, got {env}")
+        super().__init__(env, change_every, task_seed=task_seed, at_episode_end=at_episode_end)
+        self._log_range = (math.log10(self.friction_range[0]), math.log10(self.friction_range[1]))
+
+    @property
+    def friction(self) -> Optional[float]:
+        """The sliding friction in force (``None`` before the first ``reset()``)."""
+        return self.parameters.get("friction")
+
+    def sample_parameters(self, rng: np.random.Generator) -> dict[str, Any]:
+        return {"friction": float(10.0 ** rng.uniform(*self._log_range))}
+
+    def apply_parameters(self, parameters: dict[str, Any]) -> None:
+        self.env.unwrapped.model.geom_friction[:, 0] = parameters["friction"]
+
+
+def make_slippery(
+    base_id: str,
+    change_every: int = SLIPPERY_CHANGE_EVERY,
+    friction_range: tuple[float, float] = DEFAULT_FRICTION_RANGE,
+    task_seed: int = 0,
+    at_episode_end: bool = True,
+    **kwargs: Any,
+) -> gym.Env:
+    """Build :class:`SlipperyFriction` over the MuJoCo env ``base_id`` (constructor keywords in ``kwargs``).
+
+    The base env is built without its time limit: the registered ``sb3_plastic/`` ids add the base
+    env's 1000-step limit outside the wrapper, so ``gym.make(..., max_episode_steps=...)`` works.
+    """
+    check_friction_range(friction_range)
+    TaskSchedule(change_every, task_seed, at_episode_end)  # validates before the (slow) model is built
+    require("mujoco", "mujoco", f"sb3_plastic/Slippery{base_id.split('-')[0]}")
+    spec = gym.spec(base_id)
+    creator = gym.envs.registration.load_env_creator(spec.entry_point)
+    env = creator(**{**spec.kwargs, **kwargs})
+    return SlipperyFriction(env, change_every, friction_range, task_seed, at_episode_end)
+
+
+def make_slippery_half_cheetah(**kwargs: Any) -> gym.Env:
+    """``sb3_plastic/SlipperyHalfCheetah-v0``: :func:`make_slippery` over ``HalfCheetah-v5``."""
+    return make_slippery("HalfCheetah-v5", **kwargs)
+
+
+def make_slippery_ant(**kwargs: Any) -> gym.Env:
+    """``sb3_plastic/SlipperyAnt-v0``: :func:`make_slippery` over ``Ant-v5`` (Dohare et al., 2024)."""
+    return make_slippery("Ant-v5", **kwargs)
