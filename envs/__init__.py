@@ -97,6 +97,19 @@ def register_envs() -> list[str]:
 
 register_envs()
 
+
+def _register_octax() -> None:
+    """Octax ids (``Octax-<Game>-v0``, ``PermutedOctax-<Game>-v0``, ``SwitchingOctax-v0``; the ``octax``
+    extra): registering them imports neither JAX nor octax, making one does."""
+    from sb3_plastic.envs.octax import register_octax_envs
+
+    for env_id in register_octax_envs():
+        if env_id not in REGISTERED_IDS:
+            REGISTERED_IDS.append(env_id)
+
+
+_register_octax()
+
 __all__ = [
     "NAMESPACE",
     "REGISTERED_IDS",

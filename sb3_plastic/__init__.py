@@ -1,7 +1,7 @@
 """sb3-plastic: Stable-Baselines3 agents that keep their ability to learn when the world changes."""
 
 from sb3_plastic.activations import MaxMin, get_activation
-from sb3_plastic.callbacks import FIRE, ContinualBackprop, ReDo, ShrinkPerturb
+from sb3_plastic.callbacks import FIRE, ContinualBackprop, PlasticityMonitor, ReDo, ShrinkPerturb
 from sb3_plastic.config import IsometryConfig
 from sb3_plastic.dqn import PlasticDQN
 from sb3_plastic.isometry import dfi_per_layer, isometry_penalty, isometry_penalty_grad
@@ -24,6 +24,7 @@ __all__ = [
     "PlasticMLP",
     "PlasticPPO",
     "PlasticSAC",
+    "PlasticityMonitor",
     "ReDo",
     "ShrinkPerturb",
     "dfi_per_layer",

@@ -6,6 +6,7 @@ They work on PPO, A2C, DQN, SAC, TD3 and sb3-contrib's QR-DQN and TQC, plain or 
 * :class:`ContinualBackprop`: generate-and-test replacement of low-utility hidden units.
 * :class:`ReDo`: recycle dormant units.
 * :class:`ShrinkPerturb`: shrink and perturb the weights, at events or continually.
+* :class:`PlasticityMonitor`: plasticity diagnostics (dormant units, ranks, DfI, NTK conditioning) in TensorBoard.
 
 Each has a config dataclass whose fields are the top-level keywords of the plastic algorithms.
 """
@@ -13,6 +14,7 @@ Each has a config dataclass whose fields are the top-level keywords of the plast
 from sb3_plastic.callbacks.base import PlasticCallback
 from sb3_plastic.callbacks.cbp import ContinualBackprop, ContinualBackpropConfig, GenerateAndTest
 from sb3_plastic.callbacks.fire import FIRE, FIREConfig, fire_, newton_schulz_polar
+from sb3_plastic.callbacks.monitor import PlasticityMonitor
 from sb3_plastic.callbacks.redo import ReDo, ReDoConfig, dormant_units
 from sb3_plastic.callbacks.shrink_perturb import ShrinkPerturb, ShrinkPerturbConfig
 
@@ -23,6 +25,7 @@ __all__ = [
     "FIREConfig",
     "GenerateAndTest",
     "PlasticCallback",
+    "PlasticityMonitor",
     "ReDo",
     "ReDoConfig",
     "ShrinkPerturb",

@@ -48,8 +48,12 @@ class PlasticCallback(BaseCallback):
         return True
 
     def record(self, key: str, value: Any) -> None:
-        """``logger.record("plasticity/<key>", value)``."""
-        self.logger.record(f"plasticity/{key}", value)
+        """``logger.record("plasticity/<key>", value)`` for TensorBoard / CSV / JSON.
+
+        Kept out of the stdout table and text log: SB3 truncates keys there to 36 characters and raises
+        when two per-layer keys truncate to the same text.
+        """
+        self.logger.record(f"plasticity/{key}", value, exclude=("stdout", "log"))
 
     @property
     def gradient_steps(self) -> int:

@@ -1,0 +1,293 @@
+"""PlasticityMonitor: plasticity diagnostics of every network of a model, logged to TensorBoard.
+
+The diagnostics (dead and dormant units, feature rank, weight norms and spectra, deviation from
+isometry, gradient norm, conditioning of the empirical NTK) are defined in :mod:`sb3_plastic.diagnostics`.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections import defaultdict
+from typing import Any, Optional
+
+import numpy as np
+import torch as th
+from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
+
+from sb3_plastic.callbacks.base import PlasticCallback
+from sb3_plastic.callbacks.redo import ReDo, _validate_positive_int, _validate_tau
+from sb3_plastic.diagnostics import MAX_JACOBIAN_ELEMENTS, network_diagnostics, spec_parameters
+
+#: Default period in environment steps. A diagnostics pass costs about as much as 15-35 environment steps of
+#: training for SB3's default MLP agents (PPO / DQN on CartPole, SAC on Pendulum) and ~100 for PPO with
+#: NatureCNN on 84x84 images, i.e. < 1 % (MLP) and ~2 % (CNN) of training time at this period
+#: (``bench/monitor_overhead.py``); ``max_overhead`` caps the share for anything more expensive.
+DEFAULT_EVERY = 5_000
+
+
+def _plain(value: Any) -> Any:
+    return value.item() if isinstance(value, np.generic) else value
+
+
+class PlasticityMonitor(PlasticCallback):
+    """Logs plasticity diagnostics of every online network of a model to SB3's logger (TensorBoard).
+
+    Every ``every`` environment steps (and no more often than keeps its share of wall-clock time under
+    ``max_overhead``), on a fixed probe batch, for each network of
+    :func:`sb3_plastic.common.surgery.find_networks` (PPO / A2C: ``policy``; DQN: ``q_net``; QR-DQN:
+    ``quantile_net``; SAC / TQC / TD3: ``actor`` and ``critic``) it computes
+    :func:`sb3_plastic.diagnostics.network_diagnostics` and logs
+
+    * ``plasticity/<net>/<layer>/<metric>`` per layer: ``dormant_fraction`` (Sokar et al., 2023),
+      ``zero_fraction``, ``srank`` (Kumar et al., 2021), ``effective_rank`` (Roy & Vetterli, 2007),
+      ``feature_norm`` for hidden layers; ``weight_norm``, ``dist_from_init``, ``dfi``, ``sigma_max``,
+      ``sigma_min``, ``cond`` for every weight layer (heads included);
+    * ``plasticity/<net>/<metric>`` per network: ``dormant_fraction``, ``zero_fraction``, ``weight_norm``,
+      ``dist_from_init``, ``dfi``, ``grad_norm`` and the empirical NTK's ``ntk_cond``, ``ntk_erank``,
+      ``ntk_trace``, ``ntk_size`` (Jacot et al., 2018; Rosseau, Müller & Nowé, 2026);
+    * ``plasticity/return/task_<id>``: mean return of the episodes finished since the last write, per task,
+      when the env puts ``info["task_id"]`` in its infos (returns come from the ``info["episode"]`` entries
+      of SB3's ``Monitor`` wrapper; an episode counts for the task id of its last step);
+    * ``plasticity/task_id``: env 0's task id (numeric ids as they are, others numbered by first
+      appearance), written at training start and at every change, at the exact step;
+    * ``plasticity/monitor_seconds``: total wall-clock time spent in the monitor.
+
+    With a ``name``, keys start with ``plasticity/<name>/`` instead.
+
+    The probe batch is drawn once (``resample=False``) and reused, so changes over training come from the
+    network, not from the data: on-policy, ``probe_size`` rows of the rollout buffer at the first rollout
+    end (as :class:`~sb3_plastic.callbacks.redo.ReDo` draws them); off-policy, ``probe_size`` distinct
+    transitions of the replay buffer once it holds that many (its actions feed the critics). Numpy's
+    global random state is saved and restored around the draw and nothing else random is used, so a run
+    with the monitor follows the same trajectory as one without. On-policy the diagnostics run at a rollout
+    end, off-policy in ``_on_step``; they never modify parameters, optimizer state or ``.grad`` (features
+    under ``torch.no_grad``, gradients and NTK with :mod:`torch.func`).
+
+    Writing: the values are recorded with ``self.logger.record`` and dumped at once at the current step
+    (``logger.dump(num_timesteps)``), excluded from the ``stdout`` / ``log`` formats (a table of ~100
+    rows, whose long keys SB3's console writer would truncate). The keys SB3 had recorded but not dumped
+    yet (``train/...`` between two of its dumps) are set aside during that dump and put back, so SB3's own
+    logging is unchanged.
+
+    Distances from initialisation use a copy (on CPU) of the trained parameters taken at the first
+    training start, kept in the persistent state (``self.state["init"]``): it is saved with the model,
+    so ``dist_from_init`` keeps its origin across save -> load -> learn (the model file grows by one copy
+    of the networks).
+
+    :param every: environment steps between two diagnostics passes (the first pass happens at the first
+        opportunity: first rollout end, or once the replay buffer holds ``probe_size`` transitions).
+        The default (:data:`DEFAULT_EVERY`) costs < 5 % of training time (``bench/monitor_overhead.py``).
+    :param probe_size: probe samples for the activation and gradient diagnostics.
+    :param ntk_probe_size: probe samples for the empirical NTK (its size is samples x outputs; fewer samples
+        are used when that would exceed ``ntk_max_rows``); 0 skips the NTK.
+    :param tau: dormancy threshold in (0, 1] (0.025 as ReDo).
+    :param ntk_max_rows: largest NTK dimension (samples x outputs).
+    :param max_elements: memory budget of the Jacobian blocks, in entries.
+    :param max_overhead: cap on the monitor's share of wall-clock time (``None``: no cap). After a pass that took
+        ``t`` seconds, the next one also waits until ``t / max_overhead`` seconds of training have passed, so an
+        expensive network (a large CNN, a fast GPU rollout) is measured less often instead of slowing training.
+    :param resample: draw a new probe batch at every pass instead of reusing the first one.
+    :param name: distinguishes two monitors on one model (state key and log prefix).
+    :param verbose: 1 prints one line per pass.
+    """
+
+    def __init__(
+        self,
+        every: int = DEFAULT_EVERY,
+        probe_size: int = 256,
+        ntk_probe_size: int = 32,
+        tau: float = 0.025,
+        ntk_max_rows: int = 256,
+        max_elements: int = MAX_JACOBIAN_ELEMENTS,
+        max_overhead: Optional[float] = 0.02,
+        resample: bool = False,
+        name: Optional[str] = None,
+        verbose: int = 0,
+    ) -> None:
+        super().__init__(name=name, verbose=verbose)
+        self.every = _validate_positive_int("every", every)
+        self.probe_size = _validate_positive_int("probe_size", probe_size)
+        if isinstance(ntk_probe_size, bool) or not isinstance(ntk_probe_size, (int, np.integer)) or ntk_probe_size < 0:
+            raise ValueError(f"ntk_probe_size must be an integer >= 0, got {ntk_probe_size!r}")
+        self.ntk_probe_size = int(ntk_probe_size)
+        self.tau = _validate_tau(tau)
+        self.ntk_max_rows = _validate_positive_int("ntk_max_rows", ntk_max_rows)
+        self.max_elements = _validate_positive_int("max_elements", max_elements)
+        if max_overhead is not None and not (isinstance(max_overhead, (int, float)) and 0 < max_overhead < 1):
+            raise ValueError(f"max_overhead must be a number in (0, 1) or None, got {max_overhead!r}")
+        self.max_overhead = max_overhead
+        self.resample = bool(resample)
+        self._pass_seconds = 0.0
+        self._pass_end = 0.0
+        self._on_policy = False
+        self._probe: Optional[tuple[Any, Optional[th.Tensor]]] = None
+        self._last_step: Optional[int] = None
+        self._env_tasks: dict[int, Any] = {}
+        self._task_returns: dict[Any, list[float]] = defaultdict(list)
+        self._task_numbers: dict[Any, float] = {}
+        self._logged_task: Any = None
+
+    @property
+    def prefix(self) -> str:
+        """Log key prefix: ``plasticity`` or ``plasticity/<name>``."""
+        return "plasticity" if self.name is None else f"plasticity/{self.name}"
+
+    # ------------------------------------------------------------------ lifecycle
+    def _on_training_start(self) -> None:
+        super()._on_training_start()
+        self._on_policy = isinstance(self.model, OnPolicyAlgorithm)
+        self._probe = None
+        init = self.state.setdefault("init", {})
+        for spec in self.networks:
+            if spec.name not in init:
+                init[spec.name] = {k: v.detach().to("cpu", copy=True) for k, v in spec_parameters(spec).items()}
+        self.state.setdefault("events", 0)
+        self.state.setdefault("seconds", 0.0)
+        self._last_step = self.state.get("last_step")
+        self._logged_task = None
+        self._pass_seconds = 0.0
+
+    def _on_step(self) -> bool:
+        self._track_episodes()
+        if not self._on_policy and self.due:
+            self.run()
+        return True
+
+    def _on_rollout_end(self) -> None:
+        if self._on_policy and self.due:
+            self.run()
+
+    def _on_training_end(self) -> None:
+        values = self._return_values()
+        if values:
+            self._write(values)
+
+    @property
+    def due(self) -> bool:
+        """Whether a pass is due: none happened yet, or ``every`` steps have passed since the last one and (with
+        ``max_overhead``) enough training time to keep the monitor's share of wall-clock time under the cap."""
+        if self._last_step is None:
+            return True
+        if self.num_timesteps - self._last_step < self.every:
+            return False
+        if self.max_overhead is None:
+            return True
+        return time.perf_counter() - self._pass_end >= self._pass_seconds / self.max_overhead
+
+    # ------------------------------------------------------------------ probe
+    def _draw_probe(self) -> Optional[tuple[Any, Optional[th.Tensor]]]:
+        rng_state = np.random.get_state()
+        try:
+            if self._on_policy:
+                return ReDo._rollout_probe(self)  # type: ignore[arg-type]  # needs .model and .probe_size
+            buffer = getattr(self.model, "replay_buffer", None)
+            if buffer is None:
+                return None
+            n_rows = buffer.size()
+            if n_rows < self.probe_size:
+                return None
+            idx = np.random.choice(n_rows, size=self.probe_size, replace=False)
+            data = buffer._get_samples(idx, env=getattr(self.model, "_vec_normalize_env", None))
+            return data.observations, data.actions
+        finally:
+            np.random.set_state(rng_state)
+
+    # ------------------------------------------------------------------ the pass
+    def run(self) -> dict[str, float]:
+        """Compute every network's diagnostics now on the probe batch and write them; returns the logged values
+        (``{}`` when no probe batch can be drawn yet)."""
+        start = time.perf_counter()
+        if self._probe is None or self.resample:
+            self._probe = self._draw_probe()
+        if self._probe is None:
+            return {}
+        observations, actions = self._probe
+        values: dict[str, float] = {}
+        init = self.state.get("init", {})
+        for spec in self.networks:
+            metrics = network_diagnostics(
+                self.model,
+                spec,
+                observations,
+                actions if spec.name == "critic" else None,
+                tau=self.tau,
+                initial=init.get(spec.name),
+                ntk_size=self.ntk_probe_size,
+                ntk_max_rows=self.ntk_max_rows,
+                max_elements=self.max_elements,
+            )
+            values.update({f"{self.prefix}/{spec.name}/{k}": v for k, v in metrics.items()})
+        values.update(self._return_values())
+        self._last_step = self.num_timesteps
+        self.state["last_step"] = self.num_timesteps
+        self.state["events"] = int(self.state.get("events", 0)) + 1
+        values[f"{self.prefix}/monitor_seconds"] = float(self.state.get("seconds", 0.0)) + time.perf_counter() - start
+        self._write(values)
+        self._pass_end = time.perf_counter()
+        self._pass_seconds = self._pass_end - start
+        self.state["seconds"] = float(self.state.get("seconds", 0.0)) + self._pass_seconds
+        if self.verbose >= 1:
+            summary = ", ".join(
+                f"{spec.name}: dormant {values.get(f'{self.prefix}/{spec.name}/dormant_fraction', float('nan')):.3f} "
+                f"NTK cond {values.get(f'{self.prefix}/{spec.name}/ntk_cond', float('nan')):.3g}"
+                for spec in self.networks
+            )
+            print(f"PlasticityMonitor at step {self.num_timesteps}: {summary}")
+        return values
+
+    # ------------------------------------------------------------------ tasks and returns
+    def _task_number(self, task: Any) -> float:
+        if isinstance(task, (int, float)) and not isinstance(task, bool):
+            return float(task)
+        return self._task_numbers.setdefault(task, float(len(self._task_numbers)))
+
+    def _track_episodes(self) -> None:
+        infos = self.locals.get("infos")
+        if not infos:
+            return
+        for i, info in enumerate(infos):
+            if not isinstance(info, dict):
+                continue
+            if "task_id" in info:
+                self._env_tasks[i] = _plain(info["task_id"])
+            episode = info.get("episode")
+            if isinstance(episode, dict) and "r" in episode and i in self._env_tasks:
+                self._task_returns[self._env_tasks[i]].append(float(episode["r"]))
+        task = self._env_tasks.get(0)
+        if 0 in self._env_tasks and (self._logged_task is None or task != self._logged_task):
+            values = self._return_values()  # the previous task's last episodes, before the switch is marked
+            values[f"{self.prefix}/task_id"] = self._task_number(task)
+            self._logged_task = task
+            self._write(values)
+
+    def _return_values(self) -> dict[str, float]:
+        values = {
+            f"{self.prefix}/return/task_{task}": float(np.mean(returns))
+            for task, returns in self._task_returns.items()
+            if returns
+        }
+        self._task_returns.clear()
+        return values
+
+    # ------------------------------------------------------------------ writing
+    def _write(self, values: dict[str, float]) -> None:
+        """Record ``values`` and dump them now at ``num_timesteps``, leaving SB3's pending keys untouched."""
+        logger = self.logger
+        pending = (dict(logger.name_to_value), dict(logger.name_to_count), dict(logger.name_to_excluded))
+        logger.name_to_value.clear()
+        logger.name_to_count.clear()
+        logger.name_to_excluded.clear()
+        try:
+            for key, value in values.items():
+                logger.record(key, value, exclude=("stdout", "log"))
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="Tried to write empty key-value dict")
+                logger.dump(self.num_timesteps)
+        finally:
+            logger.name_to_value.clear()
+            logger.name_to_count.clear()
+            logger.name_to_excluded.clear()
+            logger.name_to_value.update(pending[0])
+            logger.name_to_count.update(pending[1])
+            logger.name_to_excluded.update(pending[2])

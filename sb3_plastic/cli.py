@@ -1,0 +1,118 @@
+"""The ``sb3-plastic`` command.
+
+Subcommands (argparse sub-parsers; each is a ``_add_<name>(subparsers)`` builder and a ``_run_<name>(args)``
+function, so more, e.g. ``train`` and ``enjoy``, can be added alongside):
+
+* ``plot``: figures of one or many runs from their TensorBoard event files (:mod:`sb3_plastic.plot`).
+
+Examples::
+
+    sb3-plastic plot logs/ --out plots/ --switch-every 100000
+    sb3-plastic plot logs/ppo_relu logs/ppo_maxmin --metrics "plasticity/*/ntk_cond" "plasticity/policy/**/srank"
+    python -m sb3_plastic plot logs/ --group-by "(ppo_[a-z]+)_seed" --out plots/
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Optional
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _add_plot(subparsers: argparse._SubParsersAction) -> None:
+    from sb3_plastic.plot import DEFAULT_METRICS, RETURN_TAG
+
+    parser = subparsers.add_parser(
+        "plot",
+        help="plot runs from their TensorBoard event files",
+        description=(
+            "Read the TensorBoard event files of one or many runs, group the runs by method and write PNG "
+            "figures (mean ± std over seeds): episode return vs environment steps with the task switches "
+            "marked, mean return per task, and chosen plasticity diagnostics."
+        ),
+    )
+    parser.add_argument(
+        "runs",
+        nargs="+",
+        help="run directories, directories above them (searched recursively for events.out.tfevents.*), or event files",
+    )
+    parser.add_argument("--out", default="plots", help="directory for the PNG files (default: %(default)s)")
+    parser.add_argument(
+        "--group-by",
+        default=None,
+        metavar="REGEX",
+        help="regular expression searched in each run's path; its first group (or whole match) names the "
+        "method. Default: the name of the run directory's parent",
+    )
+    parser.add_argument(
+        "--switch-every",
+        type=_positive_int,
+        default=None,
+        metavar="STEPS",
+        help="environment steps per task, to mark task switches (default: from the logged plasticity/task_id)",
+    )
+    parser.add_argument(
+        "--metrics",
+        nargs="+",
+        default=None,
+        metavar="TAG",
+        help="diagnostic tags or glob patterns ('*' within one '/' level, '**' across levels); "
+        f"default: {' '.join(DEFAULT_METRICS)}",
+    )
+    parser.add_argument("--return-tag", default=RETURN_TAG, help="scalar tag of the episode return (default: %(default)s)")
+    parser.set_defaults(func=_run_plot)
+
+
+def _run_plot(args: argparse.Namespace) -> int:
+    from sb3_plastic.plot import plot_runs
+
+    try:
+        written = plot_runs(
+            args.runs,
+            args.out,
+            metrics=args.metrics,
+            switch_every=args.switch_every,
+            group_by=args.group_by,
+            return_tag=args.return_tag,
+        )
+    except FileNotFoundError as error:
+        print(f"sb3-plastic plot: error: {error}", file=sys.stderr)
+        return 1
+    if not written:
+        print("sb3-plastic plot: nothing to plot (no return tag and no matching diagnostics)", file=sys.stderr)
+        return 1
+    for path in written:
+        print(path)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``sb3-plastic`` with all its subcommands."""
+    parser = argparse.ArgumentParser(
+        prog="sb3-plastic",
+        description="sb3-plastic: Stable-Baselines3 agents that keep their ability to learn when the world changes.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    _add_plot(subparsers)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of ``sb3-plastic`` (and ``python -m sb3_plastic``); returns the exit status."""
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,512 @@
+"""Plasticity diagnostics: functions of a network and a probe batch, or of tensors.
+
+Every function here is read-only: it never changes parameters, optimizer state or ``.grad`` (the
+gradient-based ones use :mod:`torch.func`, which returns gradients instead of accumulating them).
+
+Definitions (``h``: post-activation features of a layer on a probe batch of ``N`` inputs, viewed as a
+matrix ``(N, F)`` with ``F = C*H*W`` for a conv layer; ``sigma_i``: its singular values, largest first):
+
+* **dormant fraction** (Sokar et al., 2023, "The Dormant Neuron Phenomenon in Deep Reinforcement
+  Learning", ICML): fraction of units whose ReDo score ``mean|h_i| / mean_j mean|h_j|`` is ``<= tau``
+  (:func:`sb3_plastic.callbacks.redo.dormant_units`; a MaxMin pair is one unit, dormant if both features are).
+* **zero fraction**: fraction of units that output exactly 0 for every probe input (and every spatial
+  position): "dead" units in the sense of Dohare et al., 2024 ("Loss of plasticity in deep continual
+  learning", Nature). A MaxMin pair is dead if both of its features are.
+* **srank** (Kumar, Agarwal, Ghosh & Levine, 2021, "Implicit Under-Parameterization Inhibits
+  Data-Efficient Deep Reinforcement Learning", ICLR): ``min{k : sum_{i<=k} sigma_i >= (1 - delta) sum_i sigma_i}``
+  with ``delta = 0.01``; 0 for an all-zero matrix.
+* **effective rank** (Roy & Vetterli, 2007, "The effective rank: a measure of effective
+  dimensionality", EUSIPCO): ``exp(H(p))`` with ``p_i = sigma_i / sum_j sigma_j`` and ``H`` the Shannon
+  entropy (``0 log 0 = 0``); 0 for an all-zero matrix.
+* **feature norm**: mean over the batch of the Euclidean norm of a sample's features, ``mean_n ||h_n||``
+  (Lyle et al., 2024, "Disentangling the Causes of Plasticity Loss in Neural Networks").
+* **weight norm**: Frobenius norm ``||W||_F`` of a layer's weight; for a whole network, the Euclidean norm
+  of all its trained parameters (weights and biases).
+* **distance from initialisation**: ``||W - W_0||_F`` per layer, ``||theta - theta_0||`` per network.
+* **DfI** (deviation from isometry, FIRE, arXiv 2602.08040): ``||W^T W - I||_F^2`` (tall) or
+  ``||W W^T - I||_F^2`` (wide), :func:`sb3_plastic.isometry.deviation_from_isometry`.
+* **sigma_max, sigma_min, condition number** of a layer's weight (matrix view ``(out, in*k*k)`` of a
+  conv kernel): the largest and smallest of its ``min(out, in)`` singular values and their ratio
+  (capped at ``COND_CAP = 1e14``, the float32 round-off level, which also stands for ``sigma_min = 0``).
+* **gradient norm**: ``||grad_theta L||`` of a scalar loss (:func:`gradient_norm`). The monitor uses the
+  *output gradient norm* (:func:`output_gradient_norm`), the root mean square over the network's
+  outputs ``k`` of ``||grad_theta mean_n f_k(x_n)||``: how strongly a unit error signal on one output,
+  averaged over the probe batch, moves the parameters. It needs no algorithm-specific loss, so it is
+  comparable over training and across algorithms.
+* **empirical NTK** (Jacot, Gabriel & Hongler, 2018, "Neural Tangent Kernel", NeurIPS): the Gram
+  matrix ``K = J J^T`` of the Jacobian ``J`` of the flattened outputs ``f(x_1..x_N) in R^{N*K}`` with
+  respect to the parameters, ``K[(n,k),(m,l)] = <d f_k(x_n)/d theta, d f_l(x_m)/d theta>``. Its condition
+  number ``lambda_max / lambda_min`` and effective rank (Roy & Vetterli on its eigenvalues) are the
+  headline diagnostics of Rosseau, Müller & Nowé (2026), "Preserving Plasticity in Continual Learning
+  via Dynamical Isometry": an ill-conditioned NTK makes some output directions unlearnable.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Optional
+
+import torch as th
+from stable_baselines3.common.base_class import BaseAlgorithm
+from torch import nn
+from torch.func import functional_call, jvp, vjp, vmap
+from torch.func import grad as func_grad
+
+from sb3_plastic.callbacks.redo import _post_activation, _validate_tau, dormant_units, network_probe
+from sb3_plastic.common.surgery import HiddenLayer, NetworkSpec
+from sb3_plastic.isometry import as_matrix, deviation_from_isometry
+
+#: ``delta`` of srank: the singular values kept cover ``1 - delta`` of their sum (Kumar et al., 2021).
+SRANK_DELTA = 0.01
+
+#: Largest number of float entries of a Jacobian block materialised at once by the NTK / gradient code.
+MAX_JACOBIAN_ELEMENTS = 2**23
+
+#: Condition numbers are capped here. The NTK is the Gram matrix of float32 Jacobians, whose singular
+#: values are resolved to about ``eps_float32 * sigma_max``, so eigenvalue ratios beyond ``~1 / eps_float32^2``
+#: (about 7e13) are round-off: a capped value means "numerically singular".
+COND_CAP = 1e14
+
+#: A parameter function: ``{name: tensor} -> outputs``.
+ParamFunction = Callable[[dict[str, th.Tensor]], th.Tensor]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Activations: dormant and dead units
+# ---------------------------------------------------------------------------------------------------
+def dormant_fraction(activations: th.Tensor, tau: float = 0.025, group_size: int = 1) -> float:
+    """Fraction of tau-dormant units of a layer (ReDo score ``<= tau``; Sokar et al., 2023).
+
+    :param activations: post-activation outputs ``(N, F)`` or ``(N, C, H, W)`` on a probe batch.
+    :param tau: dormancy threshold in (0, 1].
+    :param group_size: features per unit (2 under MaxMin).
+    """
+    return float(dormant_units(activations, tau, group_size).float().mean())
+
+
+def zero_fraction(activations: th.Tensor, group_size: int = 1) -> float:
+    """Fraction of units whose output is exactly zero for every input of the batch (and every position).
+
+    :param activations: post-activation outputs ``(N, F)`` or ``(N, C, H, W)``.
+    :param group_size: features per unit (2 under MaxMin: a pair is dead if both features are).
+    """
+    if activations.dim() < 2:
+        raise ValueError(f"activations must have shape (N, F) or (N, C, ...), got {tuple(activations.shape)}")
+    dims = [d for d in range(activations.dim()) if d != 1]
+    dead = (activations.detach() == 0).all(dim=dims) if dims else activations.detach() == 0
+    if dead.numel() % group_size:
+        raise ValueError(f"{dead.numel()} features cannot be split into units of {group_size}")
+    return float(dead.view(-1, group_size).all(dim=1).float().mean())
+
+
+# ---------------------------------------------------------------------------------------------------
+# Features: rank and norm
+# ---------------------------------------------------------------------------------------------------
+def feature_matrix(features: th.Tensor) -> th.Tensor:
+    """Features ``(N, ...)`` as a float64 matrix ``(N, F)``."""
+    if features.dim() < 2:
+        raise ValueError(f"features must have shape (N, F) or (N, C, ...), got {tuple(features.shape)}")
+    return features.detach().reshape(features.shape[0], -1).double()
+
+
+def singular_values(matrix: th.Tensor) -> th.Tensor:
+    """Singular values (descending, float64) of a matrix; a tensor ``(N, ...)`` is flattened to ``(N, F)``."""
+    return th.linalg.svdvals(feature_matrix(matrix))
+
+
+def srank_from_singular_values(sigma: th.Tensor, delta: float = SRANK_DELTA) -> int:
+    """``min{k : sum_{i<=k} sigma_i >= (1 - delta) sum_i sigma_i}`` (Kumar et al., 2021); 0 if all are 0."""
+    if not 0 <= delta < 1:
+        raise ValueError(f"delta must be in [0, 1), got {delta!r}")
+    s = th.sort(sigma.double().clamp(min=0), descending=True).values
+    total = s.sum()
+    if total <= 0:
+        return 0
+    covered = th.cumsum(s, 0) / total
+    return int(th.searchsorted(covered, th.tensor([1.0 - delta - 1e-12], dtype=covered.dtype)).item()) + 1
+
+
+def effective_rank_from_values(values: th.Tensor) -> float:
+    """``exp(H(p))`` with ``p = v / sum v`` for non-negative values ``v`` (Roy & Vetterli, 2007); 0 if all are 0."""
+    v = values.double().clamp(min=0)
+    total = v.sum()
+    if total <= 0:
+        return 0.0
+    p = v / total
+    p = p[p > 0]
+    return float(th.exp(-(p * p.log()).sum()))
+
+
+def srank(features: th.Tensor, delta: float = SRANK_DELTA) -> int:
+    """srank of a feature matrix ``(N, F)`` (or ``(N, C, H, W)``, flattened): the number of singular values
+    covering ``1 - delta`` of their sum (Kumar et al., 2021, "Implicit Under-Parameterization")."""
+    return srank_from_singular_values(singular_values(features), delta)
+
+
+def effective_rank(features: th.Tensor) -> float:
+    """Effective rank ``exp(H(sigma / sum sigma))`` of a feature matrix (Roy & Vetterli, 2007)."""
+    return effective_rank_from_values(singular_values(features))
+
+
+def feature_norm(features: th.Tensor) -> float:
+    """Mean over the batch of the Euclidean norm of each sample's (flattened) features."""
+    return float(feature_matrix(features).norm(dim=1).mean())
+
+
+# ---------------------------------------------------------------------------------------------------
+# Weights
+# ---------------------------------------------------------------------------------------------------
+def weight_norm(weight: th.Tensor) -> float:
+    """Frobenius norm of a weight tensor."""
+    return float(weight.detach().double().norm())
+
+
+def distance_from_init(weight: th.Tensor, initial: th.Tensor) -> float:
+    """``||W - W_0||_F`` (``initial`` may live on another device)."""
+    w = weight.detach().double()
+    return float((w - initial.detach().to(w.device, th.float64)).norm())
+
+
+def network_norms(
+    params: Mapping[str, th.Tensor], initial: Optional[Mapping[str, th.Tensor]] = None
+) -> tuple[float, Optional[float]]:
+    """Euclidean norm of a set of parameters and (given ``initial``, keyed alike) their distance from it.
+
+    Parameters missing from ``initial`` or of another shape count with distance 0.
+    """
+    sq = 0.0
+    dist = 0.0
+    for name, p in params.items():
+        w = p.detach().double()
+        sq += float(w.square().sum())
+        if initial is not None and name in initial and initial[name].shape == p.shape:
+            dist += float((w - initial[name].to(w.device, th.float64)).square().sum())
+    return math.sqrt(sq), (math.sqrt(dist) if initial is not None else None)
+
+
+def weight_spectrum(weight: th.Tensor) -> dict[str, float]:
+    """``sigma_max``, ``sigma_min`` and ``cond = sigma_max / sigma_min`` of the matrix view of a weight
+    (a conv kernel ``(out, in, kh, kw)`` is viewed as ``(out, in*kh*kw)``); ``cond`` is capped at :data:`COND_CAP`."""
+    s = th.linalg.svdvals(as_matrix(weight.detach()).double())
+    s_max, s_min = float(s.max()), float(s.min())
+    return {"sigma_max": s_max, "sigma_min": s_min, "cond": capped_ratio(s_max, s_min)}
+
+
+def capped_ratio(largest: float, smallest: float, cap: float = COND_CAP) -> float:
+    """``largest / smallest`` capped at ``cap`` (``cap`` when ``smallest <= largest / cap``, e.g. 0); 1 if both are 0."""
+    if largest <= 0:
+        return 1.0
+    return largest / smallest if smallest * cap > largest else cap
+
+
+def dfi(weight: th.Tensor, scale: float = 1.0) -> float:
+    """Deviation from isometry of one weight (:func:`sb3_plastic.isometry.deviation_from_isometry`)."""
+    return deviation_from_isometry(weight, scale)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Gradients and the empirical NTK (torch.func: nothing is accumulated into .grad)
+# ---------------------------------------------------------------------------------------------------
+def module_function(module: nn.Module, *args: Any, **kwargs: Any) -> tuple[ParamFunction, dict[str, th.Tensor]]:
+    """``(fn, params)``: ``fn(params) = module(*args, **kwargs)`` through :func:`torch.func.functional_call`,
+    and a detached copy-free view of the module's trainable parameters."""
+    params = {name: p.detach() for name, p in module.named_parameters() if p.requires_grad}
+
+    def fn(p: dict[str, th.Tensor]) -> th.Tensor:
+        return functional_call(module, p, args, kwargs)
+
+    return fn, params
+
+
+def gradient_norm(loss: ParamFunction, params: Mapping[str, th.Tensor]) -> float:
+    """Euclidean norm of ``grad_theta loss(theta)`` at ``params`` (over all tensors of ``params``).
+
+    :param loss: ``{name: tensor} -> scalar tensor``.
+    :param params: the point, e.g. from :func:`module_function`.
+    """
+    grads = func_grad(loss)(dict(params))
+    return math.sqrt(sum(float(g.double().square().sum()) for g in grads.values()))
+
+
+def _rows_of_jacobian(
+    fn: ParamFunction, params: Mapping[str, th.Tensor]
+) -> tuple[th.Tensor, Callable[[th.Tensor], tuple[dict[str, th.Tensor]]], Callable[..., th.Tensor]]:
+    names = list(params)
+    primals = tuple(params[n] for n in names)
+
+    def flat(*ps: th.Tensor) -> th.Tensor:
+        return fn(dict(zip(names, ps))).reshape(-1)
+
+    out, vjp_fn = vjp(flat, *primals)
+
+    def tangent_product(*tangents: th.Tensor) -> th.Tensor:
+        return jvp(flat, primals, tangents)[1]
+
+    return out, vjp_fn, tangent_product
+
+
+def _chunk_rows(n_rows: int, n_params: int, max_elements: int) -> int:
+    return max(1, min(n_rows, max_elements // max(n_params, 1)))
+
+
+@th.no_grad()
+def empirical_ntk(fn: ParamFunction, params: Mapping[str, th.Tensor], max_elements: int = MAX_JACOBIAN_ELEMENTS) -> th.Tensor:
+    """Empirical NTK ``K = J J^T`` (float64) of the flattened output of ``fn`` at ``params``.
+
+    ``J[r] = d out_flat[r] / d theta``; for an output ``(N, K)`` the rows are ordered ``(n, k)``, so
+    ``K[(n,k),(m,l)] = <d f_k(x_n)/d theta, d f_l(x_m)/d theta>``. The Jacobian rows come from vectorised
+    vector-Jacobian products (:func:`torch.func.vjp` under :func:`torch.func.vmap`). When the whole Jacobian
+    has more than ``max_elements`` entries, ``K`` is built a block of rows at a time as ``J (J^T E)`` with
+    a forward-mode product (:func:`torch.func.jvp`), so memory stays bounded.
+
+    :param fn: ``{name: tensor} -> outputs`` (e.g. from :func:`module_function`); must be side-effect free.
+    :param params: the parameters to differentiate (others stay fixed inside ``fn``).
+    :param max_elements: memory budget in Jacobian entries.
+    """
+    out, vjp_fn, tangent_product = _rows_of_jacobian(fn, params)
+    n_rows = out.numel()
+    n_params = sum(p.numel() for p in params.values())
+    eye = th.eye(n_rows, dtype=out.dtype, device=out.device)
+    if n_rows * n_params <= max_elements:
+        ntk = th.zeros(n_rows, n_rows, dtype=th.float64, device=out.device)
+        for block in vmap(vjp_fn)(eye):
+            block = block.reshape(n_rows, -1).double()
+            ntk += block @ block.T
+        return ntk
+    chunk = _chunk_rows(n_rows, n_params, max_elements)
+    ntk = th.empty(n_rows, n_rows, dtype=th.float64, device=out.device)
+    for start in range(0, n_rows, chunk):
+        cotangents = vmap(vjp_fn)(eye[start : start + chunk])
+        ntk[start : start + chunk] = vmap(tangent_product)(*cotangents).double()
+    return 0.5 * (ntk + ntk.T)
+
+
+@th.no_grad()
+def output_gradient_norm(
+    fn: ParamFunction, params: Mapping[str, th.Tensor], max_elements: int = MAX_JACOBIAN_ELEMENTS
+) -> float:
+    """``sqrt(mean_k ||grad_theta mean_n f_k(x_n)||^2)`` for an output ``f`` of shape ``(N, K)``
+    (``(N, ...)`` is flattened to ``(N, K)``): the root mean square over outputs of the gradient norm of
+    the batch-mean output."""
+
+    def mean_output(p: dict[str, th.Tensor]) -> th.Tensor:
+        y = fn(p)
+        return y.reshape(y.shape[0], -1).mean(dim=0)
+
+    out, vjp_fn, _ = _rows_of_jacobian(mean_output, params)
+    n_rows = out.numel()
+    n_params = sum(p.numel() for p in params.values())
+    eye = th.eye(n_rows, dtype=out.dtype, device=out.device)
+    chunk = _chunk_rows(n_rows, n_params, max_elements)
+    total = 0.0
+    for start in range(0, n_rows, chunk):
+        rows = vmap(vjp_fn)(eye[start : start + chunk])
+        total += sum(float(r.double().square().sum()) for r in rows)
+    return math.sqrt(total / max(n_rows, 1))
+
+
+def kernel_stats(kernel: th.Tensor) -> dict[str, float]:
+    """Statistics of a symmetric PSD kernel matrix (e.g. the empirical NTK).
+
+    * ``cond``: ``lambda_max / lambda_min`` of its eigenvalues (negative round-off clipped to 0), capped at
+      :data:`COND_CAP` (numerically singular);
+    * ``erank``: effective rank ``exp(H(lambda / sum lambda))`` (Roy & Vetterli, 2007);
+    * ``trace``: ``trace(K) / dim``, the mean squared norm of a Jacobian row;
+    * ``lambda_max``, ``lambda_min``.
+    """
+    lam = th.linalg.eigvalsh(kernel.double()).clamp(min=0)
+    l_max, l_min = float(lam.max()), float(lam.min())
+    return {
+        "cond": capped_ratio(l_max, l_min),
+        "erank": effective_rank_from_values(lam),
+        "trace": float(lam.sum()) / max(lam.numel(), 1),
+        "lambda_max": l_max,
+        "lambda_min": l_min,
+    }
+
+
+# ---------------------------------------------------------------------------------------------------
+# SB3 networks
+# ---------------------------------------------------------------------------------------------------
+class _Call(nn.Module):
+    """Wraps ``call`` (code that uses ``net``) so that :func:`torch.func.functional_call` can swap ``net``'s parameters."""
+
+    def __init__(self, net: nn.Module, call: Callable[[], Any]) -> None:
+        super().__init__()
+        self.net = net
+        self._call = call
+
+    def forward(self) -> Any:
+        return self._call()
+
+
+def _capture(layers: Sequence[nn.Module], forward: Callable[[], Any], transform: Callable[[int, th.Tensor], th.Tensor]):
+    outs: list[list[th.Tensor]] = [[] for _ in layers]
+
+    def make_hook(i: int) -> Callable[..., None]:
+        def hook(module: nn.Module, inputs: Any, output: th.Tensor) -> None:
+            outs[i].append(transform(i, output))
+
+        return hook
+
+    handles = [layer.register_forward_hook(make_hook(i)) for i, layer in enumerate(layers)]
+    try:
+        forward()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return outs
+
+
+@th.no_grad()
+def capture_features(layers: Sequence[HiddenLayer], forward: Callable[[], Any]) -> list[Optional[th.Tensor]]:
+    """Post-activation outputs of hidden layers during ``forward()`` (under ``torch.no_grad``).
+
+    The activation after each layer is re-applied to the layer output, as in
+    :func:`sb3_plastic.callbacks.redo.probe_activity`. A layer run several times is concatenated along the
+    batch; a layer ``forward`` never reaches gives ``None``.
+    """
+    outs = _capture([h.layer for h in layers], forward, lambda i, out: _post_activation(layers[i], out).detach())
+    return [th.cat(o, dim=0) if o else None for o in outs]
+
+
+def probe_forward(
+    model: BaseAlgorithm, spec: NetworkSpec, observations: Any, actions: Optional[th.Tensor] = None
+) -> Callable[[], Any]:
+    """:func:`sb3_plastic.callbacks.redo.network_probe`, extended to deterministic actors (TD3 / DDPG),
+    which have no ``get_action_dist_params``: their probe is ``actor(observations)``."""
+    if spec.name == "actor" and not hasattr(spec.module, "get_action_dist_params"):
+        return lambda: spec.module(observations)
+    return network_probe(model, spec, observations, actions)
+
+
+def spec_parameters(spec: NetworkSpec) -> dict[str, th.Tensor]:
+    """Trainable parameters of a network (those its optimizer updates), detached, keyed by name in ``spec.module``."""
+    trained = {id(p) for p in spec.parameters()}
+    return {name: p.detach() for name, p in spec.module.named_parameters() if id(p) in trained and p.requires_grad}
+
+
+def network_output_function(
+    model: BaseAlgorithm, spec: NetworkSpec, observations: Any, actions: Optional[th.Tensor] = None
+) -> tuple[ParamFunction, dict[str, th.Tensor]]:
+    """``(fn, params)`` with ``fn(params)`` the outputs ``(N, K)`` of the network's heads on a probe batch.
+
+    The network runs as in :func:`probe_forward` (PPO ``policy``: action distribution and value;
+    ``q_net`` / ``quantile_net``; SAC/TQC ``actor``: distribution parameters; TD3 ``actor``: actions;
+    ``critic``: Q-values of ``actions``) under :func:`torch.func.functional_call`; the outputs of its head
+    layers (:meth:`NetworkSpec.heads`: action and value heads, every critic's head, ...) are captured by
+    forward hooks, flattened per sample and concatenated in head order.
+    """
+    heads = spec.heads()
+    wrapper = _Call(spec.module, probe_forward(model, spec, observations, actions))
+    params = spec_parameters(spec)
+
+    def fn(p: dict[str, th.Tensor]) -> th.Tensor:
+        outs = _capture(
+            heads,
+            lambda: functional_call(wrapper, {f"net.{k}": v for k, v in p.items()}, ()),
+            lambda i, out: out.reshape(out.shape[0], -1),
+        )
+        return th.cat([o[-1] for o in outs if o], dim=1)
+
+    return fn, params
+
+
+def _subset(observations: Any, n: int) -> Any:
+    if isinstance(observations, dict):
+        return {k: v[:n] for k, v in observations.items()}
+    return observations[:n]
+
+
+def _batch_size(observations: Any) -> int:
+    if isinstance(observations, dict):
+        return int(next(iter(observations.values())).shape[0])
+    return int(observations.shape[0])
+
+
+def network_diagnostics(
+    model: BaseAlgorithm,
+    spec: NetworkSpec,
+    observations: Any,
+    actions: Optional[th.Tensor] = None,
+    tau: float = 0.025,
+    initial: Optional[Mapping[str, th.Tensor]] = None,
+    ntk_size: int = 32,
+    ntk_max_rows: int = 256,
+    max_elements: int = MAX_JACOBIAN_ELEMENTS,
+    dfi_scale: float = 1.0,
+) -> dict[str, float]:
+    """All diagnostics of one network of a model on a probe batch, as ``{"<layer>/<metric>" or "<metric>": value}``.
+
+    Per hidden layer (on the probe batch): ``dormant_fraction``, ``zero_fraction``, ``srank``,
+    ``effective_rank``, ``feature_norm``. Per weight layer (heads included): ``weight_norm``,
+    ``dist_from_init`` (with ``initial``), ``dfi``, ``sigma_max``, ``sigma_min``, ``cond``. Network-level:
+    ``dormant_fraction`` and ``zero_fraction`` over all hidden units, ``weight_norm`` and ``dist_from_init``
+    over all trained parameters, ``dfi`` (sum over layers), ``grad_norm`` (:func:`output_gradient_norm` on
+    the probe batch) and, on the first ``ntk_size`` probe samples (fewer when the outputs would exceed
+    ``ntk_max_rows`` rows), ``ntk_cond``, ``ntk_erank``, ``ntk_trace`` and ``ntk_size`` (see :func:`kernel_stats`).
+
+    Nothing of the model is changed (no parameter, optimizer state, ``.grad`` or random number generator).
+
+    :param initial: initial values of the trained parameters, keyed by name in ``spec.module``
+        (see :func:`spec_parameters`); ``None`` skips the distances.
+    :param ntk_size: probe samples for the NTK (0 skips the NTK).
+    """
+    tau = _validate_tau(tau)
+    out: dict[str, float] = {}
+    forward = probe_forward(model, spec, observations, actions)
+    hidden = spec.hidden_layers()
+    features = capture_features(hidden, forward)
+    n_units = n_dormant = n_dead = 0.0
+    for layer, h in zip(hidden, features):
+        if h is None:
+            continue
+        d = dormant_fraction(h, tau, layer.group_size)
+        z = zero_fraction(h, layer.group_size)
+        sigma = singular_values(h)
+        out[f"{layer.name}/dormant_fraction"] = d
+        out[f"{layer.name}/zero_fraction"] = z
+        out[f"{layer.name}/srank"] = float(srank_from_singular_values(sigma))
+        out[f"{layer.name}/effective_rank"] = effective_rank_from_values(sigma)
+        out[f"{layer.name}/feature_norm"] = feature_norm(h)
+        n_units += layer.n_units
+        n_dormant += d * layer.n_units
+        n_dead += z * layer.n_units
+    if n_units:
+        out["dormant_fraction"] = n_dormant / n_units
+        out["zero_fraction"] = n_dead / n_units
+    param_names = {id(p): name for name, p in spec.module.named_parameters()}
+    total_dfi = 0.0
+    for layer in spec.weight_layers():
+        name = spec.layer_names.get(id(layer), "?")
+        w = layer.weight
+        out[f"{name}/weight_norm"] = weight_norm(w)
+        init_w = initial.get(param_names.get(id(w), ""), None) if initial is not None else None
+        if init_w is not None and init_w.shape == w.shape:
+            out[f"{name}/dist_from_init"] = distance_from_init(w, init_w)
+        layer_dfi = dfi(w, dfi_scale)
+        total_dfi += layer_dfi
+        out[f"{name}/dfi"] = layer_dfi
+        for key, value in weight_spectrum(w).items():
+            out[f"{name}/{key}"] = value
+    params = spec_parameters(spec)
+    norm, dist = network_norms(params, initial)
+    out["weight_norm"] = norm
+    if dist is not None:
+        out["dist_from_init"] = dist
+    out["dfi"] = total_dfi
+    fn, params = network_output_function(model, spec, observations, actions)
+    out["grad_norm"] = output_gradient_norm(fn, params, max_elements)
+    if ntk_size > 0:
+        with th.no_grad():
+            n_outputs = fn(params).shape[1]
+        n = max(1, min(ntk_size, _batch_size(observations), ntk_max_rows // max(n_outputs, 1)))
+        sub_actions = actions[:n] if actions is not None else None
+        ntk_fn, ntk_params = network_output_function(model, spec, _subset(observations, n), sub_actions)
+        stats = kernel_stats(empirical_ntk(ntk_fn, ntk_params, max_elements))
+        out["ntk_cond"] = stats["cond"]
+        out["ntk_erank"] = stats["erank"]
+        out["ntk_trace"] = stats["trace"]
+        out["ntk_size"] = float(n)
+    return out

@@ -1,0 +1,407 @@
+"""Plots of continual-RL runs from their TensorBoard event files (``sb3-plastic plot``).
+
+Runs are the directories holding TensorBoard event files (``events.out.tfevents.*``; SB3 writes one
+directory per ``learn`` call, e.g. ``logs/ppo_maxmin/PPO_1``). They are read with TensorBoard's own
+reader (:class:`~tensorboard.backend.event_processing.event_accumulator.EventAccumulator`) and grouped
+by method: by default a run's group is the name of its parent directory (``ppo_maxmin``), so the seeds
+of a method live side by side; ``group_by`` (a regular expression searched in the run's path, first
+group if it has one) overrides this. Every curve is the mean over the group's runs with a ± one standard
+deviation band, on the union of their logged steps (each run linearly interpolated inside its own range).
+
+Figures (PNG, written with matplotlib's Agg canvas, without touching pyplot's global backend):
+
+* ``return_curve.png``: episode return (``rollout/ep_rew_mean``) vs environment steps, task switches
+  marked by vertical lines (from ``switch_every`` or from the logged ``plasticity/task_id``): the
+  "alligator" plot of continual RL (e.g. Dohare et al., 2024, "Loss of plasticity in deep continual
+  learning", Nature);
+* ``return_per_task.png``: mean return per task (from :class:`~sb3_plastic.callbacks.monitor.PlasticityMonitor`'s
+  ``plasticity/return/task_<id>``) or, without those, per task phase of ``switch_every`` steps;
+* ``metric_<tag>.png``: one per diagnostic tag matching ``metrics`` (tags or glob patterns, where ``*``
+  stays inside one ``/``-separated level and ``**`` crosses levels).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+RETURN_TAG = "rollout/ep_rew_mean"
+
+#: Diagnostics plotted when no ``metrics`` are given: network-level headline diagnostics.
+DEFAULT_METRICS = (
+    "plasticity/*/dormant_fraction",
+    "plasticity/*/ntk_cond",
+    "plasticity/*/ntk_erank",
+    "plasticity/*/weight_norm",
+    "plasticity/*/grad_norm",
+)
+
+#: Readable names of the diagnostics of :mod:`sb3_plastic.diagnostics` (the last part of a tag).
+METRIC_LABELS = {
+    "dormant_fraction": "fraction of dormant units (ReDo score ≤ τ)",
+    "zero_fraction": "fraction of dead units (output always 0)",
+    "srank": "srank of the features (singular values covering 99%)",
+    "effective_rank": "effective rank of the features",
+    "feature_norm": "mean feature norm",
+    "weight_norm": "weight norm",
+    "dist_from_init": "distance from the initial weights",
+    "dfi": "deviation from isometry ‖WᵀW − I‖²",
+    "sigma_max": "largest singular value of the weight",
+    "sigma_min": "smallest singular value of the weight",
+    "cond": "condition number of the weight (σmax / σmin)",
+    "grad_norm": "output gradient norm",
+    "ntk_cond": "NTK condition number (λmax / λmin)",
+    "ntk_erank": "NTK effective rank",
+    "ntk_trace": "NTK mean diagonal (squared Jacobian norm)",
+    "ntk_size": "probe samples of the NTK",
+    "monitor_seconds": "time spent in the monitor (s)",
+    "task_id": "task id",
+}
+
+_TASK_RETURN = re.compile(r"^plasticity/(?:.+/)?return/task_(.+)$")
+_MAX_POINTS = 1000
+
+Series = tuple[np.ndarray, np.ndarray]
+
+
+@dataclass
+class Run:
+    """One run: a directory of TensorBoard event files and the method (group) it belongs to."""
+
+    path: str
+    group: str
+    scalars: dict[str, Series] = field(default_factory=dict)
+
+    def series(self, tag: str) -> Optional[Series]:
+        return self.scalars.get(tag)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Reading
+# ---------------------------------------------------------------------------------------------------
+def _is_event_file(name: str) -> bool:
+    return "tfevents" in name
+
+
+def find_run_dirs(paths: Iterable[str]) -> list[str]:
+    """Directories holding TensorBoard event files under ``paths`` (files or directories), sorted."""
+    found: set[str] = set()
+    for path in paths:
+        if os.path.isfile(path) and _is_event_file(os.path.basename(path)):
+            found.add(os.path.dirname(os.path.abspath(path)))
+        for root, _, files in os.walk(path):
+            if any(_is_event_file(f) for f in files):
+                found.add(os.path.abspath(root))
+    return sorted(found)
+
+
+def group_of(run_dir: str, group_by: Optional[str] = None) -> str:
+    """The method of a run: the match of ``group_by`` in its path (its first group, if any), else the
+    name of the run directory's parent."""
+    if group_by:
+        match = re.search(group_by, run_dir.replace(os.sep, "/"))
+        if match:
+            return match.group(1) if match.groups() else match.group(0)
+    return os.path.basename(os.path.dirname(run_dir.rstrip(os.sep))) or run_dir
+
+
+def load_scalars(run_dir: str) -> dict[str, Series]:
+    """All scalar series of a run directory, ``tag -> (steps, values)`` sorted by step (last value kept
+    for a repeated step), read with TensorBoard's ``EventAccumulator``."""
+    from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
+
+    acc = EventAccumulator(run_dir, size_guidance={SCALARS: 0})
+    acc.Reload()
+    out: dict[str, Series] = {}
+    for tag in acc.Tags().get("scalars", []):
+        points = {e.step: e.value for e in acc.Scalars(tag)}
+        steps = np.array(sorted(points), dtype=np.float64)
+        out[tag] = (steps, np.array([points[s] for s in sorted(points)], dtype=np.float64))
+    return out
+
+
+def load_runs(paths: Sequence[str], group_by: Optional[str] = None) -> list[Run]:
+    """Find and read every run under ``paths``.
+
+    :raises FileNotFoundError: when no TensorBoard event file is found.
+    """
+    dirs = find_run_dirs(paths)
+    if not dirs:
+        raise FileNotFoundError(
+            "no TensorBoard event files (events.out.tfevents.*) found under: " + ", ".join(map(str, paths))
+        )
+    return [Run(d, group_of(d, group_by), load_scalars(d)) for d in dirs]
+
+
+def groups(runs: Sequence[Run]) -> dict[str, list[Run]]:
+    """Runs by group, groups in sorted order."""
+    out: dict[str, list[Run]] = {}
+    for run in sorted(runs, key=lambda r: (r.group, r.path)):
+        out.setdefault(run.group, []).append(run)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Aggregation
+# ---------------------------------------------------------------------------------------------------
+def aggregate(series: Sequence[Series], max_points: int = _MAX_POINTS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Mean and standard deviation over runs on the union of their steps.
+
+    Each run is linearly interpolated inside its own step range (NaN outside; non-finite values are
+    dropped); at most ``max_points`` evenly spaced steps are kept.
+
+    :return: ``(steps, mean, std)``; mean / std are NaN where no run covers a step.
+    """
+    clean = []
+    for steps, values in series:
+        ok = np.isfinite(values)
+        if ok.any():
+            clean.append((steps[ok], values[ok]))
+    if not clean:
+        return np.array([]), np.array([]), np.array([])
+    grid = np.unique(np.concatenate([s for s, _ in clean]))
+    if grid.size > max_points:
+        grid = np.linspace(grid[0], grid[-1], max_points)
+    stack = np.full((len(clean), grid.size), np.nan)
+    for i, (steps, values) in enumerate(clean):
+        inside = (grid >= steps[0]) & (grid <= steps[-1])
+        stack[i, inside] = np.interp(grid[inside], steps, values)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", category=RuntimeWarning)  # all-NaN columns: "Mean of empty slice"
+        mean = np.nanmean(stack, axis=0)
+        std = np.nanstd(stack, axis=0)
+    return grid, mean, std
+
+
+def switch_steps(runs: Sequence[Run], switch_every: Optional[int] = None) -> list[float]:
+    """Environment steps of the task switches: multiples of ``switch_every`` before the last logged step,
+    or the steps where a logged ``plasticity/.../task_id`` changes (union over runs)."""
+    last = max((s[0][-1] for r in runs for s in r.scalars.values() if s[0].size), default=0.0)
+    if switch_every:
+        return [float(k * switch_every) for k in range(1, math.ceil(last / switch_every))]
+    found: set[float] = set()
+    for run in runs:
+        for tag, (steps, values) in run.scalars.items():
+            if tag.startswith("plasticity/") and tag.endswith("/task_id") and steps.size > 1:
+                changed = np.nonzero(np.diff(values) != 0)[0] + 1
+                found.update(float(s) for s in steps[changed])
+    return sorted(found)
+
+
+def _glob_regex(pattern: str) -> re.Pattern[str]:
+    parts = re.split(r"(\*\*|\*|\?)", pattern)
+    conv = {"**": ".*", "*": "[^/]*", "?": "[^/]"}
+    return re.compile("^" + "".join(conv.get(p, re.escape(p)) for p in parts) + "$")
+
+
+def match_tags(tags: Iterable[str], patterns: Sequence[str]) -> list[str]:
+    """Tags matching any of ``patterns`` (exact tags or globs: ``*`` within one level, ``**`` across), in
+    pattern order, then sorted."""
+    tags = sorted(set(tags))
+    out: list[str] = []
+    for pattern in patterns:
+        regex = _glob_regex(pattern)
+        out += [t for t in tags if regex.match(t) and t not in out]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Figures
+# ---------------------------------------------------------------------------------------------------
+def _figure(width: float = 9.0, height: float = 5.0) -> tuple[Figure, Axes]:
+    fig = Figure(figsize=(width, height), dpi=110, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig, fig.add_subplot()
+
+
+def _seeds(n: int) -> str:
+    return f"{n} seed" if n == 1 else f"{n} seeds"
+
+
+def _mark_switches(ax: Axes, switches: Sequence[float]) -> None:
+    for i, step in enumerate(switches):
+        ax.axvline(step, color="0.35", linestyle="--", linewidth=0.9, alpha=0.8, label="task switch" if i == 0 else None)
+
+
+def _curves(ax: Axes, by_group: dict[str, list[Run]], tag: str) -> int:
+    drawn = 0
+    for group, members in by_group.items():
+        series = [s for s in (r.series(tag) for r in members) if s is not None]
+        steps, mean, std = aggregate(series)
+        if steps.size == 0:
+            continue
+        (line,) = ax.plot(steps, mean, linewidth=1.6, label=f"{group} ({_seeds(len(series))})")
+        if len(series) > 1:
+            ax.fill_between(steps, mean - std, mean + std, color=line.get_color(), alpha=0.2, linewidth=0)
+        drawn += 1
+    return drawn
+
+
+def _log_scale_if_wide(ax: Axes, by_group: dict[str, list[Run]], tag: str) -> None:
+    found = [s[1] for members in by_group.values() for r in members if (s := r.series(tag)) is not None]
+    values = np.concatenate(found) if found else np.array([])
+    values = values[np.isfinite(values)]
+    if values.size and values.min() > 0 and values.max() / values.min() > (10 if tag.endswith("cond") else 100):
+        ax.set_yscale("log")
+
+
+def _finish(fig: Figure, ax: Axes, path: str, legend: bool = True) -> str:
+    ax.grid(alpha=0.3)
+    if legend and ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="best", fontsize=9, framealpha=0.85)
+    fig.savefig(path)
+    return path
+
+
+def plot_returns(runs: Sequence[Run], out_dir: str, switches: Sequence[float], tag: str = RETURN_TAG) -> Optional[str]:
+    """``return_curve.png``: episode return vs environment steps per method, task switches marked."""
+    by_group = groups(runs)
+    fig, ax = _figure()
+    if not _curves(ax, by_group, tag):
+        return None
+    _mark_switches(ax, switches)
+    ax.set_title("Episode return during training (mean ± std over seeds)")
+    ax.set_xlabel("environment steps")
+    what = "mean return of the last 100 episodes" if tag == RETURN_TAG else tag
+    ax.set_ylabel(f"episode return\n({what})")
+    return _finish(fig, ax, os.path.join(out_dir, "return_curve.png"))
+
+
+def _task_sort_key(task: str) -> tuple[int, float, str]:
+    try:
+        return (0, float(task), task)
+    except ValueError:
+        return (1, 0.0, task)
+
+
+def task_returns(
+    runs: Sequence[Run], switch_every: Optional[int] = None, tag: str = RETURN_TAG
+) -> tuple[dict[str, dict[str, list[float]]], str]:
+    """Per group, per task: the mean return of each run (one value per seed), and what "task" means.
+
+    From ``plasticity/return/task_<id>`` (each run's mean over its logged values) when logged, else from
+    ``tag`` averaged over each phase of ``switch_every`` steps (``"phase k"``); empty without either.
+    """
+    out: dict[str, dict[str, list[float]]] = {}
+    have_tasks = any(_TASK_RETURN.match(t) for r in runs for t in r.scalars)
+    for group, members in groups(runs).items():
+        per_task: dict[str, list[float]] = {}
+        for run in members:
+            if have_tasks:
+                for t, (_, values) in run.scalars.items():
+                    m = _TASK_RETURN.match(t)
+                    finite = values[np.isfinite(values)]
+                    if m and finite.size:
+                        per_task.setdefault(m.group(1), []).append(float(finite.mean()))
+            elif switch_every and (s := run.series(tag)) is not None:
+                steps, values = s
+                phase = (steps // switch_every).astype(int)
+                for k in np.unique(phase):
+                    finite = values[(phase == k) & np.isfinite(values)]
+                    if finite.size:
+                        per_task.setdefault(f"phase {k + 1}", []).append(float(finite.mean()))
+        out[group] = per_task
+    return out, ("task" if have_tasks else "task phase")
+
+
+def plot_task_returns(
+    runs: Sequence[Run], out_dir: str, switch_every: Optional[int] = None, tag: str = RETURN_TAG
+) -> Optional[str]:
+    """``return_per_task.png``: bar chart of the mean return per task and method (error bars: std over seeds)."""
+    data, kind = task_returns(runs, switch_every, tag)
+    tasks = sorted({t for per_task in data.values() for t in per_task}, key=_task_sort_key)
+    if not tasks:
+        return None
+    fig, ax = _figure(max(8.0, 1.2 + 0.9 * len(tasks) * max(1, len(data)) ** 0.5), 5.0)
+    width = 0.8 / max(len(data), 1)
+    x = np.arange(len(tasks))
+    for i, (group, per_task) in enumerate(data.items()):
+        means = [np.mean(per_task[t]) if t in per_task else math.nan for t in tasks]
+        stds = [np.std(per_task[t]) if t in per_task else 0.0 for t in tasks]
+        n = max((len(v) for v in per_task.values()), default=0)
+        ax.bar(x + (i - (len(data) - 1) / 2) * width, means, width, yerr=stds, capsize=3, label=f"{group} ({_seeds(n)})")
+    labels = [f"task {t}" if kind == "task" else t for t in tasks]
+    ax.set_xticks(x, labels, rotation=30 if len(tasks) > 8 else 0)
+    ax.axhline(0, color="0.2", linewidth=0.6)
+    if kind == "task":
+        ax.set_title("Mean episode return per task\n(mean ± std over seeds)")
+        ax.set_ylabel("mean episode return on the task")
+    else:
+        ax.set_title(
+            f"Mean episode return per task phase\n(phases of {switch_every:,} environment steps; mean ± std over seeds)"
+        )
+        ax.set_ylabel("mean of the return curve over the phase")
+    ax.set_xlabel(kind)
+    return _finish(fig, ax, os.path.join(out_dir, "return_per_task.png"))
+
+
+def describe_tag(tag: str) -> tuple[str, str]:
+    """``(metric label, where)`` of a diagnostic tag ``plasticity/<net>[/<layer>]/<metric>``."""
+    parts = tag.split("/")
+    label = METRIC_LABELS.get(parts[-1], parts[-1].replace("_", " "))
+    if parts[0] == "plasticity" and len(parts) == 4:
+        return label, f"network '{parts[1]}', layer '{parts[2]}'"
+    if parts[0] == "plasticity" and len(parts) == 3:
+        return label, f"network '{parts[1]}'"
+    return label, tag
+
+
+def _safe_name(tag: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", tag.replace("/", "__")).strip("_")
+
+
+def plot_metric(runs: Sequence[Run], tag: str, out_dir: str, switches: Sequence[float]) -> Optional[str]:
+    """``metric_<tag>.png``: one diagnostic vs environment steps per method."""
+    by_group = groups(runs)
+    fig, ax = _figure()
+    if not _curves(ax, by_group, tag):
+        return None
+    _mark_switches(ax, switches)
+    _log_scale_if_wide(ax, by_group, tag)
+    label, where = describe_tag(tag)
+    ax.set_title(f"{label[0].upper()}{label[1:]}: {where}\n(mean ± std over seeds; TensorBoard tag {tag})", fontsize=11)
+    ax.set_xlabel("environment steps")
+    ax.set_ylabel(label)
+    return _finish(fig, ax, os.path.join(out_dir, f"metric_{_safe_name(tag)}.png"))
+
+
+def plot_runs(
+    paths: Sequence[str],
+    out_dir: str,
+    metrics: Optional[Sequence[str]] = None,
+    switch_every: Optional[int] = None,
+    group_by: Optional[str] = None,
+    return_tag: str = RETURN_TAG,
+) -> list[str]:
+    """Read the runs under ``paths`` and write every figure into ``out_dir`` (created if needed).
+
+    :param paths: run directories, or directories above them, or event files.
+    :param metrics: diagnostic tags or glob patterns (default :data:`DEFAULT_METRICS`).
+    :param switch_every: environment steps per task; ``None`` takes the switches from ``plasticity/task_id``.
+    :param group_by: regular expression giving a run's method from its path (default: parent directory).
+    :param return_tag: scalar tag of the episode return.
+    :return: paths of the PNG files written.
+    :raises FileNotFoundError: when no event file is found.
+    """
+    if switch_every is not None and switch_every <= 0:
+        raise ValueError(f"switch_every must be > 0, got {switch_every!r}")
+    runs = load_runs(paths, group_by)
+    os.makedirs(out_dir, exist_ok=True)
+    switches = switch_steps(runs, switch_every)
+    written = [
+        plot_returns(runs, out_dir, switches, return_tag),
+        plot_task_returns(runs, out_dir, switch_every, return_tag),
+    ]
+    tags = match_tags((t for r in runs for t in r.scalars), list(metrics) if metrics else list(DEFAULT_METRICS))
+    written += [plot_metric(runs, tag, out_dir, switches) for tag in tags]
+    return [w for w in written if w is not None]

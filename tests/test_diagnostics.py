@@ -1,0 +1,247 @@
+"""Every diagnostic of sb3_plastic.diagnostics against an independent computation on a constructed case."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch as th
+from stable_baselines3 import DQN
+from torch import nn
+
+from sb3_plastic import MaxMin, PlasticDQN
+from sb3_plastic.common.surgery import find_networks
+from sb3_plastic.diagnostics import (
+    COND_CAP,
+    dfi,
+    distance_from_init,
+    dormant_fraction,
+    effective_rank,
+    empirical_ntk,
+    feature_norm,
+    gradient_norm,
+    kernel_stats,
+    module_function,
+    network_diagnostics,
+    network_norms,
+    network_output_function,
+    output_gradient_norm,
+    spec_parameters,
+    srank,
+    weight_norm,
+    weight_spectrum,
+    zero_fraction,
+)
+from sb3_plastic.isometry import orthogonal_init_network_
+
+
+def orthonormal(rows: int, cols: int, seed: int) -> th.Tensor:
+    q, _ = th.linalg.qr(th.randn(rows, cols, generator=th.Generator().manual_seed(seed), dtype=th.float64))
+    return q
+
+
+def with_singular_values(s: list[float], n: int, f: int) -> th.Tensor:
+    """``U diag(s) V^T`` with orthonormal ``U (n, r)`` and ``V (f, r)``."""
+    return orthonormal(n, len(s), 0) @ th.diag(th.tensor(s, dtype=th.float64)) @ orthonormal(f, len(s), 1).T
+
+
+# ---------------------------------------------------------------------------------------------------
+# Dead and dormant units
+# ---------------------------------------------------------------------------------------------------
+def dead_relu_layer() -> tuple[nn.Linear, th.Tensor]:
+    th.manual_seed(0)
+    layer = nn.Linear(5, 8)
+    with th.no_grad():
+        layer.weight.abs_()
+        layer.bias.fill_(0.1)
+        layer.weight[[0, 3]] = 0.0  # dead: always relu(-1) = 0
+        layer.bias[[0, 3]] = -1.0
+        layer.weight[5] *= 1e-4  # dormant, not dead: tiny positive activity
+        layer.bias[5] = 1e-5
+    x = th.rand(64, 5)
+    return layer, x
+
+
+def test_dead_and_dormant_units_of_a_constructed_layer():
+    layer, x = dead_relu_layer()
+    h = th.relu(layer(x)).detach()
+    # by hand: ReDo score = mean|h_i| / mean_j mean|h_j|
+    activity = h.abs().mean(dim=0).numpy()
+    scores = activity / activity.mean()
+    assert set(np.nonzero(scores <= 0.025)[0]) == {0, 3, 5}
+    assert dormant_fraction(h, tau=0.025) == pytest.approx(3 / 8)
+    assert zero_fraction(h) == pytest.approx(2 / 8)
+    # conv-shaped activations: a unit is a channel, dead if zero at every position of every sample
+    conv_h = h.view(64, 8, 1, 1).expand(64, 8, 2, 3).contiguous()
+    assert zero_fraction(conv_h) == pytest.approx(2 / 8)
+    assert dormant_fraction(conv_h) == pytest.approx(3 / 8)
+
+
+def test_maxmin_pair_is_dead_only_if_both_features_are():
+    h = th.randn(10, 6)
+    h[:, 0] = 0.0  # half of pair 0
+    h[:, 2:4] = 0.0  # all of pair 1
+    assert zero_fraction(h, group_size=1) == pytest.approx(3 / 6)
+    assert zero_fraction(h, group_size=2) == pytest.approx(1 / 3)
+    with pytest.raises(ValueError):
+        zero_fraction(th.zeros(4, 5), group_size=2)
+
+
+def test_network_diagnostics_find_the_dead_units_of_a_model_layer():
+    model = DQN("MlpPolicy", "CartPole-v1", policy_kwargs=dict(net_arch=[16, 16]), seed=0)
+    spec = find_networks(model)[0]
+    first = spec.hidden_layers()[0]
+    with th.no_grad():
+        first.layer.weight[[1, 4, 7]] = 0.0
+        first.layer.bias[[1, 4, 7]] = -1.0
+    obs = th.randn(50, 4)
+    out = network_diagnostics(model, spec, obs, ntk_size=0)
+    h = th.relu(first.layer(obs)).detach()
+    assert out[f"{first.name}/zero_fraction"] == pytest.approx(3 / 16)
+    assert out[f"{first.name}/dormant_fraction"] == pytest.approx(dormant_fraction(h))
+    assert out[f"{first.name}/srank"] == srank(h)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Feature rank and norm
+# ---------------------------------------------------------------------------------------------------
+def test_srank_and_effective_rank_of_features_with_known_singular_values():
+    s = [10.0, 5.0, 2.0, 1.0, 0.5, 0.05, 0.02]
+    features = with_singular_values(s, 40, 12).float()
+    # by hand: cumulative share 10/18.57=.54, 15/..=.81, 17/..=.92, 18/..=.969, 18.5/..=.9962 >= .99 -> 5
+    total = sum(s)
+    k = next(i + 1 for i in range(len(s)) if sum(s[: i + 1]) / total >= 0.99)
+    assert k == 5
+    assert srank(features) == 5
+    assert srank(features, delta=0.1) == 3  # 17 / 18.57 = 0.915 >= 0.9
+    p = np.array(s) / total
+    assert effective_rank(features) == pytest.approx(math.exp(-(p * np.log(p)).sum()), rel=1e-5)
+    # a conv-shaped (N, C, H, W) feature map is the same matrix reshaped
+    assert srank(features.view(40, 3, 2, 2)) == 5
+    # degenerate cases
+    assert srank(th.zeros(8, 4)) == 0 and effective_rank(th.zeros(8, 4)) == 0.0
+    assert effective_rank(with_singular_values([3.0, 3.0, 3.0], 10, 6)) == pytest.approx(3.0)
+
+
+def test_feature_norm_is_the_mean_per_sample_norm():
+    h = th.tensor([[3.0, 4.0], [0.0, 1.0], [6.0, 8.0]])
+    assert feature_norm(h) == pytest.approx((5 + 1 + 10) / 3)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Weights
+# ---------------------------------------------------------------------------------------------------
+def test_weight_norm_distance_and_spectrum():
+    w = with_singular_values([4.0, 2.0, 0.5], 5, 3).float()
+    assert weight_norm(w) == pytest.approx(math.sqrt(16 + 4 + 0.25), rel=1e-5)
+    spectrum = weight_spectrum(w)
+    assert spectrum["sigma_max"] == pytest.approx(4.0, rel=1e-5)
+    assert spectrum["sigma_min"] == pytest.approx(0.5, rel=1e-5)
+    assert spectrum["cond"] == pytest.approx(8.0, rel=1e-5)
+    # a conv kernel (out, in, kh, kw) is its (out, in*kh*kw) matrix
+    kernel = with_singular_values([3.0, 1.0], 2, 8).float().view(2, 2, 2, 2)
+    assert weight_spectrum(kernel)["cond"] == pytest.approx(3.0, rel=1e-5)
+    assert weight_spectrum(th.zeros(3, 3))["cond"] == 1.0
+    singular = th.diag(th.tensor([2.0, 0.0]))
+    assert weight_spectrum(singular)["cond"] == COND_CAP
+    # distance from init: every entry moved by c -> c * sqrt(numel)
+    init = w.clone()
+    assert distance_from_init(w + 0.1, init) == pytest.approx(0.1 * math.sqrt(15), rel=1e-5)
+    norm, dist = network_norms({"a": w + 0.1, "b": th.ones(4)}, {"a": init, "b": th.ones(4)})
+    assert norm == pytest.approx(math.sqrt(float((w + 0.1).double().square().sum()) + 4), rel=1e-6)
+    assert dist == pytest.approx(0.1 * math.sqrt(15), rel=1e-5)
+    assert network_norms({"a": w})[1] is None
+
+
+def test_dfi_of_an_orthogonal_maxmin_network_is_zero():
+    net = nn.Sequential(nn.Linear(6, 16), MaxMin(), nn.Linear(16, 16), MaxMin(), nn.Linear(16, 3))
+    orthogonal_init_network_(net)
+    for layer in (net[0], net[2], net[4]):
+        assert dfi(layer.weight) == pytest.approx(0.0, abs=1e-9)
+    model = PlasticDQN("MlpPolicy", "CartPole-v1", activation="maxmin", policy_kwargs=dict(net_arch=[16, 16]), seed=0)
+    spec = find_networks(model)[0]
+    out = network_diagnostics(model, spec, th.randn(20, 4), ntk_size=0)
+    for layer in spec.weight_layers():
+        assert out[f"{spec.layer_names[id(layer)]}/dfi"] == pytest.approx(0.0, abs=1e-9)
+    assert out["dfi"] == pytest.approx(0.0, abs=1e-9)
+    # an independent value: W = 2 I (n x n) -> ||4 I - I||_F^2 = 9 n
+    scaled = DQN("MlpPolicy", "CartPole-v1", policy_kwargs=dict(net_arch=[4]), seed=0)
+    scaled_spec = find_networks(scaled)[0]
+    hidden = scaled_spec.hidden_layers()[0]
+    with th.no_grad():
+        hidden.layer.weight.copy_(2 * th.eye(4))
+    assert network_diagnostics(scaled, scaled_spec, th.randn(5, 4), ntk_size=0)[f"{hidden.name}/dfi"] == pytest.approx(36.0)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Gradients and NTK
+# ---------------------------------------------------------------------------------------------------
+def test_gradient_norms_against_manual_autograd():
+    th.manual_seed(0)
+    net = nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 2))
+    x, y = th.randn(10, 3), th.randn(10, 2)
+    fn, params = module_function(net, x)
+    value = gradient_norm(lambda p: (fn(p) - y).square().mean(), params)
+    grads = th.autograd.grad((net(x) - y).square().mean(), list(net.parameters()))
+    assert value == pytest.approx(float(th.sqrt(sum(g.square().sum() for g in grads))), rel=1e-5)
+    # output gradient norm: sqrt(mean_k ||grad mean_n f_k(x_n)||^2)
+    per_output = []
+    for k in range(2):
+        g = th.autograd.grad(net(x)[:, k].mean(), list(net.parameters()))
+        per_output.append(float(sum(gi.square().sum() for gi in g)))
+    expected = math.sqrt(sum(per_output) / 2)
+    assert output_gradient_norm(fn, params) == pytest.approx(expected, rel=1e-5)
+    assert output_gradient_norm(fn, params, max_elements=1) == pytest.approx(expected, rel=1e-5)
+    assert all(p.grad is None for p in net.parameters())  # torch.func accumulated nothing
+
+
+def test_ntk_of_a_linear_network_matches_its_closed_form():
+    """f(x) = W2 W1 x. d f_k(x)/d W2 = e_k (W1 x)^T and d f_k(x)/d W1 = W2[k]^T x^T, so
+    K[(n,k),(m,l)] = delta_kl (W1 x_n).(W1 x_m) + (W2 W2^T)_kl (x_n . x_m), i.e.
+    K = kron(X W1^T W1 X^T, I) + kron(X X^T, W2 W2^T) with rows ordered (sample, output)."""
+    th.manual_seed(0)
+    d, h, o, n = 4, 6, 3, 5
+    net = nn.Sequential(nn.Linear(d, h, bias=False), nn.Linear(h, o, bias=False))
+    x = th.randn(n, d)
+    w1, w2 = net[0].weight.detach().double(), net[1].weight.detach().double()
+    xd = x.double()
+    closed = th.kron(xd @ w1.T @ w1 @ xd.T, th.eye(o, dtype=th.float64)) + th.kron(xd @ xd.T, w2 @ w2.T)
+    fn, params = module_function(net, x)
+    ntk = empirical_ntk(fn, params)
+    assert ntk.shape == (n * o, n * o)
+    assert th.allclose(ntk, closed, rtol=1e-5, atol=1e-5)
+    # the memory-bounded path (row blocks of J (J^T E) with forward-mode products) gives the same kernel
+    assert th.allclose(empirical_ntk(fn, params, max_elements=3 * 60), closed, rtol=1e-5, atol=1e-5)
+    assert all(p.grad is None for p in net.parameters())
+
+
+def test_kernel_stats_of_a_kernel_with_known_eigenvalues():
+    lam = th.tensor([8.0, 4.0, 2.0, 1.0], dtype=th.float64)
+    q = orthonormal(4, 4, 3)
+    stats = kernel_stats(q @ th.diag(lam) @ q.T)
+    p = lam / lam.sum()
+    assert stats["cond"] == pytest.approx(8.0)
+    assert stats["erank"] == pytest.approx(float(th.exp(-(p * p.log()).sum())))
+    assert stats["trace"] == pytest.approx(15 / 4)
+    assert kernel_stats(th.diag(th.tensor([1.0, 0.0])))["cond"] == COND_CAP
+
+
+def test_model_ntk_against_manual_jacobian_rows():
+    """The NTK of a DQN's Q-network from its head outputs against J J^T built row by row with autograd."""
+    model = DQN("MlpPolicy", "CartPole-v1", policy_kwargs=dict(net_arch=[8, 8]), seed=0)
+    spec = find_networks(model)[0]
+    obs = th.randn(6, 4)
+    fn, params = network_output_function(model, spec, obs)
+    q = spec.module(obs)
+    assert th.allclose(fn(params), q)
+    trained = list(spec.parameters())
+    rows = []
+    for n in range(6):
+        for k in range(2):
+            grads = th.autograd.grad(spec.module(obs)[n, k], trained)
+            rows.append(th.cat([g.flatten() for g in grads]).double())
+    jac = th.stack(rows)
+    assert th.allclose(empirical_ntk(fn, params), jac @ jac.T, rtol=1e-5, atol=1e-6)
+    assert all(p.grad is None for p in trained)
+    assert set(spec_parameters(spec)) == {name for name, p in spec.module.named_parameters()}
