@@ -738,9 +738,13 @@ class ContinualBackprop(PlasticCallback):
                 for layer, units in chosen.items():
                     if units.numel():
                         print(f"ContinualBackprop: {network}/{layer}: replaced units {units.tolist()}")
-            self._record_counts()
+            if chosen:  # counts change only here; _on_rollout_end re-records them for every log dump
+                self._record_counts()
 
         return after_step
+
+    def _on_rollout_end(self) -> None:
+        self._record_counts()
 
     def counts(self) -> dict[str, int]:
         """Cumulative replacements per ``<network>/<layer>``."""
