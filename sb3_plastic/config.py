@@ -40,6 +40,8 @@ class IsometryConfig:
         output heads: action logits / mean, log_std, value, Q-values), ``"all"`` (every parameter with >= 2
         dims), or a list of ``fnmatch`` patterns over the policy's parameter names
         (e.g. ``["features_extractor.*", "mlp_extractor.*"]``).
+    :param isometry_interval: apply the isometry step every ``k`` updates with ``k`` times the step size
+        (:class:`sb3_plastic.AdamO`); 1 is the exact method, 4-8 makes it nearly free for wide layers.
     :param optimizer: ``"adamo"`` (:class:`sb3_plastic.AdamO`), ``"adam"`` (``torch.optim.Adam``, as SB3) or
         ``"adam_equal_betas"`` (Adam with beta1 = beta2 = 0.99, Dohare et al. 2024). With ``"adam"`` and
         ``"adam_equal_betas"`` the penalty can only be ``"coupled"`` or ``"off"``.
@@ -52,6 +54,7 @@ class IsometryConfig:
     isometry_scale: float = 1.0
     isometry_mode: str = "decoupled"
     isometry_layers: Union[str, list[str]] = "hidden"
+    isometry_interval: int = 1
     optimizer: str = "adamo"
     orthogonal_init: Optional[bool] = None
 
@@ -91,6 +94,9 @@ class IsometryConfig:
             raise ValueError(f"isometry_layers must be 'hidden', 'all' or a list of patterns, got {layers!r}")
         else:
             self.isometry_layers = list(layers)
+        interval = self.isometry_interval
+        if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
+            raise ValueError(f"isometry_interval must be an int >= 1, got {interval!r}")
         if self.orthogonal_init not in (None, True, False):
             raise ValueError(f"orthogonal_init must be True, False or None, got {self.orthogonal_init!r}")
 

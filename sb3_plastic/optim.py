@@ -18,7 +18,7 @@ from typing import Any, Optional, Union
 
 import torch as th
 
-from sb3_plastic.isometry import as_matrix, isometry_penalty_grad
+from sb3_plastic.isometry import as_matrix
 
 ISOMETRY_MODES = ("decoupled", "coupled")
 
@@ -39,6 +39,9 @@ def _check_group(group: dict[str, Any]) -> None:
     scale = group["isometry_scale"]
     if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
         raise ValueError(f"isometry_scale must be a finite number > 0, got {scale!r}")
+    interval = group.get("isometry_interval", 1)
+    if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
+        raise ValueError(f"isometry_interval must be an int >= 1, got {interval!r}")
     if group["isometry_mode"] not in ISOMETRY_MODES:
         raise ValueError(f"Unknown isometry_mode {group['isometry_mode']!r} for AdamO; allowed: {list(ISOMETRY_MODES)}")
 
@@ -94,6 +97,11 @@ class AdamO(th.optim.Adam):
     :param isometry_scale: target scale ``s`` > 0 of ``W^T W`` (1: orthogonal; 2 is an option for ReLU).
     :param isometry_mode: ``"decoupled"`` (AdamO proper) or ``"coupled"``: ``lambda * grad R`` is added to
         ``p.grad`` before the Adam update (plain Adam on loss + lambda R; the ablation).
+    :param isometry_interval: apply the isometry step every ``k`` optimizer steps of a tensor, with ``k`` times the
+        step size (the same average pull; ``k = 1`` is the exact AdamO update). The step costs two matrix
+        products of the weight's size, more than a small minibatch's forward/backward pass for wide layers
+        (see bench/README.md): ``k = 4`` to ``8`` makes it nearly free; the pull is slow (``lr * lambda`` per
+        step), so the difference to ``k = 1`` is of order ``(k * lr * lambda)^2``.
     :param amsgrad: as in ``torch.optim.Adam``.
     :param kwargs: other ``torch.optim.Adam`` keywords (``foreach``, ``fused``, ``maximize``, ...).
 
@@ -115,6 +123,7 @@ class AdamO(th.optim.Adam):
         isometry_coef: float = 0.1,
         isometry_scale: float = 1.0,
         isometry_mode: str = "decoupled",
+        isometry_interval: int = 1,
         amsgrad: bool = False,
         **kwargs: Any,
     ) -> None:
@@ -135,8 +144,14 @@ class AdamO(th.optim.Adam):
             group.setdefault("isometry_coef", isometry_coef)
             group.setdefault("isometry_scale", isometry_scale)
             group.setdefault("isometry_mode", isometry_mode)
+            group.setdefault("isometry_interval", isometry_interval)
             _check_group(group)
-        self.defaults.update(isometry_coef=isometry_coef, isometry_scale=isometry_scale, isometry_mode=isometry_mode)
+        self.defaults.update(
+            isometry_coef=isometry_coef,
+            isometry_scale=isometry_scale,
+            isometry_mode=isometry_mode,
+            isometry_interval=isometry_interval,
+        )
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         super().add_param_group(param_group)
@@ -155,31 +170,44 @@ class AdamO(th.optim.Adam):
         if closure is not None:
             with th.enable_grad():
                 loss = closure()
-        pending: list[tuple[th.Tensor, th.Tensor, float, dict]] = []
+        pending: list[tuple[th.Tensor, th.Tensor, th.Tensor]] = []
+        counted: list[tuple[th.Tensor, int]] = []
         for group in self.param_groups:
             _check_group(group)
+            interval = group["isometry_interval"]
             for p in group["params"]:
                 if p.grad is None or not self.is_regularised(p, group):
                     continue
-                # Gradient of R at the current (pre-step) parameters, as in the update rule above.
-                grad_r = isometry_penalty_grad(p, group["isometry_scale"])
+                state = self.state.get(p, {})
+                count = int(state["isometry_count"]) if "isometry_count" in state else 0
+                counted.append((p, count + 1))  # written after Adam's step: Adam initialises an empty state
+                if count % interval:
+                    continue
+                # Gradient of R at the current (pre-step) parameters, as in the update rule above; the Gram
+                # matrix is computed once for the gradient and for the blow-up bound.
+                w = as_matrix(p)
+                tall = w.shape[0] >= w.shape[1]
+                gram = w.T @ w if tall else w @ w.T
+                bound = gram.abs().sum(dim=1).max().clamp_min(1e-12)
+                gram.diagonal().sub_(group["isometry_scale"])
+                grad_r = (4.0 * (w @ gram) if tall else 4.0 * (gram @ w)).reshape(p.shape)
                 if group["isometry_mode"] == "coupled":
-                    p.grad.add_(grad_r, alpha=group["isometry_coef"])
+                    p.grad.add_(grad_r, alpha=group["isometry_coef"] * interval)
                 else:
-                    w = as_matrix(p)
-                    gram = w.T @ w if w.shape[0] >= w.shape[1] else w @ w.T
-                    bound = gram.abs().sum(dim=1).max().clamp_min(1e-12)
-                    step = th.clamp(MAX_ISOMETRY_STEP / (4.0 * bound), max=float(group["lr"]) * group["isometry_coef"])
-                    pending.append((p, grad_r, step, group))
+                    limit = float(group["lr"]) * group["isometry_coef"] * interval
+                    step = th.clamp(MAX_ISOMETRY_STEP / (4.0 * bound), max=limit)
+                    pending.append((p, grad_r, step))
         # torch wraps every optimizer class's ``step`` to run step hooks; calling the wrapped Adam.step from
         # here would run the hooks registered on this AdamO twice per step.
         adam_step = th.optim.Adam.step
         if getattr(adam_step, "hooked", False):
             adam_step = adam_step.__wrapped__  # type: ignore[attr-defined]
         adam_step(self)
-        for p, grad_r, step, _ in pending:
+        for p, grad_r, step in pending:
             p.sub_(grad_r * step)
             self.state[p]["isometry_step"] = step.detach()
+        for p, count in counted:
+            self.state[p]["isometry_count"] = count
         return loss
 
     def reset_state(

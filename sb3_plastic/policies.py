@@ -65,6 +65,7 @@ class PlasticPolicyMixin:
         isometry_scale: float = 1.0,
         isometry_mode: str = "decoupled",
         isometry_layers: Union[str, list[str]] = "hidden",
+        isometry_interval: int = 1,
         optimizer: str = "adamo",
         orthogonal_init: Optional[bool] = None,
         **kwargs: Any,
@@ -75,6 +76,7 @@ class PlasticPolicyMixin:
             isometry_scale=isometry_scale,
             isometry_mode=isometry_mode,
             isometry_layers=isometry_layers,
+            isometry_interval=isometry_interval,
             optimizer=optimizer,
             orthogonal_init=orthogonal_init,
         )
@@ -132,6 +134,7 @@ class PlasticPolicyMixin:
                 isometry_coef=float(config.isometry_coef) if config.isometry_mode != "off" else 0.0,
                 isometry_scale=float(config.isometry_scale),
                 isometry_mode="coupled" if config.isometry_mode == "coupled" else "decoupled",
+                isometry_interval=int(config.isometry_interval),
             )
             kwargs["optimizer_class"] = AdamO
         else:

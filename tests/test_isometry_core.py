@@ -251,3 +251,19 @@ def test_adamo_runs_step_hooks_once_per_step():
         w.grad = th.randn(3, 3)
         opt.step()
     assert calls == [0, 1] * 3
+
+
+def test_isometry_interval_applies_every_k_steps_with_k_times_the_step():
+    th.manual_seed(6)
+    w = nn.Parameter(th.randn(6, 4) * 0.7)
+    lr, lam, k = 1e-3, 0.2, 3
+    opt = AdamO([w], lr=lr, isometry_coef=lam, isometry_interval=k)
+    expected = w.detach().clone()
+    for step in range(7):
+        w.grad = th.zeros_like(w)  # Adam's update is zero: only the isometry step moves w
+        if step % k == 0:
+            expected = expected - k * lr * lam * isometry_penalty_grad(expected)
+        opt.step()
+        assert th.allclose(w.detach(), expected, atol=1e-6), step
+    with pytest.raises(ValueError, match="isometry_interval"):
+        AdamO([w], isometry_interval=0)

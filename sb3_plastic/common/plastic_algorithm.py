@@ -46,6 +46,7 @@ class PlasticAlgorithmMixin:
     :param isometry_scale: target scale ``s`` of ``W^T W``.
     :param isometry_mode: ``"decoupled"`` (AdamO), ``"coupled"`` or ``"off"``.
     :param isometry_layers: ``"hidden"``, ``"all"`` or a list of fnmatch patterns.
+    :param isometry_interval: apply the isometry step every ``k`` updates (``k`` times larger).
     :param optimizer: ``"adamo"``, ``"adam"`` or ``"adam_equal_betas"``.
     :param orthogonal_init: orthogonal hidden layers (default: only with MaxMin).
     :param kwargs: SB3's keyword arguments, unchanged, and the intervention keywords: the fields of
@@ -70,6 +71,7 @@ class PlasticAlgorithmMixin:
         isometry_scale: float = 1.0,
         isometry_mode: str = "decoupled",
         isometry_layers: Union[str, list[str]] = "hidden",
+        isometry_interval: int = 1,
         optimizer: str = "adamo",
         orthogonal_init: Optional[bool] = None,
         **kwargs: Any,
@@ -80,6 +82,7 @@ class PlasticAlgorithmMixin:
             isometry_scale=isometry_scale,
             isometry_mode=isometry_mode,
             isometry_layers=isometry_layers,
+            isometry_interval=isometry_interval,
             optimizer=optimizer,
             orthogonal_init=orthogonal_init,
         )

@@ -1,0 +1,202 @@
+"""Optuna samplers of the plastic algorithms for rl_zoo3's ``-optimize``.
+
+Each plastic sampler is the base algorithm's own rl_zoo3 sampler (``rl_zoo3.hyperparams_opt``: learning
+rate, batch size, gamma, net_arch, ...) plus the plastic search space, in the spelling of the yaml files
+and of the algorithms' constructors (top-level keywords):
+
+* ``isometry_coef``: log-uniform in [1e-3, 10]; reaches AdamO's ``param_groups`` (``"isometry_coef"``).
+* ``replacement_rate``: log-uniform in [1e-6, 1e-2]; reaches Continual Backprop.
+* ``maturity_threshold``: integer, log-uniform in [100, 10 000] gradient steps; reaches Continual Backprop.
+* ``activation``: PPO ``tanh`` / ``relu`` / ``maxmin`` (it takes the place of rl_zoo3's ``activation_fn``
+  question, widened by MaxMin); off-policy algorithms ``relu`` / ``maxmin`` (added: rl_zoo3 keeps ReLU
+  there). Reaches the policy networks.
+
+Why these ranges. The decoupled isometry step is ``lr * isometry_coef * grad R(W)``: with the base
+learning rates (1e-5 ... 2e-3) the range keeps ``lr * isometry_coef`` between ~1e-8 (practically off) and
+~2e-2 (strong; our supervised probe kept ReLU nets trainable for 1e-4 ... 1e-2, see
+``sb3_plastic.config.IsometryConfig``). Dohare et al. (2024, Nature) use ``replacement_rate`` 1e-4 and a
+maturity of 10 000 updates for PPO on Slippery Ant and report the rate to be insensitive within an order
+of magnitude; the range spans two orders on either side. Every sampled trial therefore runs Continual
+Backprop (a log-uniform rate cannot be 0, and optuna refuses to enqueue 0 for it): to fix values, enqueue
+trials (``study.enqueue_trial({"replacement_rate": 1e-4})``); to tune without Continual Backprop, build a
+sampler with :func:`make_plastic_sampler` and your own ``plastic`` part, and put it into
+``rl_zoo3.hyperparams_opt.HYPERPARAMS_SAMPLER`` after :func:`sb3_plastic.zoo.register`.
+
+The sampled values are passed as top-level keywords to ``PlasticPPO`` / ``PlasticDQN`` / ``PlasticSAC``,
+which hand ``isometry_coef`` to AdamO and ``replacement_rate`` / ``maturity_threshold`` to the
+:class:`~sb3_plastic.callbacks.ContinualBackprop` they add to ``learn()`` (``model.intervention_configs``).
+A yaml's top-level plastic keys that are not sampled (``fire_at``, ``isometry_mode``, ...) stay in force.
+As everywhere in rl_zoo3, sampled keys override the yaml's, and the sampled ``policy_kwargs`` (net_arch,
+...) replace the yaml's ``policy_kwargs`` as a whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import optuna
+from torch import nn
+
+#: The plastic optuna parameters added to every base search space (``activation`` is handled apart).
+PLASTIC_PARAMS: tuple[str, ...] = ("isometry_coef", "replacement_rate", "maturity_threshold")
+#: Search range of ``isometry_coef`` (log-uniform).
+ISOMETRY_COEF_RANGE = (1e-3, 10.0)
+#: Search range of ``replacement_rate`` (log-uniform).
+REPLACEMENT_RATE_RANGE = (1e-6, 1e-2)
+#: Search range of ``maturity_threshold`` (integer, log-uniform; counts gradient steps).
+MATURITY_THRESHOLD_RANGE = (100, 10_000)
+#: ``activation`` choices of on-policy samplers (rl_zoo3's tanh / relu, plus MaxMin).
+ON_POLICY_ACTIVATIONS = ("tanh", "relu", "maxmin")
+#: ``activation`` choices of off-policy samplers (rl_zoo3 keeps SB3's ReLU there; MaxMin added).
+OFF_POLICY_ACTIVATIONS = ("relu", "maxmin")
+
+_ACTIVATION_CLASSES: dict[type[nn.Module], str] = {nn.Tanh: "tanh", nn.ReLU: "relu"}
+
+Sampler = Callable[[optuna.Trial, int, int, dict], dict[str, Any]]
+Converter = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+def sample_plastic_params(trial: optuna.Trial) -> dict[str, Any]:
+    """The plastic part of every search space (see the module docstring)."""
+    return {
+        "isometry_coef": trial.suggest_float("isometry_coef", *ISOMETRY_COEF_RANGE, log=True),
+        "replacement_rate": trial.suggest_float("replacement_rate", *REPLACEMENT_RATE_RANGE, log=True),
+        "maturity_threshold": trial.suggest_int("maturity_threshold", *MATURITY_THRESHOLD_RANGE, log=True),
+    }
+
+
+class _ActivationTrial:
+    """A trial seen by rl_zoo3's base sampler: its ``activation_fn`` question is answered by the plastic
+    ``activation`` parameter (MaxMin added to the choices); every other call goes to the real trial.
+
+    The base sampler still gets one of its own choices (the real one, or ``"relu"`` standing in for
+    ``"maxmin"``) so that its converter works unchanged; :func:`_to_plastic` then replaces the resulting
+    ``policy_kwargs["activation_fn"]`` by the top-level ``activation`` keyword.
+    """
+
+    def __init__(self, trial: optuna.Trial, choices: tuple[str, ...]) -> None:
+        self._trial = trial
+        self._choices = choices
+        self.activation: str | None = None
+
+    def suggest_categorical(self, name: str, choices: Any) -> Any:
+        if name != "activation_fn":
+            return self._trial.suggest_categorical(name, choices)
+        self.activation = self._trial.suggest_categorical("activation", list(self._choices))
+        return self.activation if self.activation in choices else "relu"
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._trial, name)
+
+
+def _to_plastic(params: dict[str, Any], activation: str | None) -> dict[str, Any]:
+    """Move the activation from ``policy_kwargs["activation_fn"]`` to the plastic ``activation`` keyword.
+
+    A top-level ``activation`` in the yaml would otherwise clash with a sampled ``activation_fn``.
+    """
+    params = dict(params)
+    policy_kwargs = dict(params.get("policy_kwargs") or {})
+    fn = policy_kwargs.get("activation_fn")
+    if activation is None and fn in _ACTIVATION_CLASSES:
+        activation = _ACTIVATION_CLASSES[fn]
+    if activation is not None:
+        policy_kwargs.pop("activation_fn", None)
+        params["activation"] = activation
+    if "policy_kwargs" in params or policy_kwargs:
+        params["policy_kwargs"] = policy_kwargs
+    return params
+
+
+def make_plastic_sampler(
+    base_sampler: Sampler,
+    activations: tuple[str, ...],
+    plastic: Callable[[optuna.Trial], dict[str, Any]] = sample_plastic_params,
+) -> Sampler:
+    """A plastic sampler: ``base_sampler``'s space, ``activation`` among ``activations`` and the plastic
+    parameters of ``plastic``.
+
+    :param base_sampler: an rl_zoo3 sampler, ``(trial, n_actions, n_envs, additional_args) -> hyperparams``.
+    :param activations: choices of the ``activation`` parameter (it replaces the base's ``activation_fn``
+        if the base samples one, else it is added).
+    :param plastic: ``trial -> top-level plastic keywords`` (default :func:`sample_plastic_params`).
+    """
+
+    def sampler(trial: optuna.Trial, n_actions: int, n_envs: int, additional_args: dict) -> dict[str, Any]:
+        proxy = _ActivationTrial(trial, activations)
+        params = base_sampler(proxy, n_actions, n_envs, additional_args)  # type: ignore[arg-type]
+        activation = proxy.activation
+        if activation is None:
+            activation = trial.suggest_categorical("activation", list(activations))
+        params = _to_plastic(params, activation)
+        params.update(plastic(trial))
+        return params
+
+    sampler.__name__ = f"plastic_{getattr(base_sampler, '__name__', 'sampler')}"
+    sampler.__doc__ = f"{getattr(base_sampler, '__name__', 'the base sampler')} + sb3_plastic.samplers.sample_plastic_params"
+    return sampler
+
+
+def make_plastic_converter(base_converter: Converter, base_samples_activation: bool) -> Converter:
+    """The inverse path used by rl_zoo3's ``--trial-id`` / ``load_trial``: optuna params -> hyperparameters.
+
+    :param base_converter: rl_zoo3's converter of the base algorithm.
+    :param base_samples_activation: whether the base sampler asks for ``activation_fn`` (its converter
+        then needs that entry; it gets a stand-in, replaced by the plastic ``activation``).
+    """
+
+    def convert(sampled_params: dict[str, Any]) -> dict[str, Any]:
+        params = dict(sampled_params)
+        plastic = {key: params.pop(key) for key in PLASTIC_PARAMS if key in params}
+        activation = params.pop("activation", None)
+        if activation is not None and base_samples_activation:
+            params["activation_fn"] = activation if activation in ("tanh", "relu") else "relu"
+        hyperparams = _to_plastic(base_converter(params), activation)
+        hyperparams.update(plastic)
+        return hyperparams
+
+    convert.__name__ = f"plastic_{getattr(base_converter, '__name__', 'converter')}"
+    return convert
+
+
+def _base(name: str) -> tuple[Sampler, Converter]:
+    from rl_zoo3 import hyperparams_opt
+
+    # the original rl_zoo3 functions, not whatever a launcher registered under the name since
+    sampler = getattr(hyperparams_opt, f"sample_{name}_params")
+    converter = hyperparams_opt.HYPERPARAMS_CONVERTER[name]
+    return sampler, converter
+
+
+def sample_plastic_ppo_params(trial: optuna.Trial, n_actions: int, n_envs: int, additional_args: dict) -> dict[str, Any]:
+    """rl_zoo3's PPO space (``activation_fn`` widened to the plastic ``activation``) + the plastic space."""
+    return make_plastic_sampler(_base("ppo")[0], ON_POLICY_ACTIVATIONS)(trial, n_actions, n_envs, additional_args)
+
+
+def sample_plastic_dqn_params(trial: optuna.Trial, n_actions: int, n_envs: int, additional_args: dict) -> dict[str, Any]:
+    """rl_zoo3's DQN space + ``activation`` (relu / maxmin) + the plastic space."""
+    return make_plastic_sampler(_base("dqn")[0], OFF_POLICY_ACTIVATIONS)(trial, n_actions, n_envs, additional_args)
+
+
+def sample_plastic_sac_params(trial: optuna.Trial, n_actions: int, n_envs: int, additional_args: dict) -> dict[str, Any]:
+    """rl_zoo3's SAC space + ``activation`` (relu / maxmin) + the plastic space."""
+    return make_plastic_sampler(_base("sac")[0], OFF_POLICY_ACTIVATIONS)(trial, n_actions, n_envs, additional_args)
+
+
+#: Base rl_zoo3 algorithms whose samplers sample ``activation_fn`` (the rest get ``activation`` added).
+_ON_POLICY = ("ppo", "a2c", "trpo", "ppo_lstm")
+
+
+def plastic_sampler_for(base_name: str) -> tuple[Sampler, Converter] | None:
+    """The plastic sampler and converter for a plastic algorithm built on rl_zoo3's ``base_name``
+    (``"ppo"``, ``"dqn"``, ``"sac"``, ``"qrdqn"``, ...); ``None`` when rl_zoo3 has no sampler for it."""
+    from rl_zoo3 import hyperparams_opt
+
+    if not hasattr(hyperparams_opt, f"sample_{base_name}_params") or base_name not in hyperparams_opt.HYPERPARAMS_CONVERTER:
+        return None
+    named = {"ppo": sample_plastic_ppo_params, "dqn": sample_plastic_dqn_params, "sac": sample_plastic_sac_params}
+    base_sampler, base_converter = _base(base_name)
+    on_policy = base_name in _ON_POLICY
+    activations = ON_POLICY_ACTIVATIONS if on_policy else OFF_POLICY_ACTIVATIONS
+    sampler = named.get(base_name) or make_plastic_sampler(base_sampler, activations)
+    return sampler, make_plastic_converter(base_converter, base_samples_activation=on_policy)

@@ -1,0 +1,448 @@
+"""Run the plastic algorithms through rl-baselines3-zoo (``rl_zoo3``) itself.
+
+:func:`train` and :func:`enjoy` take rl_zoo3's own command line (every option works unchanged: eval,
+checkpoints, ``-tb``, ``-optimize``, ``--storage``/``--study-name``, ``--trial-id``, ``-params``, ...).
+Before handing over, :func:`register`
+
+* adds every plastic algorithm exported by :mod:`sb3_plastic` (``PlasticPPO`` -> ``plastic_ppo``,
+  ``PlasticDQN`` -> ``plastic_dqn``, ``PlasticSAC`` -> ``plastic_sac``; a future ``PlasticQRDQN`` would
+  become ``plastic_qrdqn``) to rl_zoo3's algorithm table ``ALGOS``, the way the ``sbx`` project's
+  ``train_sbx.py`` does. The table is one ``dict`` that ``rl_zoo3``, ``rl_zoo3.utils``, ``.train``,
+  ``.enjoy``, ``.exp_manager``, ... all imported by name: it is updated in place, and every loaded
+  ``rl_zoo3`` module holding an ``ALGOS`` dict is checked, so each of them sees the plastic algorithms;
+* adds the plastic optuna samplers (:mod:`sb3_plastic.samplers`) to ``HYPERPARAMS_SAMPLER`` and their
+  converters to ``HYPERPARAMS_CONVERTER`` (used by ``--trial-id``) the same way;
+* imports :mod:`sb3_plastic.envs` (registers the ``sb3_plastic/...`` gymnasium ids) and registers the
+  MinAtar ids (``MinAtar/Breakout-v1``, ...; they exist only after ``minatar.gym.register_envs()``, which
+  :func:`train` / :func:`enjoy` call when ``--env`` starts with ``MinAtar/``: importing minatar takes seconds);
+* makes the public names of :mod:`sb3_plastic` (``MaxMin``, ``PlasticCNN``, ``PlasticMLP``, ``AdamO``, ...)
+  and the module ``sb3_plastic`` usable in yaml strings: rl_zoo3 turns ``policy_kwargs`` /
+  ``replay_buffer_kwargs`` strings into objects with a bare ``eval`` in the namespace of
+  ``rl_zoo3.exp_manager`` (and ``-params`` values with ``eval`` in ``rl_zoo3.utils``), so the names are
+  added to those two module namespaces (existing rl_zoo3 names are never replaced);
+* has ``rl_zoo3.train`` use ``PlasticExperimentManager``, rl_zoo3's ``ExperimentManager`` with four
+  additions: a misspelt hyperparameter of a plastic algorithm is an error naming the key and the allowed
+  ones (rl_zoo3 would pass it on as a keyword argument); a trial that raises is recorded as failed
+  (``TrialState.FAIL``, reason in the trial's ``fail_reason`` user attribute) instead of ending the study
+  (rl_zoo3 prunes only ``AssertionError``/``ValueError`` raised inside ``learn``); with ``--storage``
+  plus ``--study-name`` the study is created up front with retries, so many workers can start at once on
+  a fresh database; and when training continues (``-i model.zip``) the config's intervention keywords
+  (``fire_at``, ``replacement_rate``, ...) are applied to the loaded model (SB3's ``load`` would only store
+  them as unused attributes), while its network/optimizer settings are kept, with a warning if they differ.
+
+Without ``--algo`` the launcher trains ``plastic_ppo``; without ``-conf`` a plastic algorithm reads
+``zoo_configs/<algo>.yml`` of this repository.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import inspect
+import random
+import sys
+import time
+import traceback
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Optional
+
+#: Keys of an rl_zoo3 yaml entry that rl_zoo3 consumes itself (never passed to the algorithm).
+ZOO_KEYS: tuple[str, ...] = (
+    "callback",
+    "env_kwargs",
+    "env_wrapper",
+    "frame_stack",
+    "monitor_kwargs",
+    "n_envs",
+    "n_timesteps",
+    "noise_std",
+    "noise_type",
+    "normalize",
+    "vec_env_wrapper",
+)
+#: Constructor arguments that rl_zoo3 sets from its command line (a yaml must not set them).
+ZOO_SET_KEYS: tuple[str, ...] = ("env", "tensorboard_log", "seed", "verbose", "device")
+#: The default algorithm of ``sb3-plastic train`` / ``enjoy``.
+DEFAULT_ALGO = "plastic_ppo"
+#: A worker stops after this many failed trials in a row (a broken setup must not loop for ever).
+MAX_CONSECUTIVE_FAILURES = 10
+
+
+class HyperparameterError(ValueError):
+    """A yaml entry (or ``-params``) names a hyperparameter the algorithm does not accept."""
+
+
+# --------------------------------------------------------------------------- algorithms
+def zoo_name(cls: type) -> str:
+    """rl_zoo3 name of a plastic algorithm class: ``plastic_`` + the rl_zoo3 name of its SB3 base."""
+    return f"plastic_{base_zoo_name(cls)}"
+
+
+def base_zoo_name(cls: type) -> str:
+    """rl_zoo3 name of the SB3 / sb3-contrib algorithm a plastic class extends (``PlasticPPO`` -> ``ppo``)."""
+    from rl_zoo3 import hyperparams_opt  # noqa: F401  (the original table below is rl_zoo3's own)
+    from rl_zoo3.utils import ALGOS
+
+    for klass in cls.__mro__[1:]:
+        for name, algo in ALGOS.items():
+            if algo is klass and not name.startswith("plastic_"):
+                return name
+    return cls.__name__.lower().removeprefix("plastic")
+
+
+def plastic_algorithms() -> dict[str, type]:
+    """The plastic algorithm classes exported by :mod:`sb3_plastic`, keyed by their rl_zoo3 name."""
+    import sb3_plastic
+    from sb3_plastic.common.plastic_algorithm import PlasticAlgorithmMixin
+
+    found: dict[str, type] = {}
+    for name in sorted(dir(sb3_plastic)):
+        obj = getattr(sb3_plastic, name)
+        if isinstance(obj, type) and issubclass(obj, PlasticAlgorithmMixin) and obj is not PlasticAlgorithmMixin:
+            found[zoo_name(obj)] = obj
+    return found
+
+
+def accepted_keywords(cls: type) -> Optional[set[str]]:
+    """Keyword arguments the constructor of ``cls`` accepts, following ``**kwargs`` up the MRO (the
+    plastic mixin forwards them to SB3); ``None`` when some constructor takes arbitrary keywords."""
+    from sb3_plastic.common.plastic_algorithm import PlasticAlgorithmMixin, intervention_keys
+
+    names: set[str] = set()
+    if issubclass(cls, PlasticAlgorithmMixin):
+        names.update(intervention_keys())  # popped by the mixin out of its **kwargs
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        params = inspect.signature(init).parameters.values()
+        names.update(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            names.discard("self")
+            return names
+    return None
+
+
+def check_hyperparameters(algo: str, hyperparams: dict[str, Any], where: str = "") -> None:
+    """Raise :class:`HyperparameterError` if ``hyperparams`` (an rl_zoo3 entry after rl_zoo3 removed its own
+    keys) holds a key the algorithm ``algo`` does not accept, naming the key and the allowed ones."""
+    from rl_zoo3.utils import ALGOS
+
+    cls = ALGOS[algo]
+    allowed = accepted_keywords(cls)
+    if allowed is None:
+        return
+    allowed -= set(ZOO_SET_KEYS) | {"_init_setup_model"}
+    preset = sorted(set(hyperparams) & set(ZOO_SET_KEYS))
+    unknown = sorted(set(hyperparams) - allowed - set(ZOO_KEYS) - set(ZOO_SET_KEYS))
+    if not unknown and not preset:
+        return
+    lines = []
+    for key in unknown:
+        close = difflib.get_close_matches(key, sorted(allowed | set(ZOO_KEYS)), n=3, cutoff=0.6)
+        hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+        lines.append(f"unknown hyperparameter {key!r} for {algo} ({cls.__name__}){hint}")
+    for key in preset:
+        lines.append(f"hyperparameter {key!r} is set by rl_zoo3 from its command line; remove it from the config")
+    plastic = _plastic_keys(cls)
+    message = (f"{where}: " if where else "") + "; ".join(lines)
+    message += (
+        f".\nAllowed keys: rl_zoo3's own {sorted(ZOO_KEYS)}"
+        + (f", the plastic keywords {sorted(plastic)}" if plastic else "")
+        + f" and {cls.__name__}'s other arguments {sorted(allowed - plastic)}."
+    )
+    raise HyperparameterError(message)
+
+
+def _plastic_keys(cls: type) -> set[str]:
+    from sb3_plastic.common.plastic_algorithm import PlasticAlgorithmMixin, intervention_keys
+    from sb3_plastic.config import ISOMETRY_KEYS
+
+    if not issubclass(cls, PlasticAlgorithmMixin):
+        return set()
+    return set(ISOMETRY_KEYS) | set(intervention_keys())
+
+
+# --------------------------------------------------------------------------- experiment manager
+def _experiment_manager_class() -> type:
+    from rl_zoo3.exp_manager import ExperimentManager
+
+    class PlasticExperimentManager(ExperimentManager):
+        """rl_zoo3's ``ExperimentManager`` with key validation, failure-tolerant trials and a study
+        created up front (see :mod:`sb3_plastic.zoo`)."""
+
+        _consecutive_failures = 0
+
+        def _preprocess_hyperparams(self, hyperparams: dict[str, Any]) -> Any:
+            result = super()._preprocess_hyperparams(hyperparams)
+            if self.algo in plastic_algorithms():
+                check_hyperparameters(self.algo, result[0], where=f"{self.config} [{self.env_name.gym_id}]")
+            return result
+
+        def _load_pretrained_agent(self, hyperparams: dict[str, Any], env: Any) -> Any:
+            # SB3's load() would store plastic keywords as plain attributes, without effect: apply the
+            # intervention settings of the config to the loaded model; keep its network / optimizer
+            # settings (they define the trained weights and optimizer state) and say so when they differ.
+            if self.algo not in plastic_algorithms():
+                return super()._load_pretrained_agent(hyperparams, env)
+            from sb3_plastic.common.plastic_algorithm import intervention_config_classes
+            from sb3_plastic.config import ISOMETRY_KEYS
+
+            groups = {key: {f.name for f in dataclasses.fields(cls)} for key, cls in intervention_config_classes().items()}
+            plastic = set(ISOMETRY_KEYS).union(*groups.values())
+            given = {key: hyperparams.pop(key) for key in list(hyperparams) if key in plastic}
+            model = super()._load_pretrained_agent(hyperparams, env)
+            for group, names in groups.items():
+                update = {key: value for key, value in given.items() if key in names}
+                if update:
+                    model.intervention_configs[group] = dataclasses.replace(model.intervention_configs[group], **update)
+            kept = {
+                key: getattr(model.isometry_config, key)
+                for key in ISOMETRY_KEYS
+                if key in given and given[key] != getattr(model.isometry_config, key)
+            }
+            if kept:
+                warnings.warn(
+                    f"Continuing training of {self.trained_agent}: the trained model's network/optimizer settings "
+                    f"{kept} are kept (the config asks for {({key: given[key] for key in kept})})"
+                )
+            return model
+
+        def objective(self, trial: Any) -> float:
+            import optuna
+
+            try:
+                value = super().objective(trial)
+            except optuna.TrialPruned:
+                self._consecutive_failures = 0
+                raise
+            except Exception as exc:
+                self._consecutive_failures += 1
+                reason = f"{type(exc).__name__}: {exc}"
+                print(f"Trial {trial.number} failed ({reason}); the study goes on.", file=sys.stderr)
+                traceback.print_exc()
+                trial.set_user_attr("fail_reason", reason[:1000])
+                if self._consecutive_failures >= MAX_CONSECUTIVE_FAILURES:
+                    print(f"{self._consecutive_failures} trials in a row failed: this worker stops.", file=sys.stderr)
+                    trial.study.stop()
+                return float("nan")  # optuna records the trial as FAIL and continues
+            self._consecutive_failures = 0
+            return value
+
+        def hyperparameters_optimization(self) -> None:
+            if self.storage is not None and self.study_name is not None and not self.storage.endswith(".log"):
+                ensure_study(self.storage, self.study_name)
+            super().hyperparameters_optimization()
+
+    return PlasticExperimentManager
+
+
+def ensure_study(storage: str, study_name: str, attempts: int = 8) -> None:
+    """Create (or load) the optuna study ``study_name`` in the database ``storage``, retrying on database
+    errors: workers started together on a fresh database race to create its tables."""
+    import optuna
+    from sqlalchemy.exc import SQLAlchemyError  # optuna's RDB storage is built on SQLAlchemy
+
+    for attempt in range(attempts):
+        try:
+            optuna.create_study(storage=storage, study_name=study_name, load_if_exists=True, direction="maximize")
+            return
+        except (SQLAlchemyError, optuna.exceptions.StorageInternalError):
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.2 + random.random() * (attempt + 1))
+
+
+# --------------------------------------------------------------------------- registration
+def _zoo_modules() -> list[Any]:
+    import rl_zoo3
+    import rl_zoo3.enjoy
+    import rl_zoo3.exp_manager
+    import rl_zoo3.hyperparams_opt
+    import rl_zoo3.train
+    import rl_zoo3.utils
+
+    names = sorted(n for n in sys.modules if n == "rl_zoo3" or n.startswith("rl_zoo3."))
+    return [sys.modules[n] for n in names if sys.modules[n] is not None] + [rl_zoo3]
+
+
+def _update_tables(attribute: str, entries: dict[str, Any]) -> None:
+    """Put ``entries`` into every loaded rl_zoo3 module's dict ``attribute`` (in place: the modules share it).
+
+    Entries already there are kept, so a sampler (or class) a user put under a plastic name after a first
+    :func:`register` survives the :func:`register` that :func:`train` does.
+    """
+    seen: set[int] = set()
+    for module in _zoo_modules():
+        table = module.__dict__.get(attribute)
+        if isinstance(table, dict) and id(table) not in seen:
+            seen.add(id(table))
+            for key, value in entries.items():
+                table.setdefault(key, value)
+
+
+def eval_namespace() -> dict[str, Any]:
+    """Names usable in rl_zoo3's evaluated yaml strings (``policy_kwargs: "dict(activation_fn=MaxMin)"``)."""
+    import sb3_plastic
+
+    names: dict[str, Any] = {name: getattr(sb3_plastic, name) for name in sb3_plastic.__all__}
+    names["sb3_plastic"] = sb3_plastic
+    return names
+
+
+def register_envs(env_ids: Optional[Sequence[str]] = None) -> list[str]:
+    """Import :mod:`sb3_plastic.envs` (registers ``sb3_plastic/...``) and register MinAtar's gymnasium ids.
+
+    :param env_ids: the ids about to be used; MinAtar's ids are registered when one of them starts with
+        ``MinAtar/`` or when ``None`` (importing ``minatar`` costs seconds: it imports seaborn and scipy).
+    :return: the ``sb3_plastic/...`` ids now registered.
+    """
+    import gymnasium as gym
+
+    import sb3_plastic.envs  # noqa: F401  (registers the sb3_plastic/ ids on import)
+
+    wanted = env_ids is None or any(str(env_id).startswith("MinAtar/") for env_id in env_ids)
+    if wanted and not any(env_id.startswith("MinAtar/") for env_id in gym.envs.registry):
+        try:
+            import minatar.gym
+        except ImportError:
+            pass
+        else:
+            minatar.gym.register_envs()
+    return sorted(env_id for env_id in gym.envs.registry if env_id.startswith("sb3_plastic/"))
+
+
+def register(env_ids: Optional[Sequence[str]] = None) -> dict[str, type]:
+    """Register the plastic algorithms, samplers, environments and yaml names into rl_zoo3 (idempotent).
+
+    :param env_ids: passed to :func:`register_envs` (``None``: every environment, MinAtar included).
+    :return: the registered algorithms by rl_zoo3 name.
+    """
+    from sb3_plastic.samplers import plastic_sampler_for
+
+    modules = _zoo_modules()  # imports rl_zoo3's modules, so that every table exists
+    algos = plastic_algorithms()
+    samplers, converters = {}, {}
+    for name, cls in algos.items():
+        found = plastic_sampler_for(base_zoo_name(cls))
+        if found is not None:
+            samplers[name], converters[name] = found
+    _update_tables("ALGOS", algos)
+    _update_tables("HYPERPARAMS_SAMPLER", samplers)
+    _update_tables("HYPERPARAMS_CONVERTER", converters)
+
+    names = eval_namespace()
+    for module in modules:
+        if module.__name__ in ("rl_zoo3.exp_manager", "rl_zoo3.utils"):
+            for key, value in names.items():
+                module.__dict__.setdefault(key, value)
+
+    import rl_zoo3.train
+
+    if not getattr(rl_zoo3.train.ExperimentManager, "_plastic", False):
+        manager = _experiment_manager_class()
+        manager._plastic = True  # type: ignore[attr-defined]
+        rl_zoo3.train.ExperimentManager = manager  # type: ignore[attr-defined,misc]
+    register_envs(env_ids)
+    return algos
+
+
+# --------------------------------------------------------------------------- command lines
+def config_dir() -> Optional[Path]:
+    """The folder of the plastic yaml files (``zoo_configs/`` of the repository, or shipped in the package)."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "zoo_configs", here.parent / "zoo_configs"):
+        if candidate.is_dir():
+            return candidate
+    return None
+
+
+def _with_defaults(argv: Sequence[str], conf: bool) -> tuple[list[str], Optional[str]]:
+    """``argv`` plus ``--algo plastic_ppo`` and (``conf``) ``-conf zoo_configs/<algo>.yml`` when not given;
+    and the ``--env`` it names (``None``: rl_zoo3's default)."""
+    argv = list(argv)
+    parser = argparse.ArgumentParser(add_help=False)  # same option spellings (and abbreviations) as rl_zoo3
+    parser.add_argument("--algo", default=None)
+    parser.add_argument("--env", default=None)
+    if conf:
+        parser.add_argument("-conf", "--conf-file", default=None)
+    try:
+        known, _ = parser.parse_known_args(argv)
+    except SystemExit:  # leave malformed command lines to rl_zoo3's parser and its message
+        return argv, None
+    algo = known.algo
+    if algo is None:
+        algo = DEFAULT_ALGO
+        argv = ["--algo", algo, *argv]
+    if conf and known.conf_file is None and algo.startswith("plastic_"):
+        folder = config_dir()
+        if folder is not None and (folder / f"{algo}.yml").is_file():
+            argv += ["-conf", str(folder / f"{algo}.yml")]
+    return argv, known.env
+
+
+def _hand_over(function: Any, prog: str, argv: Sequence[str]) -> None:
+    saved = sys.argv
+    sys.argv = [prog, *argv]
+    try:
+        function()
+    finally:
+        sys.argv = saved
+
+
+def train(argv: Optional[Sequence[str]] = None) -> None:
+    """``sb3-plastic train``: rl_zoo3's ``train`` with the plastic algorithms registered.
+
+    :param argv: rl_zoo3's train arguments, e.g. ``["--algo", "plastic_ppo", "--env", "CartPole-v1",
+        "-n", "2000"]`` (default: ``sys.argv[1:]``).
+    :raises SystemExit: (status 2) with a message naming the key when a yaml key is misspelt.
+    """
+    args, env_id = _with_defaults(sys.argv[1:] if argv is None else argv, conf=True)
+    register([env_id or "CartPole-v1"])
+    import rl_zoo3.train
+
+    try:
+        _hand_over(rl_zoo3.train.train, "sb3-plastic train", args)
+    except HyperparameterError as exc:
+        print(f"sb3-plastic train: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from exc
+
+
+def enjoy(argv: Optional[Sequence[str]] = None) -> None:
+    """``sb3-plastic enjoy``: rl_zoo3's ``enjoy`` with the plastic algorithms registered.
+
+    Off-policy plastic models are loaded with a one-transition replay buffer, as rl_zoo3 does for its own
+    off-policy algorithms (its list of them is fixed inside ``enjoy``).
+
+    :param argv: rl_zoo3's enjoy arguments (default: ``sys.argv[1:]``).
+    """
+    args, env_id = _with_defaults(sys.argv[1:] if argv is None else argv, conf=False)
+    algos = register([env_id or "CartPole-v1"])
+    import rl_zoo3.enjoy
+    from rl_zoo3.utils import ALGOS
+    from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
+
+    originals = {name: ALGOS[name] for name, cls in algos.items() if issubclass(cls, OffPolicyAlgorithm)}
+    try:
+        for name, cls in originals.items():
+            ALGOS[name] = _SmallBufferLoader(cls)  # type: ignore[assignment]
+        _hand_over(rl_zoo3.enjoy.enjoy, "sb3-plastic enjoy", args)
+    finally:
+        ALGOS.update(originals)
+
+
+class _SmallBufferLoader:
+    """Stands in for an off-policy class in ``ALGOS`` during ``enjoy``: ``load`` with ``buffer_size=1``."""
+
+    def __init__(self, cls: type) -> None:
+        self._cls = cls
+
+    def load(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("buffer_size", 1)
+        return self._cls.load(*args, **kwargs)  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cls, name)
