@@ -3,6 +3,8 @@
 Subcommands (argparse sub-parsers; each is a ``_add_<name>(subparsers)`` builder and a ``_run_<name>(args)``
 function, so more, e.g. ``train`` and ``enjoy``, can be added alongside):
 
+* ``train`` / ``enjoy``: rl_zoo3's own train / enjoy with plastic_ppo, plastic_dqn, plastic_sac, their optuna
+  samplers and the ``sb3_plastic/`` environments registered (:mod:`sb3_plastic.zoo`).
 * ``plot``: figures of one or many runs from their TensorBoard event files (:mod:`sb3_plastic.plot`).
 
 Examples::
@@ -18,6 +20,13 @@ import argparse
 import sys
 from collections.abc import Sequence
 from typing import Optional
+
+#: rl_zoo3's commands, run with the plastic algorithms, samplers and environments registered (every
+#: rl_zoo3 option works: ``sb3-plastic train -h`` prints rl_zoo3's own help)
+ZOO_COMMANDS = {
+    "train": "train (or tune with -optimize) from zoo_configs/ yaml through rl_zoo3",
+    "enjoy": "run a trained agent through rl_zoo3's enjoy",
+}
 
 
 def _positive_int(text: str) -> int:
@@ -104,12 +113,21 @@ def build_parser() -> argparse.ArgumentParser:
         description="sb3-plastic: Stable-Baselines3 agents that keep their ability to learn when the world changes.",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, text in ZOO_COMMANDS.items():
+        # listed for --help only: main() hands these over to rl_zoo3's own parser before argparse runs
+        subparsers.add_parser(name, help=text, add_help=False)
     _add_plot(subparsers)
     return parser
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``sb3-plastic`` (and ``python -m sb3_plastic``); returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ZOO_COMMANDS:
+        from sb3_plastic import zoo
+
+        getattr(zoo, argv[0])(argv[1:])
+        return 0
     args = build_parser().parse_args(argv)
     return int(args.func(args))
 

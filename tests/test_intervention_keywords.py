@@ -122,3 +122,16 @@ def test_td3_structure_known():
     assert [n.name for n in nets] == ["actor", "critic"]
     assert all(n.target is not None for n in nets)
     assert len(nets[0].hidden_layers()) == 2 and len(nets[1].heads()) == 2
+
+
+def test_load_applies_intervention_keywords_and_rejects_isometry_ones(tmp_path):
+    model = PlasticPPO("MlpPolicy", "CartPole-v1", **PPO_FAST)
+    path = tmp_path / "ppo.zip"
+    model.save(path)
+    loaded = PlasticPPO.load(path, replacement_rate=0.01, maturity_threshold=7)
+    assert loaded.intervention_configs["cbp"].replacement_rate == 0.01
+    assert [type(c) for c in loaded.intervention_callbacks()] == [ContinualBackprop]
+    with pytest.raises(ValueError, match="isometry_coef"):
+        PlasticPPO.load(path, isometry_coef=0.5)
+    with pytest.raises(ValueError, match="-1"):
+        PlasticPPO.load(path, replacement_rate=-1.0)

@@ -108,6 +108,27 @@ class PlasticAlgorithmMixin:
         self.intervention_configs = interventions
         base_init(*bound.args, **bound.kwargs)
 
+    @classmethod
+    def load(cls, path: Any, env: Any = None, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        """SB3's ``load``; intervention keywords (``replacement_rate=``, ``fire_at=``, ...) given here replace
+        the saved ones. Isometry keywords cannot change after the networks and optimizer are built.
+
+        :raises ValueError: for an isometry keyword.
+        """
+        fixed = sorted(set(kwargs) & set(ISOMETRY_KEYS))
+        if fixed:
+            raise ValueError(
+                f"{fixed} are fixed when the networks and optimizer are built and cannot be changed by load(); "
+                "edit model.policy.optimizer.param_groups (e.g. 'isometry_coef') after loading instead"
+            )
+        updates = {key: kwargs.pop(key) for key in list(kwargs) if key in intervention_keys()}
+        model = super().load(path, env, *args, **kwargs)  # type: ignore[misc]
+        for name, config_cls in intervention_config_classes().items():
+            mine = {k: v for k, v in updates.items() if k in {f.name for f in dataclasses.fields(config_cls)}}
+            if mine:
+                model.intervention_configs[name] = dataclasses.replace(model.intervention_configs[name], **mine)
+        return model
+
     def intervention_callbacks(self) -> list[BaseCallback]:
         """Callbacks of the interventions enabled through keywords (named ``"auto"``)."""
         callbacks = []
