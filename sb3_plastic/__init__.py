@@ -8,7 +8,9 @@ from sb3_plastic.isometry import dfi_per_layer, isometry_penalty, isometry_penal
 from sb3_plastic.networks import PlasticCNN, PlasticCombinedExtractor, PlasticMLP
 from sb3_plastic.optim import AdamO, reset_optimizer_state
 from sb3_plastic.ppo import PlasticPPO
+from sb3_plastic.qrdqn import PlasticQRDQN
 from sb3_plastic.sac import PlasticSAC
+from sb3_plastic.tqc import PlasticTQC
 
 __version__ = "0.1.0"
 
@@ -23,7 +25,9 @@ __all__ = [
     "PlasticDQN",
     "PlasticMLP",
     "PlasticPPO",
+    "PlasticQRDQN",
     "PlasticSAC",
+    "PlasticTQC",
     "PlasticityMonitor",
     "ReDo",
     "ShrinkPerturb",

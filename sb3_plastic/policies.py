@@ -21,6 +21,7 @@ from stable_baselines3.sac.policies import SACPolicy
 from torch import nn
 
 from sb3_plastic.activations import get_activation
+from sb3_plastic.common.surgery import head_layers
 from sb3_plastic.config import EQUAL_BETA, IsometryConfig
 from sb3_plastic.isometry import WEIGHT_LAYERS, orthogonal_init_
 from sb3_plastic.networks import PlasticCNN, PlasticCombinedExtractor, check_even_widths
@@ -281,9 +282,10 @@ class PlasticSACPolicy(PlasticPolicyMixin, SACPolicy):
     """
 
     def plastic_heads(self) -> list[nn.Module]:
-        heads: list[nn.Module] = [self.actor.mu]
+        # with gSDE SB3 wraps mu as Sequential(Linear, Hardtanh): the head is the Linear inside
+        heads: list[nn.Module] = head_layers(self.actor.mu)
         if isinstance(self.actor.log_std, nn.Module):
-            heads.append(self.actor.log_std)
+            heads += head_layers(self.actor.log_std)
         heads += [q_net[-1] for q_net in self.critic.q_networks]
         return heads
 

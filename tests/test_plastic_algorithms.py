@@ -214,3 +214,10 @@ def test_positional_sb3_arguments_pass_through():
     model = PlasticPPO("MlpPolicy", "CartPole-v1", 1e-3, 32, 16, activation="maxmin")
     assert model.learning_rate == 1e-3 and model.n_steps == 32 and model.batch_size == 16
     assert np.isclose(model.policy.optimizer.param_groups[0]["lr"], 1e-3)
+
+
+def test_sac_gsde_mean_head_is_a_head():
+    model = PlasticSAC("MlpPolicy", "Pendulum-v1", use_sde=True, activation="maxmin")
+    head = model.actor.mu[0]  # SB3 wraps the mean layer as Sequential(Linear, Hardtanh) under gSDE
+    assert id(head.weight) not in {id(p) for p in model.actor.optimizer.param_groups[0]["params"]}
+    assert any(head is h for h in model.policy.plastic_heads())

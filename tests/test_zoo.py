@@ -311,7 +311,8 @@ def _two_workers(storage: str, name: str, folder: Path) -> None:
 
 
 def test_two_workers_share_one_sqlite_study(tmp_path):
-    _two_workers(f"sqlite:///{tmp_path / 'shared.db'}", "shared", tmp_path)
+    # a generous sqlite lock timeout: two processes write the same file on a loaded 2-core machine
+    _two_workers(f"sqlite:///{tmp_path / 'shared.db'}?timeout=60", "shared", tmp_path)
 
 
 def _postgres_url() -> str:

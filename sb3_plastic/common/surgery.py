@@ -178,7 +178,7 @@ def _extractor_paths(
     return paths
 
 
-def _head_layers(head: nn.Module) -> list[nn.Module]:
+def head_layers(head: nn.Module) -> list[nn.Module]:
     """A head is a Linear, or a Sequential whose weight layer is the head (TQC's clipped mu)."""
     return layers_of(head)[-1:] if not isinstance(head, LAYER_TYPES) else [head]
 
@@ -224,9 +224,9 @@ def find_networks(model: BaseAlgorithm) -> list[NetworkSpec]:
         shared = policy.share_features_extractor
         if hasattr(actor, "latent_pi"):  # SAC, TQC
             body = layers_of(actor.latent_pi)
-            tails = [body + _head_layers(actor.mu)]
+            tails = [body + head_layers(actor.mu)]
             if isinstance(actor.log_std, nn.Module):
-                tails.append(body + _head_layers(actor.log_std))
+                tails.append(body + head_layers(actor.log_std))
             actor_target = None
         elif isinstance(getattr(actor, "mu", None), nn.Sequential):  # TD3, DDPG
             tails = [layers_of(actor.mu)]
