@@ -41,7 +41,10 @@ class IsometryConfig:
         dims), or a list of ``fnmatch`` patterns over the policy's parameter names
         (e.g. ``["features_extractor.*", "mlp_extractor.*"]``).
     :param isometry_interval: apply the isometry step every ``k`` updates with ``k`` times the step size
-        (:class:`sb3_plastic.AdamO`); 1 is the exact method, 4-8 makes it nearly free for wide layers.
+        (:class:`sb3_plastic.AdamO`). Default 4: the step costs two matrix products of each weight's size, more
+        than a small minibatch's own forward/backward pass for wide layers, and the pull is so slow
+        (``lr * lambda`` per update) that ``k = 4`` differs from the exact per-update method (``k = 1``) by
+        terms of order ``(4 * lr * lambda)^2`` (~1e-8 at the defaults). See bench/README.md for the cost.
     :param optimizer: ``"adamo"`` (:class:`sb3_plastic.AdamO`), ``"adam"`` (``torch.optim.Adam``, as SB3) or
         ``"adam_equal_betas"`` (Adam with beta1 = beta2 = 0.99, Dohare et al. 2024). With ``"adam"`` and
         ``"adam_equal_betas"`` the penalty can only be ``"coupled"`` or ``"off"``.
@@ -54,7 +57,7 @@ class IsometryConfig:
     isometry_scale: float = 1.0
     isometry_mode: str = "decoupled"
     isometry_layers: Union[str, list[str]] = "hidden"
-    isometry_interval: int = 1
+    isometry_interval: int = 4
     optimizer: str = "adamo"
     orthogonal_init: Optional[bool] = None
 

@@ -7,15 +7,12 @@ orthogonal initialisation, AdamO with the heads outside the isometry penalty, ta
 
 from __future__ import annotations
 
-from typing import Any
-
 from sb3_contrib.qrdqn.policies import QRDQNPolicy
 from sb3_contrib.tqc.policies import TQCPolicy
 from torch import nn
 
-from sb3_plastic.common.surgery import head_layers
 from sb3_plastic.networks import PlasticCNN, PlasticCombinedExtractor
-from sb3_plastic.policies import PlasticPolicyMixin
+from sb3_plastic.policies import PlasticActorQCriticMixin, PlasticPolicyMixin
 
 
 class PlasticQRDQNPolicy(PlasticPolicyMixin, QRDQNPolicy):
@@ -43,26 +40,9 @@ class PlasticQRDQNMultiInputPolicy(PlasticQRDQNPolicy):
     _plastic_default_extractor = PlasticCombinedExtractor
 
 
-class PlasticTQCPolicy(PlasticPolicyMixin, TQCPolicy):
-    """sb3-contrib's ``TQCPolicy`` with the isometry keywords; actor and critic each get an AdamO.
-
-    Heads: the actor's ``mu`` Linear (inside ``Sequential(Linear, Hardtanh)`` with gSDE and ``clip_mean``),
-    its ``log_std`` Linear (without gSDE) and the last Linear of every quantile critic. The
-    entropy-coefficient optimizer belongs to the algorithm and stays Adam.
-    """
-
-    def plastic_heads(self) -> list[nn.Module]:
-        heads: list[nn.Module] = head_layers(self.actor.mu)
-        if isinstance(self.actor.log_std, nn.Module):
-            heads += head_layers(self.actor.log_std)
-        heads += [q_net[-1] for q_net in self.critic.q_networks]
-        return heads
-
-    def plastic_optimizers(self) -> list[tuple[Any, str]]:
-        return [(self.actor, "optimizer"), (self.critic, "optimizer")]
-
-    def plastic_targets(self) -> list[tuple[nn.Module, nn.Module]]:
-        return [(self.critic_target, self.critic)]
+class PlasticTQCPolicy(PlasticActorQCriticMixin, TQCPolicy):
+    """sb3-contrib's ``TQCPolicy`` with the isometry keywords; actor and critic each get an AdamO
+    (heads and targets as SAC's: :class:`~sb3_plastic.policies.PlasticActorQCriticMixin`)."""
 
 
 class PlasticTQCCnnPolicy(PlasticTQCPolicy):

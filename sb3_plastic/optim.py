@@ -190,21 +190,23 @@ class AdamO(th.optim.Adam):
                 gram = w.T @ w if tall else w @ w.T
                 bound = gram.abs().sum(dim=1).max().clamp_min(1e-12)
                 gram.diagonal().sub_(group["isometry_scale"])
-                grad_r = (4.0 * (w @ gram) if tall else 4.0 * (gram @ w)).reshape(p.shape)
                 if group["isometry_mode"] == "coupled":
-                    p.grad.add_(grad_r, alpha=group["isometry_coef"] * interval)
+                    gram.mul_(4.0 * group["isometry_coef"] * interval)
+                    p.grad.add_((w @ gram if tall else gram @ w).view_as(p))
                 else:
                     limit = float(group["lr"]) * group["isometry_coef"] * interval
                     step = th.clamp(MAX_ISOMETRY_STEP / (4.0 * bound), max=limit)
-                    pending.append((p, grad_r, step))
+                    # fold 4 * step into the small Gram residual: the full-size product is the update itself
+                    gram.mul_(4.0 * step)
+                    pending.append((p, (w @ gram if tall else gram @ w).view_as(p), step))
         # torch wraps every optimizer class's ``step`` to run step hooks; calling the wrapped Adam.step from
         # here would run the hooks registered on this AdamO twice per step.
         adam_step = th.optim.Adam.step
         if getattr(adam_step, "hooked", False):
             adam_step = adam_step.__wrapped__  # type: ignore[attr-defined]
         adam_step(self)
-        for p, grad_r, step in pending:
-            p.sub_(grad_r * step)
+        for p, update, step in pending:
+            p.sub_(update)
             self.state[p]["isometry_step"] = step.detach()
         for p, count in counted:
             self.state[p]["isometry_count"] = count

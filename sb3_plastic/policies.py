@@ -66,7 +66,7 @@ class PlasticPolicyMixin:
         isometry_scale: float = 1.0,
         isometry_mode: str = "decoupled",
         isometry_layers: Union[str, list[str]] = "hidden",
-        isometry_interval: int = 1,
+        isometry_interval: int = 4,
         optimizer: str = "adamo",
         orthogonal_init: Optional[bool] = None,
         **kwargs: Any,
@@ -274,15 +274,16 @@ class PlasticDQNMultiInputPolicy(PlasticDQNPolicy):
     _plastic_default_extractor = PlasticCombinedExtractor
 
 
-class PlasticSACPolicy(PlasticPolicyMixin, SACPolicy):
-    """SB3's ``SACPolicy`` with the isometry keywords; actor and critic each get an AdamO.
+class PlasticActorQCriticMixin(PlasticPolicyMixin):
+    """The plastic structure of SAC-style policies (SAC, sb3-contrib's TQC): an actor and Q critics.
 
-    Heads: the actor's ``mu`` and ``log_std`` layers and the last Linear of every Q-network. The
-    entropy-coefficient optimizer belongs to the algorithm and stays SB3's Adam.
+    Heads: the actor's ``mu`` Linear (inside ``Sequential(Linear, Hardtanh)`` under gSDE), its ``log_std``
+    Linear (without gSDE) and the last Linear of every critic network. Actor and critic each have an
+    optimizer; the critic target mirrors the critic. The entropy-coefficient optimizer belongs to the
+    algorithm and stays SB3's Adam.
     """
 
     def plastic_heads(self) -> list[nn.Module]:
-        # with gSDE SB3 wraps mu as Sequential(Linear, Hardtanh): the head is the Linear inside
         heads: list[nn.Module] = head_layers(self.actor.mu)
         if isinstance(self.actor.log_std, nn.Module):
             heads += head_layers(self.actor.log_std)
@@ -294,6 +295,11 @@ class PlasticSACPolicy(PlasticPolicyMixin, SACPolicy):
 
     def plastic_targets(self) -> list[tuple[nn.Module, nn.Module]]:
         return [(self.critic_target, self.critic)]
+
+
+class PlasticSACPolicy(PlasticActorQCriticMixin, SACPolicy):
+    """SB3's ``SACPolicy`` with the isometry keywords; actor and critic each get an AdamO
+    (heads and targets: :class:`PlasticActorQCriticMixin`)."""
 
 
 class PlasticSACCnnPolicy(PlasticSACPolicy):

@@ -174,6 +174,11 @@ def test_optimizer_choices_and_modes():
     adamo_off = PlasticPPO("MlpPolicy", "CartPole-v1", isometry_mode="off", **PPO_FAST)
     assert all(g["isometry_coef"] == 0.0 for g in adamo_off.policy.optimizer.param_groups)
     assert adamo_off.policy.optimizer.param_groups[0]["eps"] == 1e-5  # SB3's PPO epsilon
+    assert adamo_off.policy.optimizer.param_groups[0]["isometry_interval"] == 4  # the plastic default
+    exact = PlasticPPO("MlpPolicy", "CartPole-v1", isometry_interval=1, **PPO_FAST)
+    assert all(g["isometry_interval"] == 1 for g in exact.policy.optimizer.param_groups)
+    with pytest.raises(ValueError, match="isometry_interval must be an int >= 1, got 0"):
+        PlasticPPO("MlpPolicy", "CartPole-v1", isometry_interval=0)
 
 
 def test_minatar_small_cnn_with_maxmin():

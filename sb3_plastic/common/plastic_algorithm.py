@@ -71,7 +71,7 @@ class PlasticAlgorithmMixin:
         isometry_scale: float = 1.0,
         isometry_mode: str = "decoupled",
         isometry_layers: Union[str, list[str]] = "hidden",
-        isometry_interval: int = 1,
+        isometry_interval: int = 4,
         optimizer: str = "adamo",
         orthogonal_init: Optional[bool] = None,
         **kwargs: Any,
