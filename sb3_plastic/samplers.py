@@ -22,7 +22,9 @@ trials (``study.enqueue_trial({"replacement_rate": 1e-4})``); to tune without Co
 sampler with :func:`make_plastic_sampler` and your own ``plastic`` part, and put it into
 ``rl_zoo3.hyperparams_opt.HYPERPARAMS_SAMPLER`` after :func:`sb3_plastic.zoo.register`.
 
-The sampled values are passed as top-level keywords to ``PlasticPPO`` / ``PlasticDQN`` / ``PlasticSAC``,
+The sampled values are passed as top-level keywords to ``PlasticPPO`` / ``PlasticDQN`` / ``PlasticSAC`` /
+``PlasticQRDQN`` / ``PlasticTQC`` (the last two on rl_zoo3's ``qrdqn`` / ``tqc`` samplers, which add
+``n_quantiles`` and, for TQC, ``top_quantiles_to_drop_per_net``),
 which hand ``isometry_coef`` to AdamO and ``replacement_rate`` / ``maturity_threshold`` to the
 :class:`~sb3_plastic.callbacks.ContinualBackprop` they add to ``learn()`` (``model.intervention_configs``).
 A yaml's top-level plastic keys that are not sampled (``fire_at``, ``isometry_mode``, ...) stay in force.
@@ -183,6 +185,18 @@ def sample_plastic_sac_params(trial: optuna.Trial, n_actions: int, n_envs: int, 
     return make_plastic_sampler(_base("sac")[0], OFF_POLICY_ACTIVATIONS)(trial, n_actions, n_envs, additional_args)
 
 
+def sample_plastic_qrdqn_params(trial: optuna.Trial, n_actions: int, n_envs: int, additional_args: dict) -> dict[str, Any]:
+    """rl_zoo3's QR-DQN space (its DQN space + ``n_quantiles`` in ``policy_kwargs``) + ``activation``
+    (relu / maxmin) + the plastic space."""
+    return make_plastic_sampler(_base("qrdqn")[0], OFF_POLICY_ACTIVATIONS)(trial, n_actions, n_envs, additional_args)
+
+
+def sample_plastic_tqc_params(trial: optuna.Trial, n_actions: int, n_envs: int, additional_args: dict) -> dict[str, Any]:
+    """rl_zoo3's TQC space (its SAC space + ``n_quantiles`` in ``policy_kwargs`` and
+    ``top_quantiles_to_drop_per_net``) + ``activation`` (relu / maxmin) + the plastic space."""
+    return make_plastic_sampler(_base("tqc")[0], OFF_POLICY_ACTIVATIONS)(trial, n_actions, n_envs, additional_args)
+
+
 #: Base rl_zoo3 algorithms whose samplers sample ``activation_fn`` (the rest get ``activation`` added).
 _ON_POLICY = ("ppo", "a2c", "trpo", "ppo_lstm")
 
@@ -194,7 +208,13 @@ def plastic_sampler_for(base_name: str) -> tuple[Sampler, Converter] | None:
 
     if not hasattr(hyperparams_opt, f"sample_{base_name}_params") or base_name not in hyperparams_opt.HYPERPARAMS_CONVERTER:
         return None
-    named = {"ppo": sample_plastic_ppo_params, "dqn": sample_plastic_dqn_params, "sac": sample_plastic_sac_params}
+    named = {
+        "ppo": sample_plastic_ppo_params,
+        "dqn": sample_plastic_dqn_params,
+        "sac": sample_plastic_sac_params,
+        "qrdqn": sample_plastic_qrdqn_params,
+        "tqc": sample_plastic_tqc_params,
+    }
     base_sampler, base_converter = _base(base_name)
     on_policy = base_name in _ON_POLICY
     activations = ON_POLICY_ACTIVATIONS if on_policy else OFF_POLICY_ACTIVATIONS

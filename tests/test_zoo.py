@@ -411,3 +411,148 @@ def test_every_yaml_entry_builds_its_model(tmp_path, monkeypatch, algo, env_id):
                 value = next(getattr(c, key) for c in model.intervention_configs.values() if hasattr(c, key))
             assert value == entry[key], key
     model.get_env().close()
+
+
+# --------------------------------------------------------------------------- QR-DQN and TQC (sb3-contrib)
+def _contrib_classes() -> dict:
+    from sb3_plastic import PlasticQRDQN, PlasticTQC
+
+    return {"plastic_qrdqn": PlasticQRDQN, "plastic_tqc": PlasticTQC}
+
+
+CONTRIB_RUNS = [
+    # algo, env, extra rl_zoo3 options keeping the 2000 steps quick on one core
+    ("plastic_qrdqn", "CartPole-v1", ["--eval-freq", "-1", "-params", "gradient_steps:16"]),
+    ("plastic_tqc", "Pendulum-v1", ["--eval-freq", "-1", "-params", "learning_starts:1900"]),
+]
+
+
+def test_qrdqn_tqc_registered_with_samplers():
+    import rl_zoo3
+    import rl_zoo3.exp_manager as em
+
+    from sb3_plastic.samplers import sample_plastic_qrdqn_params, sample_plastic_tqc_params
+
+    for name, cls in _contrib_classes().items():
+        assert rl_zoo3.ALGOS[name] is cls
+        assert name in em.HYPERPARAMS_CONVERTER
+    assert em.HYPERPARAMS_SAMPLER["plastic_qrdqn"] is sample_plastic_qrdqn_params
+    assert em.HYPERPARAMS_SAMPLER["plastic_tqc"] is sample_plastic_tqc_params
+
+
+@pytest.mark.parametrize("algo, env_id, extra", CONTRIB_RUNS, ids=[r[0] for r in CONTRIB_RUNS])
+def test_qrdqn_tqc_yaml_run_writes_model_config_and_tensorboard(tmp_path, monkeypatch, algo, env_id, extra):
+    monkeypatch.chdir(tmp_path)
+    conf = CONFIGS / f"{algo}.yml"
+    _train("--algo", algo, "--env", env_id, "-conf", str(conf), "-n", "2000", "-f", "logs", "-tb", "tb", "--seed", "3", *extra)
+    run = tmp_path / "logs" / algo / f"{env_id}_1"
+    model_path = run / f"{env_id}.zip"
+    assert model_path.is_file()
+    saved = dict(yaml.load((run / env_id / "config.yml").read_text(), Loader=yaml.UnsafeLoader))
+    expected = yaml.safe_load(conf.read_text())[env_id]
+    for key in ("isometry_coef", "activation", "fire_at"):
+        if key in expected:
+            assert saved[key] == expected[key]
+    args = yaml.load((run / env_id / "args.yml").read_text(), Loader=yaml.UnsafeLoader)
+    assert args["algo"] == algo and args["n_timesteps"] == 2000
+    assert list((tmp_path / "tb" / env_id).rglob("events.out.tfevents.*"))
+
+    model = _contrib_classes()[algo].load(model_path, device="cpu")
+    assert model.num_timesteps >= 2000
+    assert model.isometry_config.isometry_coef == expected["isometry_coef"]
+    assert model.isometry_config.activation == expected["activation"]
+    groups = [g for opt in _optimizers(model) for g in opt.param_groups]
+    assert max(g["isometry_coef"] for g in groups) == expected["isometry_coef"]
+    if algo == "plastic_qrdqn":
+        assert model.policy.n_quantiles == 10  # rl_zoo3's CartPole policy_kwargs
+    if expected.get("fire_at") is not None:
+        assert model.intervention_configs["fire"].fire_at == expected["fire_at"]
+        assert model.plastic_state["FIRE:auto"]["count"] == 1
+
+    zoo.enjoy(["--algo", algo, "--env", env_id, "-f", "logs", "-n", "30", "--no-render", "--verbose", "0"])
+
+
+@pytest.mark.parametrize("algo, env_id", [("plastic_qrdqn", "CartPole-v1"), ("plastic_tqc", "Pendulum-v1")])
+def test_qrdqn_tqc_samplers_build_models_and_round_trip(algo, env_id):
+    import rl_zoo3.exp_manager as em
+
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=2))
+    trial = study.ask()
+    env = gym.make(env_id)
+    n_actions = env.action_space.shape[0] if env.action_space.shape else 0
+    params = em.HYPERPARAMS_SAMPLER[algo](trial, n_actions, 1, {"using_her_replay_buffer": False, "her_kwargs": {}})
+    assert set(PLASTIC_PARAMS) | {"activation", "n_quantiles"} <= set(trial.params)
+    assert params["isometry_coef"] == trial.params["isometry_coef"]
+    assert params["policy_kwargs"]["n_quantiles"] == trial.params["n_quantiles"]
+    assert "activation_fn" not in params["policy_kwargs"]
+    model = _contrib_classes()[algo]("MlpPolicy", env, buffer_size=100, **params)
+    assert max(g["isometry_coef"] for opt in _optimizers(model) for g in opt.param_groups) == trial.params["isometry_coef"]
+    cbp = model.intervention_configs["cbp"]
+    assert cbp.replacement_rate == trial.params["replacement_rate"]
+    assert cbp.maturity_threshold == trial.params["maturity_threshold"]
+    assert model.isometry_config.activation == trial.params["activation"]
+    if algo == "plastic_tqc":
+        assert model.top_quantiles_to_drop_per_net == trial.params["top_quantiles_to_drop_per_net"]
+    # rl_zoo3's --trial-id path: optuna params -> the same hyperparameters
+    assert em.HYPERPARAMS_CONVERTER[algo](trial.params) == params
+    env.close()
+
+
+def test_qrdqn_optimize_one_trial_sampled_values_reach_the_model(tmp_path, monkeypatch):
+    """A 1-trial ``-optimize`` of plastic_qrdqn with cheap base settings enqueued (plastic ones sampled)."""
+    monkeypatch.chdir(tmp_path)
+    storage, name = f"sqlite:///{tmp_path / 'tune.db'}", "opt_qrdqn"
+    study = _study(storage, name)
+    study.enqueue_trial({"batch_size_pow": 5, "train_freq": 4, "subsample_steps": 4, "net_arch": "small", "n_quantiles": 5})
+    _train(
+        *("--algo", "plastic_qrdqn", "--env", "CartPole-v1", "-conf", str(CONFIGS / "plastic_qrdqn.yml")),
+        *("-optimize", "--n-trials", "1", "-n", "400", "--n-evaluations", "1", "--eval-episodes", "1"),
+        *("--storage", storage, "--study-name", name, "--pruner", "none", "--no-optim-plots"),
+        *("--optimization-log-path", "trials", "-f", "logs", "--seed", "0", "-params", "learning_starts:100"),
+    )
+    (trial,) = optuna.load_study(storage=storage, study_name=name).trials
+    assert trial.state == optuna.trial.TrialState.COMPLETE
+    params = trial.params
+    model = _contrib_classes()["plastic_qrdqn"].load(tmp_path / "trials" / "trial_0" / "best_model.zip", device="cpu")
+    assert max(g["isometry_coef"] for g in model.policy.optimizer.param_groups) == params["isometry_coef"]
+    assert model.intervention_configs["cbp"].replacement_rate == params["replacement_rate"]
+    assert model.intervention_configs["cbp"].maturity_threshold == params["maturity_threshold"]
+    assert model.isometry_config.activation == params["activation"]
+    assert model.policy.n_quantiles == params["n_quantiles"] == 5
+
+
+def _contrib_entries() -> list[tuple[str, str]]:
+    out = []
+    for algo in ("plastic_qrdqn", "plastic_tqc"):
+        for key in yaml.safe_load((CONFIGS / f"{algo}.yml").read_text()):
+            out.append((algo, "BreakoutNoFrameskip-v4" if key == "atari" else key))
+    return out
+
+
+@pytest.mark.parametrize("algo, env_id", _contrib_entries(), ids=[f"{a}-{e}" for a, e in _contrib_entries()])
+def test_qrdqn_tqc_yaml_entry_builds_its_model(tmp_path, monkeypatch, algo, env_id):
+    """Each entry of plastic_qrdqn.yml / plastic_tqc.yml reads, validates, makes its env and builds its model."""
+    import rl_zoo3.train
+
+    monkeypatch.chdir(tmp_path)
+    if env_id not in gym.envs.registry:
+        pytest.skip(f"{env_id} is not registered (yet) in this installation")
+    try:
+        gym.make(env_id).close()
+    except Exception as exc:  # e.g. MuJoCo or Atari ROMs missing
+        pytest.skip(f"{env_id} cannot be made here: {type(exc).__name__}: {exc}")
+    built = {}
+    manager = rl_zoo3.train.ExperimentManager
+    monkeypatch.setattr(manager, "learn", lambda self, model: built.setdefault("model", model))
+    monkeypatch.setattr(manager, "save_trained_model", lambda self, model: None)
+    _train("--algo", algo, "--env", env_id, "--eval-freq", "-1", "-f", "logs", "-params", "buffer_size:1000")
+    model = built["model"]
+    assert isinstance(model, _contrib_classes()[algo])
+    entry = yaml.safe_load((CONFIGS / f"{algo}.yml").read_text())["atari" if "NoFrameskip" in env_id else env_id]
+    assert model.isometry_config.isometry_coef == entry["isometry_coef"]
+    assert model.isometry_config.activation == entry["activation"]
+    for key in ("replacement_rate", "fire_at", "fire_on_task_change"):
+        if key in entry:
+            value = next(getattr(c, key) for c in model.intervention_configs.values() if hasattr(c, key))
+            assert value == entry[key], key
+    model.get_env().close()
