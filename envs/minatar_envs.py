@@ -107,6 +107,11 @@ class MinAtarEnv(BaseEnv):
             inner.channels = dict(self._layout)
         self._perm: Optional[np.ndarray] = None
         self._numpy_path = not self._native and self.n_channels != self.game_channels
+        # hot path: the game's own act (sticky actions) and its inner env's state() (skipping the one-line
+        # forwarding method ``Environment.state``; the inner env object is never replaced, seeding included)
+        self._act = self.game.act
+        self._state = inner.state
+        self._reset_game = inner.reset
         self.observation_space = gym.spaces.Box(0.0, 1.0, shape=(10, 10, self.n_channels), dtype=bool)
 
     def set_channel_permutation(self, perm: Optional[np.ndarray]) -> None:
@@ -134,15 +139,15 @@ class MinAtarEnv(BaseEnv):
         return state
 
     def _observe(self) -> np.ndarray:
-        state = self.game.state()
+        state = self._state()
         return self._numpy_transform(state) if self._numpy_path else state
 
     def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
-        game = self.game
-        reward, done = game.act(self.action_set[action])
+        # kept lean (a MinAtar step is a few us of CPU): bound methods, no extra call frames
+        reward, done = self._act(self.action_set[action])
         if self.render_mode == "human":
             self.render()
-        state = game.state()
+        state = self._state()
         if self._numpy_path:
             state = self._numpy_transform(state)
         # the games' terminal flags are Python bools already; some rewards are numpy integers
@@ -152,10 +157,42 @@ class MinAtarEnv(BaseEnv):
         if seed is not None:
             gym.Env.reset(self, seed=seed)  # seeds np_random (nothing else to do without a seed)
             self.game.seed(seed)
-        self.game.reset()
+        self._reset_game()
         if self.render_mode == "human":
             self.render()
-        return self._observe(), {}
+        state = self._state()
+        return (self._numpy_transform(state) if self._numpy_path else state), {}
+
+
+class PermutedMinAtar(ChannelPermutation):
+    """:class:`~sb3_plastic.envs.wrappers.ChannelPermutation` over a :class:`MinAtarEnv` whose channels it
+    permutes natively, with the wrapped env's step fused into this wrapper's ``step()``.
+
+    Same schedule, permutations, observations, rewards and infos as ``ChannelPermutation(MinAtarEnv(game))``
+    (the task switch, ``reset()``, ``set_env_steps()`` and the permutation draw are the base classes'); only
+    the per-step call chain is shorter: ``step()`` runs the game's ``act`` / ``state`` itself instead of
+    calling ``MinAtarEnv.step`` (one Python call frame and one info dict less per step).
+    :func:`make_permuted_minatar` uses it whenever that is exact (native channels, no ``"human"`` rendering).
+    """
+
+    def __init__(self, env: MinAtarEnv, change_every: int, task_seed: int = 0, at_episode_end: bool = False) -> None:
+        super().__init__(env, change_every, task_seed=task_seed, at_episode_end=at_episode_end, axis=-1)
+        if not (self._native and env._native and env.render_mode != "human"
+                and not self._truncate_at_change):
+            raise ValueError("PermutedMinAtar needs a MinAtarEnv with native channels and no 'human' rendering")
+        self._act = env._act
+        self._state = env._state
+        self._action_set = env.action_set
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        # = PiecewiseStationaryWrapper.step over MinAtarEnv.step, inlined (no task info entries, no observation
+        # transform, no truncation at task ends: see __init__)
+        n = self._env_steps
+        if n >= self._next_change and self._switch_in_step:
+            self._switch(n // self._change_every)
+        reward, terminated = self._act(self._action_set[action])
+        self._env_steps = n = n + 1
+        return self._state(), float(reward), terminated, False, {"task_id": self._task_id, "task_step": n - self._task_start}
 
 
 def make_permuted_minatar(
@@ -175,6 +212,8 @@ def make_permuted_minatar(
     game = canonical_minatar_game(game)
     TaskSchedule(change_every, task_seed, at_episode_end)  # validate before building
     env = MinAtarEnv(game, render_mode=render_mode, use_minimal_action_set=use_minimal_action_set, **minatar_kwargs)
+    if env._native and render_mode != "human":  # the lean step (same behaviour, fewer calls per step)
+        return PermutedMinAtar(env, change_every, task_seed=task_seed, at_episode_end=at_episode_end)
     return ChannelPermutation(env, change_every, task_seed=task_seed, at_episode_end=at_episode_end, axis=-1)
 
 

@@ -229,18 +229,23 @@ class ChannelPermutation(PiecewiseStationaryWrapper):
         if task_index < 0:
             raise ValueError(f"task_index must be >= 0, got {task_index}")
         while len(self._perms) <= task_index:
-            k = len(self._perms)
-            rng, previous = self.schedule.rng(k), self._perms[-1]
-            perm = rng.permutation(self.n_channels)
-            while np.array_equal(perm, previous):
-                perm = rng.permutation(self.n_channels)
-            self._perms.append(perm)
+            self._draw_next(self.schedule.rng(len(self._perms)))
         return self._perms[task_index].copy()
 
+    def _draw_next(self, rng: np.random.Generator) -> None:
+        """Append ``perm_k`` for ``k = len(self._perms)``, drawn from ``rng = schedule.rng(k)`` (fresh)."""
+        previous = self._perms[-1]
+        perm = rng.permutation(self.n_channels)
+        while np.array_equal(perm, previous):
+            perm = rng.permutation(self.n_channels)
+        self._perms.append(perm)
+
     def apply_task(self, task_index: int, rng: np.random.Generator) -> None:
+        if task_index == len(self._perms):  # the next new task (the usual case): rng is schedule.rng(task_index), unused
+            self._draw_next(rng)
         perm = self.permutation_for(task_index)
         self.current_permutation = perm
-        self._perm = None if np.array_equal(perm, np.arange(self.n_channels)) else perm
+        self._perm = None if np.array_equal(perm, self._perms[0]) else perm
         if self._native:
             self.env.set_channel_permutation(self._perm)
         else:

@@ -5,6 +5,7 @@ from sb3_plastic.callbacks import FIRE, ContinualBackprop, PlasticityMonitor, Re
 from sb3_plastic.config import IsometryConfig
 from sb3_plastic.dqn import PlasticDQN
 from sb3_plastic.isometry import dfi_per_layer, isometry_penalty, isometry_penalty_grad
+from sb3_plastic.maskable_ppo import PlasticMaskablePPO
 from sb3_plastic.networks import PlasticCNN, PlasticCombinedExtractor, PlasticMLP
 from sb3_plastic.optim import AdamO, reset_optimizer_state
 from sb3_plastic.ppo import PlasticPPO
@@ -24,6 +25,7 @@ __all__ = [
     "PlasticCombinedExtractor",
     "PlasticDQN",
     "PlasticMLP",
+    "PlasticMaskablePPO",
     "PlasticPPO",
     "PlasticQRDQN",
     "PlasticSAC",
