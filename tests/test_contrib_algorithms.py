@@ -3,6 +3,7 @@ groups, orthogonal init with target sync, save/load, and the intervention keywor
 
 import pytest
 import torch as th
+from plastic_asserts import assert_same_adam_moments, assert_same_parameters
 from sb3_contrib import QRDQN, TQC
 from stable_baselines3.common.envs import FakeImageEnv
 
@@ -20,13 +21,6 @@ def image_env():
     env = FakeImageEnv(screen_height=36, screen_width=36, n_channels=1, discrete=True)
     env.observation_space.seed(0)  # FakeImageEnv draws observations from its space: make them reproducible
     return env
-
-
-def assert_same_parameters(a, b):
-    sa, sb = a.policy.state_dict(), b.policy.state_dict()
-    assert list(sa) == list(sb)
-    for key in sa:
-        assert th.equal(sa[key], sb[key]), key
 
 
 def optimizers(model):
@@ -95,11 +89,7 @@ def test_plastic_training_and_save_load(tmp_path, cls, policy, env_fn, kwargs, s
         assert isinstance(opt_b, AdamO)
         assert [g["isometry_coef"] for g in opt_b.param_groups] == [0.05, 0.0]
         assert [g["eps"] for g in opt_b.param_groups] == [g["eps"] for g in opt_a.param_groups]
-        sa, sb = opt_a.state_dict()["state"], opt_b.state_dict()["state"]
-        assert sa.keys() == sb.keys() and len(sa) > 0
-        for key in sa:
-            assert th.equal(sa[key]["exp_avg"], sb[key]["exp_avg"])
-            assert th.equal(sa[key]["exp_avg_sq"], sb[key]["exp_avg_sq"])
+        assert_same_adam_moments(opt_a, opt_b)
     assert_same_parameters(model, loaded)
     before = [p.detach().clone() for p in loaded.policy.parameters()]
     loaded.learn(steps // 2, reset_num_timesteps=False)

@@ -3,6 +3,7 @@ action masks, save/load with optimizer state, and the intervention keywords."""
 
 import pytest
 import torch as th
+from plastic_asserts import assert_same_adam_moments, assert_same_parameters
 from sb3_contrib import MaskablePPO
 from sb3_contrib.common.envs import InvalidActionEnvDiscrete
 from sb3_contrib.common.maskable.policies import MaskableActorCriticPolicy
@@ -19,13 +20,6 @@ FAST = dict(n_steps=64, batch_size=32, n_epochs=2, seed=0)
 
 def make_env():
     return InvalidActionEnvDiscrete(dim=20, n_invalid_actions=10)
-
-
-def assert_same_parameters(a, b):
-    sa, sb = a.policy.state_dict(), b.policy.state_dict()
-    assert list(sa) == list(sb)
-    for key in sa:
-        assert th.equal(sa[key], sb[key]), key
 
 
 def test_policy_mro_keeps_maskable_methods():
@@ -83,11 +77,7 @@ def test_plastic_training_masks_and_save_load(tmp_path, activation):
     opt_b = loaded.policy.optimizer
     assert isinstance(opt_b, AdamO)
     assert [g["isometry_coef"] for g in opt_b.param_groups] == [0.05, 0.0]
-    sa, sb = opt.state_dict()["state"], opt_b.state_dict()["state"]
-    assert sa.keys() == sb.keys() and len(sa) > 0
-    for key in sa:
-        assert th.equal(sa[key]["exp_avg"], sb[key]["exp_avg"])
-        assert th.equal(sa[key]["exp_avg_sq"], sb[key]["exp_avg_sq"])
+    assert_same_adam_moments(opt, opt_b)
     assert_same_parameters(model, loaded)
     before = [p.detach().clone() for p in loaded.policy.parameters()]
     loaded.learn(64, reset_num_timesteps=False)
