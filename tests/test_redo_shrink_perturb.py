@@ -202,10 +202,9 @@ def test_model_layer_init_follows_the_model() -> None:
     w, _ = init(ppo.policy.action_net)
     assert th.allclose(w @ w.T, 1e-4 * th.eye(2), atol=1e-8)
     dqn = DQN("MlpPolicy", "CartPole-v1", policy_kwargs=dict(net_arch=[8]))
-    assert model_layer_init(dqn) is default_layer_init
     layer = dqn.q_net.q_net[0]
     th.manual_seed(3)
-    w, b = default_layer_init(layer)
+    w, b = model_layer_init(dqn)(layer)  # DQN: PyTorch's default init, drawn as reset_parameters draws it
     th.manual_seed(3)
     ref = copy.deepcopy(layer)
     ref.reset_parameters()

@@ -54,7 +54,8 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from sb3_plastic.callbacks.base import PlasticCallback
-from sb3_plastic.common.surgery import HiddenLayer
+from sb3_plastic.callbacks.redo import layer_init_scheme
+from sb3_plastic.common.surgery import HiddenLayer, find_networks
 from sb3_plastic.optim import reset_optimizer_state
 
 #: Utility measures: "contribution" and "adaptable_contribution" (contribution / mean |incoming weight|).
@@ -612,21 +613,16 @@ class GenerateAndTest:
 
 # ---------------------------------------------------------------------------------------------- SB3
 def resolve_init(model: BaseAlgorithm) -> tuple[str, float]:
-    """The initialiser the model's hidden layers were built with, as ``(init, gain)``.
-
-    Plastic policies with orthogonal init (MaxMin by default): ``("orthogonal", sqrt(isometry_scale))``;
-    SB3 actor-critic policies with ``ortho_init=True`` (PPO, A2C): ``("orthogonal", sqrt(2))``, SB3's gain for
-    feature extractors and MLP layers; everything else (DQN, QR-DQN, SAC, TQC, ``ortho_init=False``):
-    PyTorch's default init, ``("default", 1.0)``.
+    """The initialiser the model's hidden layers were built with, as ``(init, gain)``: the scheme of
+    :func:`sb3_plastic.callbacks.redo.layer_init_scheme` (hidden layers of a model all share one), e.g.
+    ``("orthogonal", sqrt(isometry_scale))`` for plastic orthogonal init, ``("orthogonal", sqrt(2))`` for SB3's
+    ``ortho_init`` (PPO, A2C), ``("default", 1.0)`` otherwise (DQN, QR-DQN, SAC, TQC).
     """
-    policy = model.policy
-    config = getattr(policy, "isometry_config", None)
-    if config is not None and config.use_orthogonal_init:
-        return "orthogonal", math.sqrt(config.isometry_scale)
-    if getattr(policy, "ortho_init", False):
-        return "orthogonal", math.sqrt(2.0)
+    scheme = layer_init_scheme(model)
+    for spec in find_networks(model):
+        for hidden in spec.hidden_layers():
+            return scheme(hidden.layer)
     return "default", 1.0
-
 
 class ContinualBackprop(PlasticCallback):
     """Continual Backprop (Dohare et al., 2024, "Loss of plasticity in deep continual learning", Nature)

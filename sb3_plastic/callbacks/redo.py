@@ -90,30 +90,24 @@ def orthogonal_layer_init(gain: Union[float, Callable[[nn.Module], float]] = 1.0
     return init
 
 
-def model_layer_init(model: Union[BaseAlgorithm, nn.Module]) -> LayerInit:
-    """The initialiser a model's policy used for its layers, as a :data:`LayerInit`.
+def layer_init_scheme(model: Union[BaseAlgorithm, nn.Module]) -> Callable[[nn.Module], tuple[str, float]]:
+    """How a model's policy initialised each of its layers: ``layer -> ("orthogonal", gain)`` or
+    ``("default", 1.0)``. The one place that knows it (ReDo, Shrink & Perturb and Continual Backprop use it).
 
     * plastic policies with orthogonal initialisation (``isometry_config.use_orthogonal_init``):
       orthogonal, gain ``sqrt(isometry_scale)`` for hidden layers and the policy's head gains for heads;
     * SB3 actor-critic policies with ``ortho_init=True`` (PPO, A2C): orthogonal with SB3's gains
       (``sqrt(2)`` for features extractor and MLP, 0.01 for the action head, 1 for the value head);
-    * everything else (DQN, QR-DQN, SAC, TQC, ``ortho_init=False``): PyTorch's default
-      (:func:`default_layer_init`).
-
-    Biases are drawn as the initialiser draws them (zero for the orthogonal schemes).
+    * everything else (DQN, QR-DQN, SAC, TQC, ``ortho_init=False``): PyTorch's default.
 
     :param model: an SB3 algorithm or its policy.
     """
     policy = model.policy if isinstance(model, BaseAlgorithm) else model
     config = getattr(policy, "isometry_config", None)
     if config is not None and config.use_orthogonal_init:
-        heads = {id(h): h for h in policy.plastic_heads()}
+        heads = {id(h) for h in policy.plastic_heads()}
         hidden_gain = math.sqrt(config.isometry_scale)
-
-        def plastic_gain(layer: nn.Module) -> float:
-            return float(policy._plastic_head_gain(layer)) if id(layer) in heads else hidden_gain
-
-        return orthogonal_layer_init(plastic_gain)
+        return lambda layer: ("orthogonal", float(policy._plastic_head_gain(layer)) if id(layer) in heads else hidden_gain)
     if getattr(policy, "ortho_init", False) and hasattr(policy, "mlp_extractor") and hasattr(policy, "action_net"):
         module_gains: list[tuple[nn.Module, float]] = [
             (policy.mlp_extractor, math.sqrt(2)),
@@ -124,13 +118,24 @@ def model_layer_init(model: Union[BaseAlgorithm, nn.Module]) -> LayerInit:
             if isinstance(getattr(policy, attr, None), nn.Module):
                 module_gains.append((getattr(policy, attr), math.sqrt(2)))
         gains = {id(m): g for module, g in module_gains for m in module.modules()}
-        ortho = orthogonal_layer_init(lambda layer: gains[id(layer)])
+        return lambda layer: ("orthogonal", gains[id(layer)]) if id(layer) in gains else ("default", 1.0)
+    return lambda layer: ("default", 1.0)
 
-        def sb3_init(layer: nn.Module) -> tuple[th.Tensor, Optional[th.Tensor]]:
-            return ortho(layer) if id(layer) in gains else default_layer_init(layer)
 
-        return sb3_init
-    return default_layer_init
+def model_layer_init(model: Union[BaseAlgorithm, nn.Module]) -> LayerInit:
+    """The initialiser a model's policy used for its layers (:func:`layer_init_scheme`), as a :data:`LayerInit`.
+
+    Biases are drawn as the initialiser draws them (zero for the orthogonal schemes).
+
+    :param model: an SB3 algorithm or its policy.
+    """
+    scheme = layer_init_scheme(model)
+
+    def init(layer: nn.Module) -> tuple[th.Tensor, Optional[th.Tensor]]:
+        kind, gain = scheme(layer)
+        return orthogonal_layer_init(gain)(layer) if kind == "orthogonal" else default_layer_init(layer)
+
+    return init
 
 
 # ---------------------------------------------------------------------------------------------------
