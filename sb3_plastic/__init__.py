@@ -3,6 +3,7 @@
 from sb3_plastic.activations import MaxMin, get_activation
 from sb3_plastic.callbacks import FIRE, ContinualBackprop, PlasticityMonitor, ReDo, ShrinkPerturb
 from sb3_plastic.config import IsometryConfig
+from sb3_plastic.crossq import PlasticCrossQ
 from sb3_plastic.dqn import PlasticDQN
 from sb3_plastic.isometry import dfi_per_layer, isometry_penalty, isometry_penalty_grad
 from sb3_plastic.maskable_ppo import PlasticMaskablePPO
@@ -10,6 +11,7 @@ from sb3_plastic.networks import PlasticCNN, PlasticCombinedExtractor, PlasticML
 from sb3_plastic.optim import AdamO, reset_optimizer_state
 from sb3_plastic.ppo import PlasticPPO
 from sb3_plastic.qrdqn import PlasticQRDQN
+from sb3_plastic.recurrent_ppo import PlasticRecurrentPPO
 from sb3_plastic.sac import PlasticSAC
 from sb3_plastic.tqc import PlasticTQC
 
@@ -23,11 +25,13 @@ __all__ = [
     "MaxMin",
     "PlasticCNN",
     "PlasticCombinedExtractor",
+    "PlasticCrossQ",
     "PlasticDQN",
     "PlasticMLP",
     "PlasticMaskablePPO",
     "PlasticPPO",
     "PlasticQRDQN",
+    "PlasticRecurrentPPO",
     "PlasticSAC",
     "PlasticTQC",
     "PlasticityMonitor",

@@ -1,4 +1,4 @@
-"""Plastic versions of sb3-contrib's QR-DQN, TQC and MaskablePPO policies.
+"""Plastic versions of sb3-contrib's QR-DQN, TQC, CrossQ and MaskablePPO policies.
 
 Each class only declares its output heads, optimizers and target networks; everything else (activation,
 orthogonal initialisation, AdamO with the heads outside the isometry penalty, target re-sync) is
@@ -7,12 +7,17 @@ orthogonal initialisation, AdamO with the heads outside the isometry penalty, ta
 
 from __future__ import annotations
 
+from typing import Any
+
 from sb3_contrib.common.maskable.policies import MaskableActorCriticPolicy
+from sb3_contrib.crossq.policies import CrossQPolicy
 from sb3_contrib.qrdqn.policies import QRDQNPolicy
 from sb3_contrib.tqc.policies import TQCPolicy
 from torch import nn
 
+from sb3_plastic.config import IsometryConfig
 from sb3_plastic.networks import PlasticCNN, PlasticCombinedExtractor
+from sb3_plastic.optim import AdamO
 from sb3_plastic.policies import PlasticActorCriticPolicy, PlasticActorQCriticMixin, PlasticPolicyMixin
 
 
@@ -56,6 +61,36 @@ class PlasticTQCMultiInputPolicy(PlasticTQCPolicy):
     """:class:`PlasticTQCPolicy` for ``Dict`` observations."""
 
     _plastic_default_extractor = PlasticCombinedExtractor
+
+
+class PlasticCrossQPolicy(PlasticActorQCriticMixin, CrossQPolicy):
+    """sb3-contrib's ``CrossQPolicy`` (Bhatt et al., 2024) with the isometry keywords; actor and critic each get
+    an AdamO. Heads as SAC's (:class:`~sb3_plastic.policies.PlasticActorQCriticMixin`); CrossQ has no target
+    network.
+
+    BatchRenorm layers: the isometry penalty acts on matrices, and a BatchRenorm layer has none (a per-feature
+    scale and shift, plus running statistics that are buffers). Its scale and shift therefore stay in the
+    AdamO group without the penalty (``isometry_coef=0``) under every ``isometry_layers`` setting, and the
+    orthogonal initialisation (MaxMin) touches only the Linear layers. What the interventions do to the
+    BatchRenorm layers is described in :class:`sb3_plastic.crossq.PlasticCrossQ`.
+
+    Optimizer: sb3-contrib gives CrossQ's Adam ``betas=(0.5, 0.999)`` when ``optimizer_kwargs`` is not set; the
+    same default is kept here for Adam and AdamO (``optimizer="adam_equal_betas"`` sets its own betas).
+    """
+
+    #: CrossQ's Adam betas (sb3-contrib's default when no optimizer_kwargs are given)
+    _plastic_crossq_betas: tuple[float, float] = (0.5, 0.999)
+
+    def _resolve_plastic_kwargs(self, config: IsometryConfig, kwargs: dict[str, Any]) -> dict[str, Any]:
+        kwargs = dict(kwargs)
+        user_class = kwargs.get("optimizer_class")
+        if kwargs.get("optimizer_kwargs") is None and config.optimizer != "adam_equal_betas":
+            if user_class is None or (user_class is AdamO and config.optimizer == "adamo"):
+                kwargs["optimizer_kwargs"] = {"betas": self._plastic_crossq_betas}
+        return super()._resolve_plastic_kwargs(config, kwargs)
+
+    def plastic_targets(self) -> list[tuple[nn.Module, nn.Module]]:
+        return []
 
 
 class PlasticMaskableActorCriticPolicy(PlasticPolicyMixin, MaskableActorCriticPolicy):

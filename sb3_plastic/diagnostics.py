@@ -56,6 +56,7 @@ from torch.func import grad as func_grad
 from sb3_plastic.callbacks.redo import _post_activation, _validate_tau, dormant_units, network_probe
 from sb3_plastic.common.surgery import HiddenLayer, NetworkSpec
 from sb3_plastic.isometry import as_matrix, deviation_from_isometry
+from sb3_plastic.recurrent import recurrent_weights
 
 #: ``delta`` of srank: the singular values kept cover ``1 - delta`` of their sum (Kumar et al., 2021).
 SRANK_DELTA = 0.01
@@ -124,7 +125,8 @@ def srank_from_singular_values(sigma: th.Tensor, delta: float = SRANK_DELTA) -> 
     if total <= 0:
         return 0
     covered = th.cumsum(s, 0) / total
-    return int(th.searchsorted(covered, th.tensor([1.0 - delta - 1e-12], dtype=covered.dtype)).item()) + 1
+    threshold = th.tensor([1.0 - delta - 1e-12], dtype=covered.dtype, device=covered.device)
+    return int(th.searchsorted(covered, threshold).item()) + 1
 
 
 def effective_rank_from_values(values: th.Tensor) -> float:
@@ -441,7 +443,9 @@ def network_diagnostics(
 
     Per hidden layer (on the probe batch): ``dormant_fraction``, ``zero_fraction``, ``srank``,
     ``effective_rank``, ``feature_norm``. Per weight layer (heads included): ``weight_norm``,
-    ``dist_from_init`` (with ``initial``), ``dfi``, ``sigma_max``, ``sigma_min``, ``cond``. Network-level:
+    ``dist_from_init`` (with ``initial``), ``dfi``, ``sigma_max``, ``sigma_min``, ``cond``; per recurrent weight
+    matrix (``<lstm>.weight_ih_l0``, ...): ``weight_norm``, ``dist_from_init``, ``dfi`` (summed over its gate
+    blocks, :mod:`sb3_plastic.recurrent`). Network-level:
     ``dormant_fraction`` and ``zero_fraction`` over all hidden units, ``weight_norm`` and ``dist_from_init``
     over all trained parameters, ``dfi`` (sum over layers), ``grad_norm`` (:func:`output_gradient_norm` on
     the probe batch) and, on the first ``ntk_size`` probe samples (fewer when the outputs would exceed
@@ -490,6 +494,16 @@ def network_diagnostics(
         out[f"{name}/dfi"] = layer_dfi
         for key, value in weight_spectrum(w).items():
             out[f"{name}/{key}"] = value
+    for module in spec.recurrent:  # LSTM matrices: norm, distance and DfI summed over the gate blocks
+        for pname, w, blocks in recurrent_weights(module):
+            name = f"{spec.layer_names.get(id(module), '?')}.{pname}"
+            out[f"{name}/weight_norm"] = weight_norm(w)
+            init_w = initial.get(param_names.get(id(w), ""), None) if initial is not None else None
+            if init_w is not None and init_w.shape == w.shape:
+                out[f"{name}/dist_from_init"] = distance_from_init(w, init_w)
+            layer_dfi = deviation_from_isometry(w, dfi_scale, blocks)
+            total_dfi += layer_dfi
+            out[f"{name}/dfi"] = layer_dfi
     params = spec_parameters(spec)
     norm, dist = network_norms(params, initial)
     out["weight_norm"] = norm

@@ -8,6 +8,15 @@ the penalty of Rosseau, Müller & Nowé (2026) is
 with target scale ``s`` (1 by default; ``s = 2`` is an option for ReLU layers). Its gradient is
 ``4 W (W^T W - s I)`` or ``4 (W W^T - s I) W``; no autograd is needed. With ``s = 1`` the penalty is
 the "deviation from isometry" DfI of FIRE (arXiv 2602.08040).
+
+Stacked blocks (``blocks=k``): a recurrent layer stores several matrices in one tensor. PyTorch's
+``nn.LSTM`` keeps the four gate matrices (input, forget, cell, output gates) of layer ``l`` stacked along
+the rows of ``weight_ih_l{l}`` ``(4H, in)`` and ``weight_hh_l{l}`` ``(4H, H)`` (Hochreiter & Schmidhuber,
+1997). Each gate is its own linear map followed by its own nonlinearity, so isometry is asked of each gate
+matrix on its own: with ``blocks=k`` the weight ``(k*m, n)`` is viewed as ``k`` matrices ``(m, n)`` and
+``R = sum_b R(W_b)``, the gradient is the per-block gradient stacked back. (The stacked ``(4H, in)``
+matrix itself could be an isometry only if the four gates were mutually orthogonal maps, which no gate
+structure asks for.)
 """
 
 from __future__ import annotations
@@ -34,32 +43,55 @@ def as_matrix(weight: th.Tensor) -> th.Tensor:
     return weight.reshape(weight.shape[0], -1)
 
 
-def gram_residual(weight: th.Tensor, scale: float = 1.0) -> th.Tensor:
-    """``W^T W - s I`` (tall or square ``W``) or ``W W^T - s I`` (wide ``W``), on the matrix view of ``weight``."""
+def check_blocks(blocks: int, rows: int) -> None:
+    """Raise ``ValueError`` unless ``blocks`` is an int >= 1 dividing the number of ``rows``."""
+    if isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 1:
+        raise ValueError(f"blocks must be an int >= 1, got {blocks!r}")
+    if rows % blocks:
+        raise ValueError(f"blocks={blocks} does not divide the {rows} rows of the weight")
+
+
+def as_blocks(weight: th.Tensor, blocks: int) -> th.Tensor:
+    """View the matrix view ``(k*m, n)`` of ``weight`` as ``k`` stacked blocks ``(k, m, n)`` (a view, no copy).
+
+    :param weight: a weight with >= 2 dims (see :func:`as_matrix`).
+    :param blocks: ``k`` >= 1, must divide ``weight.shape[0]`` (an LSTM weight has 4 gate blocks).
+    """
     w = as_matrix(weight)
-    gram = w.T @ w if w.shape[0] >= w.shape[1] else w @ w.T
-    return gram - scale * th.eye(gram.shape[0], dtype=gram.dtype, device=gram.device)
+    check_blocks(blocks, w.shape[0])
+    return w.reshape(blocks, w.shape[0] // blocks, w.shape[1])
 
 
-def isometry_penalty(weight: th.Tensor, scale: float = 1.0) -> th.Tensor:
-    """The isometry penalty ``R(W)`` (a scalar tensor, differentiable)."""
+def gram_residual(weight: th.Tensor, scale: float = 1.0, blocks: int = 1) -> th.Tensor:
+    """``W^T W - s I`` (tall or square ``W``) or ``W W^T - s I`` (wide ``W``), on the matrix view of ``weight``.
+
+    With ``blocks=k > 1``: the residuals of the ``k`` row blocks, stacked ``(k, d, d)`` (see :func:`as_blocks`).
+    """
+    w = as_matrix(weight) if blocks == 1 else as_blocks(weight, blocks)
+    gram = w.mT @ w if w.shape[-2] >= w.shape[-1] else w @ w.mT
+    return gram - scale * th.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device)
+
+
+def isometry_penalty(weight: th.Tensor, scale: float = 1.0, blocks: int = 1) -> th.Tensor:
+    """The isometry penalty ``R(W)`` (a scalar tensor, differentiable); with ``blocks=k`` the sum of ``R`` over
+    the ``k`` stacked row blocks (an LSTM weight: its gate matrices)."""
     _check_scale(scale)
-    return gram_residual(weight, scale).square().sum()
+    return gram_residual(weight, scale, blocks).square().sum()
 
 
-def isometry_penalty_grad(weight: th.Tensor, scale: float = 1.0) -> th.Tensor:
+def isometry_penalty_grad(weight: th.Tensor, scale: float = 1.0, blocks: int = 1) -> th.Tensor:
     """Analytic gradient of :func:`isometry_penalty` with respect to ``weight`` (same shape as ``weight``)."""
     _check_scale(scale)
-    w = as_matrix(weight)
-    residual = gram_residual(weight, scale)
-    grad = 4.0 * (w @ residual) if w.shape[0] >= w.shape[1] else 4.0 * (residual @ w)
+    w = as_matrix(weight) if blocks == 1 else as_blocks(weight, blocks)
+    residual = gram_residual(weight, scale, blocks)
+    grad = 4.0 * (w @ residual) if w.shape[-2] >= w.shape[-1] else 4.0 * (residual @ w)
     return grad.reshape(weight.shape)
 
 
-def deviation_from_isometry(weight: th.Tensor, scale: float = 1.0) -> float:
-    """DfI of one weight: ``R(W)`` with target scale ``scale`` as a Python float."""
+def deviation_from_isometry(weight: th.Tensor, scale: float = 1.0, blocks: int = 1) -> float:
+    """DfI of one weight: ``R(W)`` with target scale ``scale`` as a Python float (summed over ``blocks``)."""
     with th.no_grad():
-        return float(isometry_penalty(weight.detach().float(), scale))
+        return float(isometry_penalty(weight.detach().float(), scale, blocks))
 
 
 def weight_layers(module: nn.Module) -> Iterable[tuple[str, nn.Module]]:
@@ -70,9 +102,21 @@ def weight_layers(module: nn.Module) -> Iterable[tuple[str, nn.Module]]:
 
 
 def dfi_per_layer(module: nn.Module, scale: float = 1.0) -> dict[str, float]:
-    """Deviation from isometry ``R(W)`` of every Linear / Conv layer of ``module``, keyed by layer name."""
+    """Deviation from isometry ``R(W)`` of every Linear / Conv layer of ``module``, keyed by layer name.
+
+    Recurrent layers (``nn.LSTM`` / ``nn.GRU`` / ``nn.RNN``) add one entry per weight matrix, keyed
+    ``<layer>.<parameter>`` (``lstm_actor.weight_ih_l0``, ...): the sum of ``R`` over its gate blocks
+    (:func:`sb3_plastic.recurrent.recurrent_weights`).
+    """
+    from sb3_plastic.recurrent import recurrent_weights
+
     _check_scale(scale)
-    return {name: deviation_from_isometry(layer.weight, scale) for name, layer in weight_layers(module)}
+    out = {name: deviation_from_isometry(layer.weight, scale) for name, layer in weight_layers(module)}
+    for name, layer in module.named_modules():
+        if isinstance(layer, nn.RNNBase):
+            for pname, param, blocks in recurrent_weights(layer):
+                out[f"{name}.{pname}" if name else pname] = deviation_from_isometry(param, scale, blocks)
+    return out
 
 
 def orthogonal_init_(layer: nn.Module, gain: float = 1.0) -> nn.Module:

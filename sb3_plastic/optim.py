@@ -18,7 +18,7 @@ from typing import Any, Optional, Union
 
 import torch as th
 
-from sb3_plastic.isometry import as_matrix
+from sb3_plastic.isometry import as_blocks, as_matrix
 
 ISOMETRY_MODES = ("decoupled", "coupled")
 
@@ -44,6 +44,15 @@ def _check_group(group: dict[str, Any]) -> None:
         raise ValueError(f"isometry_interval must be an int >= 1, got {interval!r}")
     if group["isometry_mode"] not in ISOMETRY_MODES:
         raise ValueError(f"Unknown isometry_mode {group['isometry_mode']!r} for AdamO; allowed: {list(ISOMETRY_MODES)}")
+    blocks = group.get("isometry_blocks", 1)
+    if isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 1:
+        raise ValueError(f"isometry_blocks must be an int >= 1, got {blocks!r}")
+    if blocks > 1:
+        for p in group["params"]:
+            if p.dim() >= 2 and p.shape[0] % blocks:
+                raise ValueError(
+                    f"isometry_blocks={blocks} does not divide the {p.shape[0]} rows of a parameter of shape {tuple(p.shape)}"
+                )
 
 
 def reset_optimizer_state(
@@ -87,7 +96,9 @@ class AdamO(th.optim.Adam):
 
     :param params: parameters or param groups. A group may set its own ``isometry_coef``,
         ``isometry_scale`` and ``isometry_mode``; the plastic policies put output heads in a group
-        with ``isometry_coef=0``.
+        with ``isometry_coef=0``. A group may also set ``isometry_blocks=k`` (default 1): each of its weights
+        ``(k*m, n)`` is ``k`` stacked matrices ``(m, n)`` (an LSTM's four gate blocks: ``k = 4``), penalised and
+        clamped block by block (:func:`sb3_plastic.isometry.isometry_penalty` with ``blocks=k``).
     :param lr: learning rate ``eta`` (SB3 overwrites it on every ``train()`` through its schedule).
     :param betas: Adam's ``(beta1, beta2)``.
     :param eps: Adam's epsilon.
@@ -108,7 +119,8 @@ class AdamO(th.optim.Adam):
     Blow-up guard: the decoupled step size ``lr * lambda`` is clamped per tensor to
     ``MAX_ISOMETRY_STEP / (4 * bound)`` (so ``4 * step * sigma_max^2 <= 1/2``) where
     ``bound >= sigma_max(W)^2`` (largest absolute row sum of the
-    Gram matrix); the value used at the last step is kept in ``state[p]["isometry_step"]``. In coupled mode
+    Gram matrix); the value used at the last step is kept in ``state[p]["isometry_step"]`` (one value per block,
+    shape ``(k,)``, in a group with ``isometry_blocks=k > 1``). In coupled mode
     no clamp applies (Adam normalises the summed gradient). A parameter whose ``.grad`` is ``None`` gets
     neither the Adam step nor the isometry step (as AdamW skips its weight decay).
     """
@@ -183,6 +195,14 @@ class AdamO(th.optim.Adam):
                 counted.append((p, count + 1))  # written after Adam's step: Adam initialises an empty state
                 if count % interval:
                     continue
+                blocks = group.get("isometry_blocks", 1)
+                if blocks > 1:
+                    update, step = self._block_isometry_update(p, group, blocks)
+                    if step is None:
+                        p.grad.add_(update)
+                    else:
+                        pending.append((p, update, step))
+                    continue
                 # Gradient of R at the current (pre-step) parameters, as in the update rule above; the Gram
                 # matrix is computed once for the gradient and for the blow-up bound.
                 w = as_matrix(p)
@@ -211,6 +231,26 @@ class AdamO(th.optim.Adam):
         for p, count in counted:
             self.state[p]["isometry_count"] = count
         return loss
+
+    @staticmethod
+    def _block_isometry_update(
+        p: th.Tensor, group: dict[str, Any], blocks: int
+    ) -> tuple[th.Tensor, Optional[th.Tensor]]:
+        """The isometry update of a weight made of ``blocks`` stacked matrices, each with its own Gram matrix
+        and clamp: ``(gradient term, None)`` in coupled mode, ``(update, per-block step)`` in decoupled mode."""
+        w = as_blocks(p, blocks)
+        tall = w.shape[-2] >= w.shape[-1]
+        gram = w.mT @ w if tall else w @ w.mT
+        bound = gram.abs().sum(dim=-1).amax(dim=-1).clamp_min(1e-12)
+        gram.diagonal(dim1=-2, dim2=-1).sub_(group["isometry_scale"])
+        interval = group["isometry_interval"]
+        if group["isometry_mode"] == "coupled":
+            gram.mul_(4.0 * group["isometry_coef"] * interval)
+            return (w @ gram if tall else gram @ w).view_as(p), None
+        limit = float(group["lr"]) * group["isometry_coef"] * interval
+        step = th.clamp(MAX_ISOMETRY_STEP / (4.0 * bound), max=limit)
+        gram.mul_(4.0 * step.view(-1, 1, 1))
+        return (w @ gram if tall else gram @ w).view_as(p), step
 
     def reset_state(
         self, param: th.Tensor, index: Optional[Union[th.Tensor, Iterable[int]]] = None, dim: int = 0

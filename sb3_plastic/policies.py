@@ -165,6 +165,12 @@ class PlasticPolicyMixin:
     def _plastic_head_gain(self, head: nn.Module) -> float:
         return 1.0
 
+    def plastic_isometry_blocks(self) -> dict[int, int]:
+        """``id(parameter) -> k`` for weights made of ``k`` stacked matrices that the isometry penalty treats
+        one by one (an LSTM's gate blocks: 4); weights not listed are one matrix. AdamO gets them in their own
+        param group with ``isometry_blocks=k``."""
+        return {}
+
     # ------------------------------------------------------------------ plastic steps
     def sync_targets(self) -> None:
         """Copy every online network into its target network (hard update)."""
@@ -194,7 +200,20 @@ class PlasticPolicyMixin:
                 if isinstance(m, WEIGHT_LAYERS) and id(m) not in heads
             }
             return [p for _, p in named if id(p) in hidden]
-        return [p for name, p in named if p.dim() >= 2 and any(fnmatch.fnmatchcase(name, pat) for pat in layers)]
+        chosen = [p for name, p in named if p.dim() >= 2 and any(fnmatch.fnmatchcase(name, pat) for pat in layers)]
+        if not chosen:
+            matched = [name for name, _ in named if any(fnmatch.fnmatchcase(name, pat) for pat in layers)]
+            matrices = [name for name, p in named if p.dim() >= 2]
+            why = (
+                f"they match only {matched[:6]}, which are not weight matrices (biases, normalisation scales / shifts)"
+                if matched
+                else "they match no parameter name"
+            )
+            raise ValueError(
+                f"isometry_layers={list(layers)!r} selects no weight matrix of {type(self).__name__}: {why}; "
+                f"weight matrices: {matrices[:8]}{' ...' if len(matrices) > 8 else ''}"
+            )
+        return chosen
 
     def _plastic_regroup_optimizers(self) -> None:
         if self.optimizer_class is not AdamO:  # type: ignore[attr-defined]
@@ -203,8 +222,14 @@ class PlasticPolicyMixin:
         for owner, attr in self.plastic_optimizers():
             old: th.optim.Optimizer = getattr(owner, attr)
             params = [p for group in old.param_groups for p in group["params"]]
+            blocks = self.plastic_isometry_blocks()
+            stacked = {id(p) for p in params if id(p) in regularised and blocks.get(id(p), 1) > 1}
             groups = [
-                {"params": [p for p in params if id(p) in regularised]},
+                {"params": [p for p in params if id(p) in regularised and id(p) not in stacked]},
+                *(
+                    {"params": [p for p in params if id(p) in stacked and blocks[id(p)] == k], "isometry_blocks": k}
+                    for k in sorted({blocks[i] for i in stacked})
+                ),
                 {"params": [p for p in params if id(p) not in regularised], "isometry_coef": 0.0},
             ]
             groups = [g for g in groups if g["params"]]

@@ -24,7 +24,8 @@ sampler with :func:`make_plastic_sampler` and your own ``plastic`` part, and put
 
 The sampled values are passed as top-level keywords to ``PlasticPPO`` / ``PlasticDQN`` / ``PlasticSAC`` /
 ``PlasticQRDQN`` / ``PlasticTQC`` (the last two on rl_zoo3's ``qrdqn`` / ``tqc`` samplers, which add
-``n_quantiles`` and, for TQC, ``top_quantiles_to_drop_per_net``),
+``n_quantiles`` and, for TQC, ``top_quantiles_to_drop_per_net``) / ``PlasticMaskablePPO`` (``plastic_ppo_mask``,
+on rl_zoo3's PPO sampler: rl_zoo3 has none for MaskablePPO, see :data:`SAMPLER_BASES`),
 which hand ``isometry_coef`` to AdamO and ``replacement_rate`` / ``maturity_threshold`` to the
 :class:`~sb3_plastic.callbacks.ContinualBackprop` they add to ``learn()`` (``model.intervention_configs``).
 A yaml's top-level plastic keys that are not sampled (``fire_at``, ``isometry_mode``, ...) stay in force.
@@ -197,8 +198,64 @@ def sample_plastic_tqc_params(trial: optuna.Trial, n_actions: int, n_envs: int, 
     return make_plastic_sampler(_base("tqc")[0], OFF_POLICY_ACTIVATIONS)(trial, n_actions, n_envs, additional_args)
 
 
+def sample_crossq_params(trial: optuna.Trial, n_actions: int, n_envs: int, additional_args: dict) -> dict[str, Any]:
+    """A CrossQ search space (rl_zoo3 2.9.2 has ``crossq`` in ``ALGOS`` but no sampler for it): rl_zoo3's SAC
+    space without ``tau`` (CrossQ has no target network), batch sizes 32 ... 1024 (BatchRenorm estimates
+    statistics on the batch, so tiny batches are left out), and CrossQ's ``policy_delay`` (critic updates per
+    actor update, 1 ... 5; sb3-contrib's default is 3). The optuna parameter names and their conversion are
+    rl_zoo3's off-policy ones (``convert_offpolicy_params``, SAC's converter), so ``--trial-id`` works."""
+    from rl_zoo3.hyperparams_opt import convert_offpolicy_params, sample_her_params
+
+    one_minus_gamma = trial.suggest_float("one_minus_gamma", 0.0001, 0.03, log=True)
+    batch_size_pow = trial.suggest_int("batch_size_pow", 5, 10)
+    learning_rate = trial.suggest_float("learning_rate", 1e-5, 0.002, log=True)
+    train_freq = trial.suggest_int("train_freq", 1, 10)
+    policy_delay = trial.suggest_int("policy_delay", 1, 5)
+    net_arch = trial.suggest_categorical("net_arch", ["small", "medium", "big"])
+    trial.set_user_attr("gamma", 1 - one_minus_gamma)
+    trial.set_user_attr("batch_size", 2**batch_size_pow)
+    hyperparams = {
+        "one_minus_gamma": one_minus_gamma,
+        "learning_rate": learning_rate,
+        "batch_size_pow": batch_size_pow,
+        "train_freq": train_freq,
+        "policy_delay": policy_delay,
+        "net_arch": net_arch,
+    }
+    if additional_args.get("using_her_replay_buffer"):
+        hyperparams = sample_her_params(trial, hyperparams, additional_args["her_kwargs"])
+    return convert_offpolicy_params(hyperparams)
+
+
+def sample_plastic_crossq_params(trial: optuna.Trial, n_actions: int, n_envs: int, additional_args: dict) -> dict[str, Any]:
+    """CrossQ (``plastic_crossq``): :func:`sample_crossq_params` + ``activation`` (relu / maxmin) + the plastic
+    space (``isometry_coef`` reaches the Linear weights; BatchRenorm layers have no matrix to regularise)."""
+    return make_plastic_sampler(sample_crossq_params, OFF_POLICY_ACTIVATIONS)(trial, n_actions, n_envs, additional_args)
+
+
+def sample_plastic_ppo_mask_params(
+    trial: optuna.Trial, n_actions: int, n_envs: int, additional_args: dict
+) -> dict[str, Any]:
+    """MaskablePPO (``plastic_ppo_mask``): rl_zoo3 2.9.2 has no MaskablePPO sampler, and MaskablePPO's
+    hyperparameters are PPO's (masks change the policy's distribution, not what is tuned), so this is
+    rl_zoo3's PPO space (``activation_fn`` widened to the plastic ``activation``) + the plastic space."""
+    return make_plastic_sampler(_base("ppo")[0], ON_POLICY_ACTIVATIONS)(trial, n_actions, n_envs, additional_args)
+
+
+def sample_plastic_ppo_lstm_params(
+    trial: optuna.Trial, n_actions: int, n_envs: int, additional_args: dict
+) -> dict[str, Any]:
+    """RecurrentPPO (``plastic_ppo_lstm``): rl_zoo3's ``ppo_lstm`` space (which is its PPO space; the LSTM size
+    stays the yaml's ``policy_kwargs``) with ``activation_fn`` widened to the plastic ``activation`` (the MLP
+    after the LSTM) + the plastic space (``isometry_coef`` also reaches the LSTM gate blocks)."""
+    return make_plastic_sampler(_base("ppo_lstm")[0], ON_POLICY_ACTIVATIONS)(trial, n_actions, n_envs, additional_args)
+
+
 #: Base rl_zoo3 algorithms whose samplers sample ``activation_fn`` (the rest get ``activation`` added).
 _ON_POLICY = ("ppo", "a2c", "trpo", "ppo_lstm")
+#: Base algorithms rl_zoo3 has no sampler for, tuned on another base's space (MaskablePPO on PPO's) or with
+#: another base's converter (CrossQ: its own space, :func:`sample_crossq_params`, converted as SAC's).
+SAMPLER_BASES: dict[str, str] = {"crossq": "sac", "ppo_mask": "ppo"}
 
 
 def plastic_sampler_for(base_name: str) -> tuple[Sampler, Converter] | None:
@@ -206,7 +263,8 @@ def plastic_sampler_for(base_name: str) -> tuple[Sampler, Converter] | None:
     (``"ppo"``, ``"dqn"``, ``"sac"``, ``"qrdqn"``, ...); ``None`` when rl_zoo3 has no sampler for it."""
     from rl_zoo3 import hyperparams_opt
 
-    if not hasattr(hyperparams_opt, f"sample_{base_name}_params") or base_name not in hyperparams_opt.HYPERPARAMS_CONVERTER:
+    source = SAMPLER_BASES.get(base_name, base_name)
+    if not hasattr(hyperparams_opt, f"sample_{source}_params") or source not in hyperparams_opt.HYPERPARAMS_CONVERTER:
         return None
     named = {
         "ppo": sample_plastic_ppo_params,
@@ -214,9 +272,12 @@ def plastic_sampler_for(base_name: str) -> tuple[Sampler, Converter] | None:
         "sac": sample_plastic_sac_params,
         "qrdqn": sample_plastic_qrdqn_params,
         "tqc": sample_plastic_tqc_params,
+        "crossq": sample_plastic_crossq_params,
+        "ppo_lstm": sample_plastic_ppo_lstm_params,
+        "ppo_mask": sample_plastic_ppo_mask_params,
     }
-    base_sampler, base_converter = _base(base_name)
-    on_policy = base_name in _ON_POLICY
+    base_sampler, base_converter = _base(source)
+    on_policy = source in _ON_POLICY
     activations = ON_POLICY_ACTIVATIONS if on_policy else OFF_POLICY_ACTIVATIONS
     sampler = named.get(base_name) or make_plastic_sampler(base_sampler, activations)
     return sampler, make_plastic_converter(base_converter, base_samples_activation=on_policy)

@@ -5,8 +5,9 @@ checkpoints, ``-tb``, ``-optimize``, ``--storage``/``--study-name``, ``--trial-i
 Before handing over, :func:`register`
 
 * adds every plastic algorithm exported by :mod:`sb3_plastic` (``PlasticPPO`` -> ``plastic_ppo``,
-  ``PlasticDQN`` -> ``plastic_dqn``, ``PlasticSAC`` -> ``plastic_sac``; a future ``PlasticQRDQN`` would
-  become ``plastic_qrdqn``) to rl_zoo3's algorithm table ``ALGOS``, the way the ``sbx`` project's
+  ``PlasticDQN`` -> ``plastic_dqn``, ``PlasticSAC`` -> ``plastic_sac``, ``PlasticQRDQN`` -> ``plastic_qrdqn``;
+  ``PlasticMaskablePPO`` -> ``plastic_ppo_mask``, after upstream rl-zoo's ``ppo_mask``, as rl_zoo3 2.9.2 has no
+  MaskablePPO: :data:`EXTRA_BASE_ZOO_NAMES`) to rl_zoo3's algorithm table ``ALGOS``, the way the ``sbx`` project's
   ``train_sbx.py`` does. The table is one ``dict`` that ``rl_zoo3``, ``rl_zoo3.utils``, ``.train``,
   ``.enjoy``, ``.exp_manager``, ... all imported by name: it is updated in place, and every loaded
   ``rl_zoo3`` module holding an ``ALGOS`` dict is checked, so each of them sees the plastic algorithms;
@@ -29,6 +30,8 @@ Before handing over, :func:`register`
   a fresh database; and when training continues (``-i model.zip``) the config's intervention keywords
   (``fire_at``, ``replacement_rate``, ...) are applied to the loaded model (SB3's ``load`` would only store
   them as unused attributes), while its network/optimizer settings are kept, with a warning if they differ.
+  A maskable algorithm (``plastic_ppo_mask``) is also evaluated with action masks, during training
+  (``--eval-freq``) and optuna trials (:func:`action_mask_evaluation`), and :func:`enjoy` plays it with masks.
 
 Without ``--algo`` the launcher trains ``plastic_ppo``; without ``-conf`` a plastic algorithm reads
 ``zoo_configs/<algo>.yml`` of this repository.
@@ -37,6 +40,7 @@ Without ``--algo`` the launcher trains ``plastic_ppo``; without ``-conf`` a plas
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import difflib
 import inspect
@@ -45,7 +49,7 @@ import sys
 import time
 import traceback
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
@@ -81,8 +85,15 @@ def zoo_name(cls: type) -> str:
     return f"plastic_{base_zoo_name(cls)}"
 
 
+#: Zoo names of the sb3-contrib algorithms that rl_zoo3 2.9.2's ``ALGOS`` lacks, by class name. MaskablePPO
+#: lives in ``sb3_contrib.ppo_mask`` and upstream rl-baselines3-zoo calls it ``ppo_mask``; so
+#: ``PlasticMaskablePPO`` is ``plastic_ppo_mask`` (``ALGOS`` is consulted first, should rl_zoo3 add it).
+EXTRA_BASE_ZOO_NAMES: dict[str, str] = {"MaskablePPO": "ppo_mask"}
+
+
 def base_zoo_name(cls: type) -> str:
-    """rl_zoo3 name of the SB3 / sb3-contrib algorithm a plastic class extends (``PlasticPPO`` -> ``ppo``)."""
+    """rl_zoo3 name of the SB3 / sb3-contrib algorithm a plastic class extends (``PlasticPPO`` -> ``ppo``,
+    ``PlasticMaskablePPO`` -> ``ppo_mask``: :data:`EXTRA_BASE_ZOO_NAMES`)."""
     from rl_zoo3 import hyperparams_opt  # noqa: F401  (the original table below is rl_zoo3's own)
     from rl_zoo3.utils import ALGOS
 
@@ -90,6 +101,9 @@ def base_zoo_name(cls: type) -> str:
         for name, algo in ALGOS.items():
             if algo is klass and not name.startswith("plastic_"):
                 return name
+    for klass in cls.__mro__[1:]:
+        if klass.__module__.startswith("sb3_contrib") and klass.__name__ in EXTRA_BASE_ZOO_NAMES:
+            return EXTRA_BASE_ZOO_NAMES[klass.__name__]
     return cls.__name__.lower().removeprefix("plastic")
 
 
@@ -211,11 +225,16 @@ def _experiment_manager_class() -> type:
                 )
             return model
 
+        def create_callbacks(self) -> None:
+            with action_mask_evaluation(self.algo):
+                super().create_callbacks()
+
         def objective(self, trial: Any) -> float:
             import optuna
 
             try:
-                value = super().objective(trial)
+                with action_mask_evaluation(self.algo):
+                    value = super().objective(trial)
             except optuna.TrialPruned:
                 self._consecutive_failures = 0
                 raise
@@ -238,6 +257,60 @@ def _experiment_manager_class() -> type:
             super().hyperparameters_optimization()
 
     return PlasticExperimentManager
+
+
+def uses_action_masks(algo: str) -> bool:
+    """Whether rl_zoo3's algorithm ``algo`` is a MaskablePPO (it learns with action masks, so it is evaluated
+    with them too: :func:`action_mask_evaluation`)."""
+    from rl_zoo3.utils import ALGOS
+    from sb3_contrib import MaskablePPO
+
+    cls = ALGOS.get(algo)
+    return isinstance(cls, type) and issubclass(cls, MaskablePPO)
+
+
+_MASKABLE_TRIAL_EVAL_CALLBACK: Optional[type] = None
+
+
+def maskable_trial_eval_callback_class() -> type:
+    """rl_zoo3's ``TrialEvalCallback`` (reports each evaluation to optuna, prunes) evaluating as sb3-contrib's
+    ``MaskableEvalCallback`` does: with the eval env's ``action_masks()``."""
+    global _MASKABLE_TRIAL_EVAL_CALLBACK
+    if _MASKABLE_TRIAL_EVAL_CALLBACK is None:
+        from rl_zoo3.callbacks import TrialEvalCallback
+        from sb3_contrib.common.maskable.callbacks import MaskableEvalCallback
+
+        class MaskableTrialEvalCallback(TrialEvalCallback, MaskableEvalCallback):
+            """``TrialEvalCallback`` whose evaluations pass action masks to ``predict`` (``use_masking=True``)."""
+
+        _MASKABLE_TRIAL_EVAL_CALLBACK = MaskableTrialEvalCallback
+    return _MASKABLE_TRIAL_EVAL_CALLBACK
+
+
+@contextlib.contextmanager
+def action_mask_evaluation(algo: str) -> Iterator[None]:
+    """While active, and only if ``algo`` is maskable (:func:`uses_action_masks`), rl_zoo3's experiment manager
+    builds sb3-contrib's ``MaskableEvalCallback`` where it would build SB3's ``EvalCallback`` (``--eval-freq``)
+    and :func:`maskable_trial_eval_callback_class` where it would build ``TrialEvalCallback`` (``-optimize``).
+
+    rl_zoo3 creates both inside ``create_callbacks`` / ``objective`` by their names in ``rl_zoo3.exp_manager``;
+    those two names are swapped for the duration and restored afterwards. Without this, rl_zoo3 evaluates a
+    MaskablePPO without masks: it may pick invalid actions, so best models and optuna's objective would be
+    chosen on a policy different from the one trained.
+    """
+    if not uses_action_masks(algo):
+        yield
+        return
+    import rl_zoo3.exp_manager
+    from sb3_contrib.common.maskable.callbacks import MaskableEvalCallback
+
+    names = vars(rl_zoo3.exp_manager)
+    saved = names["EvalCallback"], names["TrialEvalCallback"]
+    names["EvalCallback"], names["TrialEvalCallback"] = MaskableEvalCallback, maskable_trial_eval_callback_class()
+    try:
+        yield
+    finally:
+        names["EvalCallback"], names["TrialEvalCallback"] = saved
 
 
 def ensure_study(storage: str, study_name: str, attempts: int = 8) -> None:
@@ -415,7 +488,10 @@ def enjoy(argv: Optional[Sequence[str]] = None) -> None:
     """``sb3-plastic enjoy``: rl_zoo3's ``enjoy`` with the plastic algorithms registered.
 
     Off-policy plastic models are loaded with a one-transition replay buffer, as rl_zoo3 does for its own
-    off-policy algorithms (its list of them is fixed inside ``enjoy``).
+    off-policy algorithms (its list of them is fixed inside ``enjoy``). A maskable model (``plastic_ppo_mask``)
+    predicts with the action masks of the env it plays: rl_zoo3's loop calls ``predict`` without masks, so
+    the model is handed to it behind :class:`_MaskedPredictor`, which asks that env (the vector env rl_zoo3's
+    ``create_test_env`` made, recorded on the way) for ``action_masks()`` before each prediction.
 
     :param argv: rl_zoo3's enjoy arguments (default: ``sys.argv[1:]``).
     """
@@ -425,12 +501,26 @@ def enjoy(argv: Optional[Sequence[str]] = None) -> None:
     from rl_zoo3.utils import ALGOS
     from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 
-    originals = {name: ALGOS[name] for name, cls in algos.items() if issubclass(cls, OffPolicyAlgorithm)}
+    off_policy = [name for name, cls in algos.items() if issubclass(cls, OffPolicyAlgorithm)]
+    maskable = [name for name in algos if uses_action_masks(name)]
+    originals = {name: ALGOS[name] for name in off_policy + maskable}
+    played: list[Any] = []  # the env(s) rl_zoo3's enjoy creates; a maskable model takes its masks from the last
+    create_test_env = rl_zoo3.enjoy.create_test_env
     try:
-        for name, cls in originals.items():
-            ALGOS[name] = _SmallBufferLoader(cls)  # type: ignore[assignment]
+        for name in off_policy:
+            ALGOS[name] = _SmallBufferLoader(originals[name])  # type: ignore[assignment]
+        for name in maskable:
+            ALGOS[name] = _MaskedPredictLoader(originals[name], played)  # type: ignore[assignment]
+
+        def recording_create_test_env(*env_args: Any, **env_kwargs: Any) -> Any:
+            env = create_test_env(*env_args, **env_kwargs)
+            played.append(env)
+            return env
+
+        rl_zoo3.enjoy.create_test_env = recording_create_test_env  # type: ignore[attr-defined]
         _hand_over(rl_zoo3.enjoy.enjoy, "sb3-plastic enjoy", args)
     finally:
+        rl_zoo3.enjoy.create_test_env = create_test_env  # type: ignore[attr-defined]
         ALGOS.update(originals)
 
 
@@ -446,3 +536,48 @@ class _SmallBufferLoader:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._cls, name)
+
+
+class _MaskedPredictLoader:
+    """Stands in for a maskable class in ``ALGOS`` during ``enjoy``: ``load`` returns the model behind a
+    :class:`_MaskedPredictor` that takes its masks from the last env in ``played``."""
+
+    def __init__(self, cls: type, played: list[Any]) -> None:
+        self._cls = cls
+        self._played = played
+
+    def load(self, *args: Any, **kwargs: Any) -> Any:
+        return _MaskedPredictor(self._cls.load(*args, **kwargs), self._played)  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cls, name)
+
+
+class _MaskedPredictor:
+    """A loaded MaskablePPO whose ``predict`` fills in ``action_masks`` from the env being played when the
+    caller passes none (rl_zoo3's enjoy loop); every other attribute is the model's."""
+
+    def __init__(self, model: Any, played: list[Any]) -> None:
+        self._model = model
+        self._played = played
+
+    def predict(
+        self,
+        observation: Any,
+        state: Optional[tuple[Any, ...]] = None,
+        episode_start: Any = None,
+        deterministic: bool = False,
+        action_masks: Any = None,
+    ) -> tuple[Any, Optional[tuple[Any, ...]]]:
+        if action_masks is None:
+            if not self._played:
+                raise RuntimeError("sb3-plastic enjoy: no env to take action masks from (rl_zoo3 created none)")
+            from sb3_contrib.common.maskable.utils import get_action_masks
+
+            action_masks = get_action_masks(self._played[-1])
+        return self._model.predict(
+            observation, state=state, episode_start=episode_start, deterministic=deterministic, action_masks=action_masks
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)

@@ -180,20 +180,27 @@ def _study(storage: str, name: str) -> optuna.Study:
     return optuna.load_study(storage=storage, study_name=name)
 
 
-def test_optimize_two_trials_sampled_values_reach_the_model(tmp_path, monkeypatch):
+def _optimize_two_cheap_trials(tmp_path, monkeypatch, algo: str, env: str, name: str) -> list:
+    """``-optimize`` with 2 trials of 512 steps in an sqlite study (cheap PPO settings enqueued, the plastic
+    ones sampled), each trial's best model saved under ``trials/``; returns the completed trials."""
     monkeypatch.chdir(tmp_path)
-    storage, name = f"sqlite:///{tmp_path / 'tune.db'}", "opt"
+    storage = f"sqlite:///{tmp_path / 'tune.db'}"
     study = _study(storage, name)
     for _ in range(2):
         study.enqueue_trial(CHEAP_PPO)
     _train(
-        *("--algo", "plastic_ppo", "--env", "CartPole-v1", "-conf", str(CONFIGS / "plastic_ppo.yml")),
+        *("--algo", algo, "--env", env, "-conf", str(CONFIGS / f"{algo}.yml")),
         *("-optimize", "--n-trials", "2", "-n", "512", "--n-evaluations", "1", "--eval-episodes", "1"),
         *("--storage", storage, "--study-name", name, "--pruner", "none", "--no-optim-plots"),
         *("--optimization-log-path", "trials", "-f", "logs", "--seed", "0"),
     )
     trials = optuna.load_study(storage=storage, study_name=name).trials
     assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE] * 2
+    return trials
+
+
+def test_optimize_two_trials_sampled_values_reach_the_model(tmp_path, monkeypatch):
+    trials = _optimize_two_cheap_trials(tmp_path, monkeypatch, "plastic_ppo", "CartPole-v1", "opt")
     for trial in trials:
         model = _load(tmp_path / "trials" / f"trial_{trial.number}" / "best_model.zip", "plastic_ppo")
         params = trial.params
@@ -211,7 +218,7 @@ def test_optimize_two_trials_sampled_values_reach_the_model(tmp_path, monkeypatc
     # rl_zoo3 ignores --trial-id 0 (it tests the id for truth), hence trial 1
     _train(
         *("--algo", "plastic_ppo", "--env", "CartPole-v1", "-n", "256", "--eval-freq", "-1", "-f", "replay"),
-        *("--storage", storage, "--study-name", name, "--trial-id", "1"),
+        *("--storage", f"sqlite:///{tmp_path / 'tune.db'}", "--study-name", "opt", "--trial-id", "1"),
     )
     model = _load(tmp_path / "replay/plastic_ppo/CartPole-v1_1/CartPole-v1.zip", "plastic_ppo")
     params = trials[1].params
@@ -521,6 +528,108 @@ def test_qrdqn_optimize_one_trial_sampled_values_reach_the_model(tmp_path, monke
     assert model.policy.n_quantiles == params["n_quantiles"] == 5
 
 
+# --------------------------------------------------------------------------- CrossQ (sb3-contrib)
+def test_crossq_registered_as_plastic_crossq_with_sampler():
+    import rl_zoo3
+    import rl_zoo3.exp_manager as em
+    from sb3_contrib import CrossQ
+
+    from sb3_plastic import PlasticCrossQ
+    from sb3_plastic.samplers import sample_plastic_crossq_params
+
+    assert rl_zoo3.ALGOS["crossq"] is CrossQ  # rl_zoo3 2.9.2 knows CrossQ: plastic_crossq is named after it
+    assert zoo.zoo_name(PlasticCrossQ) == "plastic_crossq"
+    assert rl_zoo3.ALGOS["plastic_crossq"] is PlasticCrossQ
+    assert em.HYPERPARAMS_SAMPLER["plastic_crossq"] is sample_plastic_crossq_params
+    assert "plastic_crossq" in em.HYPERPARAMS_CONVERTER
+
+
+def test_crossq_sampler_builds_the_model_and_round_trips():
+    import rl_zoo3.exp_manager as em
+
+    from sb3_plastic import PlasticCrossQ
+
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=4))
+    trial = study.ask()
+    env = gym.make("Pendulum-v1")
+    params = em.HYPERPARAMS_SAMPLER["plastic_crossq"](trial, 1, 1, {"using_her_replay_buffer": False, "her_kwargs": {}})
+    assert set(PLASTIC_PARAMS) | {"activation", "policy_delay"} <= set(trial.params)
+    assert "tau" not in trial.params and "tau" not in params  # CrossQ has no target network
+    assert "activation_fn" not in params["policy_kwargs"]
+    model = PlasticCrossQ("MlpPolicy", env, buffer_size=100, **params)
+    assert max(g["isometry_coef"] for opt in _optimizers(model) for g in opt.param_groups) == trial.params["isometry_coef"]
+    assert model.policy_delay == trial.params["policy_delay"]
+    assert model.batch_size == 2 ** trial.params["batch_size_pow"] >= 32
+    assert model.intervention_configs["cbp"].replacement_rate == trial.params["replacement_rate"]
+    assert model.isometry_config.activation == trial.params["activation"]
+    assert em.HYPERPARAMS_CONVERTER["plastic_crossq"](trial.params) == params  # rl_zoo3's --trial-id path
+    env.close()
+
+
+def test_crossq_yaml_run_writes_model_config_and_tensorboard(tmp_path, monkeypatch):
+    from sb3_plastic import PlasticCrossQ
+
+    monkeypatch.chdir(tmp_path)
+    algo, env_id = "plastic_crossq", "Pendulum-v1"
+    conf = CONFIGS / f"{algo}.yml"
+    extra = ("--eval-freq", "-1", "-params", "learning_starts:1900")  # 100 updates of the [256, 256] nets
+    _train("--algo", algo, "--env", env_id, "-conf", str(conf), "-n", "2000", "-f", "logs", "-tb", "tb", "--seed", "3", *extra)
+    run = tmp_path / "logs" / algo / f"{env_id}_1"
+    model_path = run / f"{env_id}.zip"
+    assert model_path.is_file()
+    expected = yaml.safe_load(conf.read_text())[env_id]
+    saved = dict(yaml.load((run / env_id / "config.yml").read_text(), Loader=yaml.UnsafeLoader))
+    for key in ("isometry_coef", "activation", "policy_delay"):
+        assert saved[key] == expected[key]
+    assert list((tmp_path / "tb" / env_id).rglob("events.out.tfevents.*"))
+
+    model = PlasticCrossQ.load(model_path, device="cpu")
+    assert model.num_timesteps >= 2000 and model._n_updates > 0
+    assert model.isometry_config.isometry_coef == expected["isometry_coef"]
+    assert model.isometry_config.activation == expected["activation"]
+    assert model.policy_delay == expected["policy_delay"] and model.actor.latent_pi[1].out_features == 256
+    groups = [g for opt in _optimizers(model) for g in opt.param_groups]
+    assert max(g["isometry_coef"] for g in groups) == expected["isometry_coef"]
+
+    zoo.enjoy(["--algo", algo, "--env", env_id, "-f", "logs", "-n", "30", "--no-render", "--verbose", "0"])
+
+
+def _crossq_entries() -> list[str]:
+    return list(yaml.safe_load((CONFIGS / "plastic_crossq.yml").read_text()))
+
+
+@pytest.mark.parametrize("env_id", _crossq_entries())
+def test_crossq_yaml_entry_builds_its_model(tmp_path, monkeypatch, env_id):
+    """Each entry of plastic_crossq.yml reads, validates, makes its env and builds its model."""
+    import rl_zoo3.train
+
+    from sb3_plastic import PlasticCrossQ
+
+    monkeypatch.chdir(tmp_path)
+    if env_id not in gym.envs.registry:
+        pytest.skip(f"{env_id} is not registered (yet) in this installation")
+    try:
+        gym.make(env_id).close()
+    except Exception as exc:  # e.g. MuJoCo missing
+        pytest.skip(f"{env_id} cannot be made here: {type(exc).__name__}: {exc}")
+    built = {}
+    manager = rl_zoo3.train.ExperimentManager
+    monkeypatch.setattr(manager, "learn", lambda self, model: built.setdefault("model", model))
+    monkeypatch.setattr(manager, "save_trained_model", lambda self, model: None)
+    _train("--algo", "plastic_crossq", "--env", env_id, "--eval-freq", "-1", "-f", "logs", "-params", "buffer_size:1000")
+    model = built["model"]
+    assert isinstance(model, PlasticCrossQ)
+    entry = yaml.safe_load((CONFIGS / "plastic_crossq.yml").read_text())[env_id]
+    assert model.isometry_config.isometry_coef == entry["isometry_coef"]
+    assert model.isometry_config.activation == entry["activation"]
+    assert model.policy_delay == entry["policy_delay"]
+    for key in ("replacement_rate", "fire_at", "fire_on_task_change"):
+        if key in entry:
+            value = next(getattr(c, key) for c in model.intervention_configs.values() if hasattr(c, key))
+            assert value == entry[key], key
+    model.get_env().close()
+
+
 def _contrib_entries() -> list[tuple[str, str]]:
     out = []
     for algo in ("plastic_qrdqn", "plastic_tqc"):
@@ -555,4 +664,227 @@ def test_qrdqn_tqc_yaml_entry_builds_its_model(tmp_path, monkeypatch, algo, env_
         if key in entry:
             value = next(getattr(c, key) for c in model.intervention_configs.values() if hasattr(c, key))
             assert value == entry[key], key
+    model.get_env().close()
+
+
+# --------------------------------------------------------------------------- MaskablePPO (sb3-contrib)
+MASKED_ENV = "sb3_plastic/InvalidActionDiscrete-v0"
+MASKED_DIR = "sb3_plastic-InvalidActionDiscrete-v0"  # rl_zoo3's folder name for the id
+
+
+def test_ppo_mask_registered_with_sampler_and_masked_evaluation():
+    import rl_zoo3
+    import rl_zoo3.exp_manager as em
+    from sb3_contrib.common.maskable.callbacks import MaskableEvalCallback
+    from stable_baselines3.common.callbacks import EvalCallback
+
+    from sb3_plastic import PlasticMaskablePPO
+    from sb3_plastic.samplers import sample_plastic_ppo_mask_params
+
+    assert zoo.base_zoo_name(PlasticMaskablePPO) == "ppo_mask"
+    assert rl_zoo3.ALGOS["plastic_ppo_mask"] is PlasticMaskablePPO and "plastic_maskableppo" not in rl_zoo3.ALGOS
+    assert em.HYPERPARAMS_SAMPLER["plastic_ppo_mask"] is sample_plastic_ppo_mask_params
+    assert "plastic_ppo_mask" in em.HYPERPARAMS_CONVERTER
+    assert (CONFIGS / "plastic_ppo_mask.yml").is_file()
+    assert zoo.uses_action_masks("plastic_ppo_mask") and not zoo.uses_action_masks("plastic_ppo")
+    trial_cls = em.TrialEvalCallback
+    with zoo.action_mask_evaluation("plastic_ppo"):
+        assert em.EvalCallback is EvalCallback and em.TrialEvalCallback is trial_cls
+    with zoo.action_mask_evaluation("plastic_ppo_mask"):
+        assert em.EvalCallback is MaskableEvalCallback
+        assert issubclass(em.TrialEvalCallback, trial_cls) and issubclass(em.TrialEvalCallback, MaskableEvalCallback)
+    assert em.EvalCallback is EvalCallback and em.TrialEvalCallback is trial_cls  # restored
+
+
+@pytest.fixture
+def masked_evaluations(monkeypatch):
+    """Records the ``use_masking`` of every evaluation run by sb3-contrib's MaskableEvalCallback."""
+    import sb3_contrib.common.maskable.callbacks as maskable_callbacks
+
+    calls: list[bool] = []
+    evaluate = maskable_callbacks.evaluate_policy
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("use_masking", True))
+        return evaluate(*args, **kwargs)
+
+    monkeypatch.setattr(maskable_callbacks, "evaluate_policy", spy)
+    return calls
+
+
+def test_ppo_mask_yaml_run_evaluates_and_enjoys_with_masks(tmp_path, monkeypatch, masked_evaluations):
+    import numpy as np
+
+    from sb3_plastic import PlasticMaskablePPO
+
+    monkeypatch.chdir(tmp_path)
+    conf = CONFIGS / "plastic_ppo_mask.yml"
+    _train(
+        *("--algo", "plastic_ppo_mask", "--env", MASKED_ENV, "-n", "2000", "-f", "logs", "-tb", "tb", "--seed", "3"),
+        *("--eval-freq", "1000", "--eval-episodes", "1"),
+    )
+    assert masked_evaluations == [True, True]  # --eval-freq 1000 over 2000 steps, each with masks
+    run = tmp_path / "logs" / "plastic_ppo_mask" / f"{MASKED_DIR}_1"
+    assert (run / f"{MASKED_DIR}.zip").is_file() and (run / "evaluations.npz").is_file()
+    saved = dict(yaml.load((run / MASKED_DIR / "config.yml").read_text(), Loader=yaml.UnsafeLoader))
+    expected = yaml.safe_load(conf.read_text())[MASKED_ENV]
+    assert saved["isometry_coef"] == expected["isometry_coef"] and saved["activation"] == expected["activation"]
+    assert list((tmp_path / "tb" / MASKED_DIR).rglob("events.out.tfevents.*"))
+    model = PlasticMaskablePPO.load(run / f"{MASKED_DIR}.zip", device="cpu")
+    assert model.num_timesteps >= 2000
+    assert model.isometry_config.activation == expected["activation"]
+    assert max(g["isometry_coef"] for g in model.policy.optimizer.param_groups) == expected["isometry_coef"]
+    actions, masks = model.rollout_buffer.actions.reshape(-1).astype(int), model.rollout_buffer.action_masks
+    assert masks.reshape(len(actions), -1).astype(bool)[range(len(actions)), actions].all()  # learnt with masks
+
+    # enjoy: rl_zoo3's loop passes no masks; the launcher fills them in from the env being played
+    predicted = []
+    predict = PlasticMaskablePPO.predict
+
+    def spy(self, observation, *args, action_masks=None, **kwargs):
+        assert action_masks is not None
+        action, state = predict(self, observation, *args, action_masks=action_masks, **kwargs)
+        predicted.append(bool(np.asarray(action_masks)[np.arange(len(action)), action].all()))
+        return action, state
+
+    monkeypatch.setattr(PlasticMaskablePPO, "predict", spy)
+    zoo.enjoy(["--algo", "plastic_ppo_mask", "--env", MASKED_ENV, "-f", "logs", "-n", "30", "--no-render", "--verbose", "0"])
+    assert len(predicted) == 30 and all(predicted)
+
+
+def test_ppo_mask_without_action_masks_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    conf = tmp_path / "conf.yml"
+    entry = {"policy": "MlpPolicy", "n_timesteps": 64, "n_steps": 32, "batch_size": 32}
+    conf.write_text(yaml.safe_dump({"CartPole-v1": entry}))
+    with pytest.raises(ValueError, match="does not support action masking"):
+        _train("--algo", "plastic_ppo_mask", "--env", "CartPole-v1", "-conf", str(conf), "--eval-freq", "-1", "-f", "logs")
+
+
+def test_ppo_mask_sampler_builds_model_and_round_trips():
+    import rl_zoo3.exp_manager as em
+
+    from sb3_plastic import PlasticMaskablePPO
+
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=3))
+    trial = study.ask()
+    params = em.HYPERPARAMS_SAMPLER["plastic_ppo_mask"](trial, 0, 1, {"using_her_replay_buffer": False, "her_kwargs": {}})
+    assert set(PLASTIC_PARAMS) | {"activation", "n_steps_pow", "batch_size_pow"} <= set(trial.params)
+    assert params["activation"] == trial.params["activation"] and "activation_fn" not in params["policy_kwargs"]
+    model = PlasticMaskablePPO("MlpPolicy", gym.make(MASKED_ENV), **params)
+    assert max(g["isometry_coef"] for g in model.policy.optimizer.param_groups) == trial.params["isometry_coef"]
+    assert model.intervention_configs["cbp"].replacement_rate == trial.params["replacement_rate"]
+    assert model.isometry_config.activation == trial.params["activation"]
+    assert em.HYPERPARAMS_CONVERTER["plastic_ppo_mask"](trial.params) == params
+
+
+def test_ppo_mask_optimize_two_trials_evaluate_with_masks(tmp_path, monkeypatch, masked_evaluations):
+    """``-optimize`` with 2 trials of 512 steps (cheap PPO settings enqueued, plastic ones sampled): each trial's
+    optuna evaluation uses the masks, and the sampled values reach the saved models."""
+    from sb3_plastic import PlasticMaskablePPO
+
+    trials = _optimize_two_cheap_trials(tmp_path, monkeypatch, "plastic_ppo_mask", MASKED_ENV, "opt_mask")
+    assert masked_evaluations == [True, True]  # one evaluation per trial, with masks
+    for trial in trials:
+        model = PlasticMaskablePPO.load(tmp_path / "trials" / f"trial_{trial.number}" / "best_model.zip", device="cpu")
+        params = trial.params
+        assert sorted(g["isometry_coef"] for g in model.policy.optimizer.param_groups) == [0.0, params["isometry_coef"]]
+        assert model.isometry_config.activation == params["activation"]
+        assert model.intervention_configs["cbp"].replacement_rate == params["replacement_rate"]
+        assert model.intervention_configs["cbp"].maturity_threshold == params["maturity_threshold"]
+        assert model.n_steps == 2 ** params["n_steps_pow"]
+
+
+# --------------------------------------------------------------------------- RecurrentPPO (sb3-contrib)
+def _recurrent_ppo_class() -> type:
+    from sb3_plastic import PlasticRecurrentPPO
+
+    return PlasticRecurrentPPO
+
+
+def test_ppo_lstm_registered_as_plastic_ppo_lstm_with_sampler():
+    import rl_zoo3
+    import rl_zoo3.exp_manager as em
+
+    from sb3_plastic.samplers import sample_plastic_ppo_lstm_params
+
+    assert rl_zoo3.ALGOS["plastic_ppo_lstm"] is _recurrent_ppo_class()  # rl_zoo3 calls RecurrentPPO "ppo_lstm"
+    assert em.HYPERPARAMS_SAMPLER["plastic_ppo_lstm"] is sample_plastic_ppo_lstm_params
+    assert "plastic_ppo_lstm" in em.HYPERPARAMS_CONVERTER
+
+
+def test_ppo_lstm_yaml_run_writes_model_config_and_tensorboard(tmp_path, monkeypatch):
+    """2 000 steps of plastic_ppo_lstm on CartPole-v1 from zoo_configs/plastic_ppo_lstm.yml, then enjoy (LSTM states)."""
+    algo, env_id = "plastic_ppo_lstm", "CartPole-v1"
+    monkeypatch.chdir(tmp_path)
+    conf = CONFIGS / f"{algo}.yml"
+    extra = ["--eval-freq", "-1", "-params", "n_epochs:2"]
+    _train("--algo", algo, "--env", env_id, "-conf", str(conf), "-n", "2000", "-f", "logs", "-tb", "tb", "--seed", "3", *extra)
+    run = tmp_path / "logs" / algo / f"{env_id}_1"
+    model_path = run / f"{env_id}.zip"
+    assert model_path.is_file()
+    saved = dict(yaml.load((run / env_id / "config.yml").read_text(), Loader=yaml.UnsafeLoader))
+    expected = yaml.safe_load(conf.read_text())[env_id]
+    for key in ("isometry_coef", "activation", "policy_kwargs"):
+        assert saved[key] == expected[key]
+    args = yaml.load((run / env_id / "args.yml").read_text(), Loader=yaml.UnsafeLoader)
+    assert args["algo"] == algo and args["n_timesteps"] == 2000
+    assert list((tmp_path / "tb" / env_id).rglob("events.out.tfevents.*"))
+
+    model = _recurrent_ppo_class().load(model_path, device="cpu")
+    assert model.num_timesteps >= 2000
+    assert model.isometry_config.isometry_coef == expected["isometry_coef"]
+    assert model.isometry_config.activation == expected["activation"]
+    assert model.policy.lstm_actor.hidden_size == 64 and model.policy.lstm_critic is not None
+    groups = model.policy.optimizer.param_groups
+    assert [(g["isometry_coef"], g.get("isometry_blocks", 1)) for g in groups] == [
+        (expected["isometry_coef"], 1),
+        (expected["isometry_coef"], 4),
+        (0.0, 1),
+    ]
+
+    zoo.enjoy(["--algo", algo, "--env", env_id, "-f", "logs", "-n", "30", "--no-render", "--verbose", "0"])
+
+
+def test_ppo_lstm_sampler_builds_model_and_round_trips():
+    import rl_zoo3.exp_manager as em
+
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=2))
+    trial = study.ask()
+    params = em.HYPERPARAMS_SAMPLER["plastic_ppo_lstm"](trial, 0, 1, {"using_her_replay_buffer": False, "her_kwargs": {}})
+    assert set(PLASTIC_PARAMS) | {"activation"} <= set(trial.params)
+    assert "activation_fn" not in trial.params and "activation_fn" not in params["policy_kwargs"]
+    params["policy_kwargs"]["lstm_hidden_size"] = 8
+    model = _recurrent_ppo_class()("MlpLstmPolicy", "CartPole-v1", **params)
+    assert max(g["isometry_coef"] for g in model.policy.optimizer.param_groups) == trial.params["isometry_coef"]
+    assert model.isometry_config.activation == trial.params["activation"]
+    assert model.intervention_configs["cbp"].replacement_rate == trial.params["replacement_rate"]
+    del params["policy_kwargs"]["lstm_hidden_size"]
+    assert em.HYPERPARAMS_CONVERTER["plastic_ppo_lstm"](trial.params) == params
+
+
+def _ppo_lstm_entries() -> list[str]:
+    return list(yaml.safe_load((CONFIGS / "plastic_ppo_lstm.yml").read_text()))
+
+
+@pytest.mark.parametrize("env_id", _ppo_lstm_entries())
+def test_ppo_lstm_yaml_entry_builds_its_model(tmp_path, monkeypatch, env_id):
+    """Each entry of plastic_ppo_lstm.yml reads, validates, makes its env and builds its model (no training)."""
+    import rl_zoo3.train
+
+    monkeypatch.chdir(tmp_path)
+    zoo.register_envs([env_id])
+    if env_id not in gym.envs.registry:
+        pytest.skip(f"{env_id} is not registered (yet) in this installation")
+    built = {}
+    manager = rl_zoo3.train.ExperimentManager
+    monkeypatch.setattr(manager, "learn", lambda self, model: built.setdefault("model", model))
+    monkeypatch.setattr(manager, "save_trained_model", lambda self, model: None)
+    _train("--algo", "plastic_ppo_lstm", "--env", env_id, "--eval-freq", "-1", "-f", "logs")
+    model = built["model"]
+    assert isinstance(model, _recurrent_ppo_class())
+    entry = yaml.safe_load((CONFIGS / "plastic_ppo_lstm.yml").read_text())[env_id]
+    assert model.isometry_config.isometry_coef == entry["isometry_coef"]
+    assert model.isometry_config.activation == entry["activation"]
+    assert [g.get("isometry_blocks", 1) for g in model.policy.optimizer.param_groups] == [1, 4, 1]
     model.get_env().close()

@@ -31,6 +31,13 @@ What a *unit* is:
   ``c*P .. c*P+P-1`` (``P = H*W``); the running mean activation of a conv layer is kept per spatial
   position, so the bias absorption is exact column by column.
 
+Normalisation layers (CrossQ's ``Linear -> ReLU -> BatchRenorm -> Linear``; see
+:attr:`~sb3_plastic.common.surgery.HiddenLayer.norm`): ``h`` is still the activation output, but the consumers
+read the norm's output ``gain_j * h_j + shift_j`` (running statistics: ``gain_j = scale_j / sqrt(var_j +
+eps)``). The contribution utility therefore weighs ``mean|h_j|`` by ``|gain_j|``, the bias absorption uses
+``gain_j * f_hat_j + shift_j``, and a replaced unit's feature of the norm gets its initial state (running mean
+0, variance 1, scale 1, shift 0, moments of the scale / shift entries zeroed).
+
 Differences from the public reference code (shibhansh/loss-of-plasticity, ``gnt.py``/``convGnT.py``):
 the optimizer moments of the touched rows and columns are reset (the RL code skipped it), the conv
 utility is the product of the means over positions (the reference averages per-position products), and
@@ -55,7 +62,7 @@ from torch.utils.hooks import RemovableHandle
 
 from sb3_plastic.callbacks.base import PlasticCallback
 from sb3_plastic.callbacks.redo import layer_init_scheme
-from sb3_plastic.common.surgery import HiddenLayer, find_networks
+from sb3_plastic.common.surgery import HiddenLayer, find_networks, norm_affine, reset_norm_features_
 from sb3_plastic.optim import reset_optimizer_state
 
 #: Utility measures: "contribution" and "adaptable_contribution" (contribution / mean |incoming weight|).
@@ -197,6 +204,7 @@ class _LayerInfo:
     out_count: int  # outgoing weights per feature over all consumers
     whole_consumer: Optional[th.Tensor]  # weight of the only consumer when it reads exactly this layer
     nonneg: bool  # the recorded activation is >= 0 (ReLU-like): |h| = h
+    post_norm: Optional[nn.Module]  # a normalisation between the activation and the consumers (CrossQ)
 
     @staticmethod
     def of(spec: HiddenLayer) -> _LayerInfo:
@@ -223,6 +231,7 @@ class _LayerInfo:
             out_count=out_count,
             whole_consumer=whole,
             nonneg=isinstance(spec.activation, NONNEGATIVE_ACTIVATIONS),
+            post_norm=spec.norm if spec.norm is not None and spec.norm_after_activation else None,
         )
 
 
@@ -414,6 +423,8 @@ class GenerateAndTest:
                 ages += 1
                 # f <- eta f + (1 - eta) mean(h)
                 f.mul_(eta).add_(h_sum, alpha=(1.0 - eta) / n_batch)
+                if info.post_norm is not None:  # the consumers read gain * h + shift: weigh |h| by |gain|
+                    abs_sum = abs_sum * norm_affine(info.post_norm)[0].abs().to(abs_sum.device)
                 # y = mean|W_out| * mean|h|  [/ mean|W_in|], averaged over the features of a unit
                 out_sum, out_count = self._outgoing_sum(name)
                 scale = (1.0 - eta) / (out_count * n_batch * n_pos * info.group_size)
@@ -474,6 +485,11 @@ class GenerateAndTest:
                 f_hat = self.bias_corrected_mean_activation(name)[feats]  # (k, positions)
             else:
                 f_hat = th.zeros(feats.numel(), 1, device=device)
+            norm = spec.norm
+            if norm is not None and spec.norm_after_activation:
+                # the consumers read the norm's output: its mean is the norm's map of the mean activation
+                gain, shift = norm_affine(norm)
+                f_hat = gain[feats].to(f_hat.device)[:, None] * f_hat + shift[feats].to(f_hat.device)[:, None]
             for consumer in spec.consumers:
                 nxt = consumer.layer
                 if isinstance(nxt, nn.Conv2d):
@@ -499,6 +515,8 @@ class GenerateAndTest:
             if layer.bias is not None:
                 layer.bias[feats] = 0.0
                 self._reset_moments(layer.bias, feats, dim=0)
+            if norm is not None:  # the fresh unit starts with the norm's initial statistics
+                reset_norm_features_(norm, feats, [self.optimizer] if self.optimizer is not None else [])
             entry["age"][units.cpu()] = 0
             entry["utility"][units] = 0.0
             if "mean_activation" in entry:
@@ -623,6 +641,7 @@ def resolve_init(model: BaseAlgorithm) -> tuple[str, float]:
         for hidden in spec.hidden_layers():
             return scheme(hidden.layer)
     return "default", 1.0
+
 
 class ContinualBackprop(PlasticCallback):
     """Continual Backprop (Dohare et al., 2024, "Loss of plasticity in deep continual learning", Nature)

@@ -29,6 +29,12 @@ shape ``(in, out)``) uses the same ``sqrt(d_out / d_in)`` for Dense layers; the 
 rule to its convolutions but resets its Linear layers to their initial values; here every selected layer,
 Linear or Conv2d, gets the polar factor.
 
+Recurrent layers (sb3-contrib's RecurrentPPO LSTMs, Hochreiter & Schmidhuber, 1997): the gate matrices stacked
+in ``weight_ih_l*`` ``(4H, in)`` and ``weight_hh_l*`` ``(4H, H)`` are orthogonalised gate block by gate block,
+each ``(H, in)`` / ``(H, H)`` block scaled like a Linear layer (``sqrt(H / in)``; the recurrent blocks become
+orthogonal); biases untouched (see :mod:`sb3_plastic.recurrent`). An LSTM is a hidden layer: ``layers="hidden"``
+rewrites it too.
+
 Which layers: every Linear / Conv2d, output heads included, by default (``layers="all"``) because that is
 what the references do (the vision ``fire()`` loops over every ``nn.Linear``/``nn.Conv2d`` including the
 classifier; the SAC code projects every ``Dense`` layer including the policy-mean, log-std and Q heads).
@@ -42,6 +48,14 @@ alone here, as are biases and their optimizer state), hard-syncs every target ne
 TQC), and for on-policy algorithms (PPO, A2C) fires only between a ``train()`` and the next rollout, so
 that a rollout is never collected by two different policies (stale log-probs would break PPO's clipped
 ratio).
+
+Normalisation layers with running statistics after a rewritten hidden layer (CrossQ's ``Linear -> ReLU ->
+BatchRenorm``, :attr:`~sb3_plastic.common.surgery.HiddenLayer.norm`) are restarted
+(:func:`~sb3_plastic.common.surgery.reset_norm_`: running mean 0, variance 1, warm-up counter 0; scale and
+shift kept, like biases): the new weights change the distribution of every unit at once, and BatchRenorm
+must not normalise them with the old statistics. It normalises with batch statistics again until its
+warm-up has passed, as at the start of training. A norm in front of the first layer (CrossQ's input
+normalisation) is left alone.
 """
 
 from __future__ import annotations
@@ -58,9 +72,10 @@ from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from torch import nn
 
 from sb3_plastic.callbacks.base import PlasticCallback
-from sb3_plastic.common.surgery import sync_target
-from sb3_plastic.isometry import deviation_from_isometry
+from sb3_plastic.common.surgery import norms_fed_by, reset_norm_, sync_target
+from sb3_plastic.isometry import as_blocks, deviation_from_isometry
 from sb3_plastic.optim import reset_optimizer_state
+from sb3_plastic.recurrent import recurrent_weights
 
 #: Layer types FIRE rewrites (as the reference: Linear and Conv2d).
 FIRE_LAYER_TYPES: tuple[type[nn.Module], ...] = (nn.Linear, nn.Conv2d)
@@ -121,7 +136,7 @@ def fire_scale(weight_shape: Union[th.Size, tuple[int, ...]]) -> float:
     raise ValueError(f"FIRE handles Linear (2-d) and Conv2d (4-d) weights, got shape {shape}")
 
 
-def fire_weight(weight: th.Tensor, iterations: int = 10, scaled: bool = True) -> th.Tensor:
+def fire_weight(weight: th.Tensor, iterations: int = 10, scaled: bool = True, blocks: int = 1) -> th.Tensor:
     """FIRE's image of one weight (a new tensor; ``weight`` is not modified).
 
     A Linear weight ``(out, in)`` is replaced by its Newton–Schulz polar factor; a Conv2d kernel
@@ -132,7 +147,17 @@ def fire_weight(weight: th.Tensor, iterations: int = 10, scaled: bool = True) ->
     :param weight: a 2-d or 4-d weight tensor.
     :param iterations: Newton–Schulz steps (the reference uses 10).
     :param scaled: apply the reference scaling ``sqrt(out/in)`` (``/ (kh*kw)`` for convolutions).
+    :param blocks: a 2-d weight ``(k*m, n)`` made of ``k`` stacked matrices (an LSTM's gate blocks, ``k = 4``):
+        each block ``(m, n)`` gets its own polar factor and the Linear scale ``sqrt(m / n)``.
     """
+    if blocks != 1:
+        if weight.dim() != 2:
+            raise ValueError(f"blocks={blocks} needs a 2-d weight, got shape {tuple(weight.shape)}")
+        stacked = as_blocks(weight, blocks)
+        result = newton_schulz_polar(stacked, iterations)
+        if scaled:
+            result = result * fire_scale(stacked.shape[1:])
+        return result.reshape(weight.shape)
     if weight.dim() == 2:
         result = newton_schulz_polar(weight, iterations)
     elif weight.dim() == 4:
@@ -155,20 +180,22 @@ def fire_(
     Weights are overwritten with ``param.copy_`` under ``torch.no_grad()``: the Parameter objects stay the
     same, so optimizers and target-network updates that hold them keep working. Biases are untouched.
     Optimizer state and target networks are *not* handled here (the :class:`FIRE` callback does that).
+    A recurrent layer (``nn.LSTM``, ...) has each weight matrix rewritten gate block by gate block
+    (:func:`fire_weight` with ``blocks``; see :func:`sb3_plastic.recurrent.recurrent_weights`).
 
-    :param module_or_layers: a module (all its Linear / Conv2d layers, itself included) or an iterable of
-        Linear / Conv2d layers.
+    :param module_or_layers: a module (all its Linear / Conv2d / recurrent layers, itself included) or an
+        iterable of such layers.
     :param iterations: Newton–Schulz steps.
     :param scaled: apply the reference scaling (see :func:`fire_weight`).
     :return: the layers that were rewritten, each once, in order.
     """
     if isinstance(module_or_layers, nn.Module):
-        candidates = [m for m in module_or_layers.modules() if isinstance(m, FIRE_LAYER_TYPES)]
+        candidates = [m for m in module_or_layers.modules() if isinstance(m, (*FIRE_LAYER_TYPES, nn.RNNBase))]
     else:
         candidates = list(module_or_layers)
         for layer in candidates:
-            if not isinstance(layer, FIRE_LAYER_TYPES):
-                raise TypeError(f"fire_ rewrites nn.Linear / nn.Conv2d layers, got {type(layer).__name__}")
+            if not isinstance(layer, (*FIRE_LAYER_TYPES, nn.RNNBase)):
+                raise TypeError(f"fire_ rewrites nn.Linear / nn.Conv2d / recurrent layers, got {type(layer).__name__}")
     done: list[nn.Module] = []
     seen: set[int] = set()
     with th.no_grad():
@@ -176,9 +203,18 @@ def fire_(
             if id(layer) in seen:
                 continue
             seen.add(id(layer))
-            layer.weight.copy_(fire_weight(layer.weight, iterations, scaled))
+            for weight, blocks in fire_weights(layer):
+                weight.copy_(fire_weight(weight, iterations, scaled, blocks))
             done.append(layer)
     return done
+
+
+def fire_weights(layer: nn.Module) -> list[tuple[nn.Parameter, int]]:
+    """``(weight, blocks)`` of every matrix FIRE rewrites in a layer: ``(layer.weight, 1)`` for a Linear /
+    Conv2d, each weight matrix of a recurrent layer with its gate-block count."""
+    if isinstance(layer, nn.RNNBase):
+        return [(param, blocks) for _, param, blocks in recurrent_weights(layer)]
+    return [(layer.weight, 1)]
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -456,11 +492,14 @@ class FIRE(PlasticCallback):
                 if self.layers == "hidden" and id(layer) in heads:
                     continue
                 chosen.setdefault(id(layer), layer)
+            for layer in spec.recurrent:  # recurrent layers are hidden layers
+                chosen.setdefault(id(layer), layer)
         return list(chosen.values())
 
     def _fire(self, reasons: list[str]) -> None:
         layers = self.selected_layers()
-        dfi_before = sum(deviation_from_isometry(layer.weight) for layer in layers)
+        weights = [pair for layer in layers for pair in fire_weights(layer)]
+        dfi_before = sum(deviation_from_isometry(w, blocks=b) for w, b in weights)
         start = time.perf_counter()
         fire_(layers, self.iterations)
         optimizers: dict[int, th.optim.Optimizer] = {}
@@ -469,13 +508,15 @@ class FIRE(PlasticCallback):
                 optimizers.setdefault(id(spec.optimizer), spec.optimizer)
         for optimizer in optimizers.values():
             held = {id(p) for group in optimizer.param_groups for p in group["params"]}
-            for layer in layers:
-                if id(layer.weight) in held:
-                    reset_optimizer_state(optimizer, layer.weight)
+            for weight, _ in weights:
+                if id(weight) in held:
+                    reset_optimizer_state(optimizer, weight)
         for spec in self.networks:
+            for norm in norms_fed_by(spec, layers):
+                reset_norm_(norm)  # CrossQ's BatchRenorm: statistics of the old weights no longer apply
             sync_target(spec)
         seconds = time.perf_counter() - start
-        dfi_after = sum(deviation_from_isometry(layer.weight) for layer in layers)
+        dfi_after = sum(deviation_from_isometry(w, blocks=b) for w, b in weights)
 
         s = self.state
         now = int(self.model.num_timesteps)

@@ -17,7 +17,10 @@ paper's default, 0.1 an aggressive setting). Every ``period`` gradient steps ReD
   read by a Linear through an NCHW flatten, the ``H*W`` columns of the channel) to zero,
 * zeroes the optimizer moments of exactly those rows / entries / columns.
 
-Output heads are never recycled. Under MaxMin (GroupSort-2) a unit is a sorted pair of features (each
+Output heads are never recycled. Scores are taken on the activation output; when a normalisation layer
+follows it (CrossQ: ``Linear -> ReLU -> BatchRenorm``) a dead unit is still dead (its normalised output is
+a constant), and a recycled unit's features of that layer get their initial statistics.
+Under MaxMin (GroupSort-2) a unit is a sorted pair of features (each
 output of the pair depends on both pre-activations); a pair is dormant only if *both* of its features
 are dormant, and then both rows are recycled.
 
@@ -37,12 +40,14 @@ import numpy as np
 import torch as th
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
+from stable_baselines3.common.policies import BaseModel
 from stable_baselines3.common.utils import obs_as_tensor
 from torch import nn
 
 from sb3_plastic.callbacks.base import PlasticCallback
-from sb3_plastic.common.surgery import HiddenLayer, NetworkSpec
+from sb3_plastic.common.surgery import HiddenLayer, NetworkSpec, reset_norm_features_
 from sb3_plastic.optim import reset_optimizer_state
+from sb3_plastic.recurrent import lstm_first_step
 
 #: ``layer -> (fresh_weight, fresh_bias)``: a new draw from a layer's initialiser; the layer is untouched.
 LayerInit = Callable[[nn.Module], tuple[th.Tensor, Optional[th.Tensor]]]
@@ -254,7 +259,9 @@ def redo_reset_(
     units' rows are used), their bias entries set to zero, their outgoing weights (input columns of every
     consumer, with the conv -> linear flatten mapping) set to zero, and the optimizer moments of exactly
     those rows / entries / columns zeroed in every optimizer of ``optimizers`` that holds the tensor
-    (the step counts are kept).
+    (the step counts are kept). A normalisation layer of the units (:attr:`HiddenLayer.norm`, CrossQ's
+    BatchRenorm) gets those features reset to its initial state (running mean 0, variance 1, scale 1, shift 0,
+    moments zeroed: :func:`~sb3_plastic.common.surgery.reset_norm_features_`).
 
     :param hidden: the layer with its consumers (see :meth:`sb3_plastic.common.surgery.NetworkSpec.hidden_layers`).
     :param units: a bool mask over the layer's units or unit indices (a unit is ``hidden.group_size`` features).
@@ -285,6 +292,8 @@ def redo_reset_(
         cols = consumer.columns(features).to(consumer.layer.weight.device)
         consumer.layer.weight.index_fill_(1, cols, 0.0)
         _reset_moments(optimizers, consumer.layer.weight, cols, 1)
+    if hidden.norm is not None:  # CrossQ's BatchRenorm: the recycled unit starts with the initial statistics
+        reset_norm_features_(hidden.norm, features, optimizers)
     return features
 
 
@@ -341,8 +350,12 @@ def network_probe(
 
     ``policy`` (PPO / A2C): action distribution and value; ``q_net`` / ``quantile_net``: the network;
     ``actor`` (SAC / TQC): the action distribution parameters; ``critic``: Q-values of ``actions``.
+    A recurrent policy (RecurrentPPO) sees each probe observation as the first step of an episode (zero LSTM
+    states): the probe is a batch of single observations, not sequences.
     """
     policy = model.policy
+    if spec.name == "policy" and spec.recurrent:
+        return lambda: _recurrent_policy_probe(policy, observations)
     if spec.name == "policy":
         return lambda: (policy.get_distribution(observations), policy.predict_values(observations))
     if spec.name == "actor":
@@ -352,6 +365,23 @@ def network_probe(
             raise ValueError("the critic probe needs actions")
         return lambda: spec.module(observations, actions)
     return lambda: spec.module(observations)
+
+
+def _recurrent_policy_probe(policy: Any, observations: Any) -> Any:
+    """Action distribution and value of sb3-contrib's recurrent policy for single observations from zero LSTM
+    states: ``get_distribution`` / ``predict_values`` with the LSTM step written out
+    (:func:`sb3_plastic.recurrent.lstm_first_step`, which the diagnostics can differentiate per sample)."""
+    features_pi = BaseModel.extract_features(policy, observations, policy.pi_features_extractor)
+    latent_pi = policy.mlp_extractor.forward_actor(lstm_first_step(policy.lstm_actor, features_pi))
+    features_vf = BaseModel.extract_features(policy, observations, policy.vf_features_extractor)
+    if policy.lstm_critic is not None:
+        latent_vf = lstm_first_step(policy.lstm_critic, features_vf)
+    elif policy.shared_lstm:
+        latent_vf = lstm_first_step(policy.lstm_actor, features_vf).detach()
+    else:
+        latent_vf = policy.critic(features_vf)
+    values = policy.value_net(policy.mlp_extractor.forward_critic(latent_vf))
+    return policy._get_action_dist_from_latent(latent_pi), values
 
 
 class ReDo(PlasticCallback):

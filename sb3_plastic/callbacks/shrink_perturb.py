@@ -11,8 +11,13 @@ References:
   Gaussian noise ``N(0, sigma^2)`` added to every weight after each optimizer step.
 
 Both act on the weight and bias of every Linear / Conv2d layer of every online network (output heads
-included, as in both papers); other parameters (PPO's ``log_std`` vector, SAC's entropy coefficient)
-are left alone.
+included, as in both papers) and on every parameter of its recurrent layers (RecurrentPPO's LSTMs: weights
+and biases, the fresh draw from the LSTM's own initialisation, :mod:`sb3_plastic.recurrent`); other
+parameters (PPO's ``log_std`` vector, SAC's entropy coefficient) are left alone. Normalisation layers with
+running statistics (CrossQ's BatchRenorm) keep their scale and shift; after an event, which moves every
+weight of the layer feeding them, their running statistics and warm-up counter restart
+(:func:`~sb3_plastic.common.surgery.reset_norm_`, as after FIRE); the continual form leaves them to the
+norm's own running averages.
 """
 
 from __future__ import annotations
@@ -30,8 +35,9 @@ from torch.utils.hooks import RemovableHandle
 
 from sb3_plastic.callbacks.base import PlasticCallback
 from sb3_plastic.callbacks.redo import LayerInit, default_layer_init, model_layer_init
-from sb3_plastic.common.surgery import find_networks, sync_target
+from sb3_plastic.common.surgery import find_networks, norms_fed_by, reset_norm_, sync_target
 from sb3_plastic.optim import reset_optimizer_state
+from sb3_plastic.recurrent import fresh_recurrent_parameters, recurrent_init_scheme
 
 MODES = ("event", "continual")
 
@@ -90,6 +96,39 @@ def shrink_perturb_(
             if fresh_b is not None:
                 bias.add_(fresh_b.to(bias), alpha=perturb)
             touched.append(bias)
+    for opt in {id(o): o for o in optimizers if o is not None}.values():
+        for param in touched:
+            if _holds(opt, param):
+                reset_optimizer_state(opt, param)
+    return touched
+
+
+@th.no_grad()
+def shrink_perturb_recurrent_(
+    modules: Iterable[nn.RNNBase],
+    shrink: float = DEFAULT_SHRINK,
+    perturb: float = DEFAULT_PERTURB,
+    init: str = "default",
+    gain: float = 1.0,
+    optimizers: Iterable[Optional[th.optim.Optimizer]] = (),
+) -> list[nn.Parameter]:
+    """:func:`shrink_perturb_` for recurrent layers (``nn.LSTM``, ...): every weight and bias becomes
+    ``shrink * theta + perturb * theta_fresh``, ``theta_fresh`` a fresh draw of the layer's initialisation
+    (:func:`sb3_plastic.recurrent.fresh_recurrent_parameters` with ``init`` / ``gain``). In place; the whole
+    optimizer state of every touched tensor is dropped.
+
+    :return: the touched parameters.
+    """
+    _check_fraction("shrink", shrink)
+    _check_nonneg("perturb", perturb)
+    touched: list[nn.Parameter] = []
+    for module in {id(m): m for m in modules}.values():
+        fresh = fresh_recurrent_parameters(module, init, gain) if perturb > 0 else {}
+        for name, param in module.named_parameters(recurse=False):
+            param.mul_(shrink)
+            if name in fresh:
+                param.add_(fresh[name].to(param), alpha=perturb)
+            touched.append(param)
     for opt in {id(o): o for o in optimizers if o is not None}.values():
         for param in touched:
             if _holds(opt, param):
@@ -288,6 +327,7 @@ class ShrinkPerturb(PlasticCallback):
             ids = {
                 id(p) for layer in spec.weight_layers() for p in (layer.weight, getattr(layer, "bias", None)) if p is not None
             }
+            ids.update(id(p) for module in spec.recurrent for p in module.parameters())
             entry = by_opt.setdefault(id(spec.optimizer), (spec.optimizer, set()))
             entry[1].update(ids)
         for opt, ids in by_opt.values():
@@ -357,7 +397,15 @@ class ShrinkPerturb(PlasticCallback):
         networks = self.networks or find_networks(self.model)
         layers = list({id(m): m for spec in networks for m in spec.weight_layers()}.values())
         touched = shrink_perturb_(layers, self.shrink, self.perturb, self._init, [spec.optimizer for spec in networks])
+        recurrent = [m for spec in networks for m in spec.recurrent]
+        if recurrent:
+            init, gain = recurrent_init_scheme(self.model)
+            touched += shrink_perturb_recurrent_(
+                recurrent, self.shrink, self.perturb, init, gain, [spec.optimizer for spec in networks]
+            )
         for spec in networks:
+            for norm in norms_fed_by(spec, layers):
+                reset_norm_(norm)  # CrossQ's BatchRenorm: statistics of the old weights no longer apply
             sync_target(spec)
         self.state["pending"] = False
         self.state["events"] = int(self.state.get("events", 0)) + 1

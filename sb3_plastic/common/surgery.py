@@ -14,15 +14,25 @@ structure, which this module extracts once:
 A *unit* is an output feature of a Linear layer or an output channel of a Conv2d layer; under MaxMin
 (GroupSort-2) the two features of a sorted pair are one unit (``group_size = 2``), because each output
 of the pair depends on both pre-activations.
+
+Per-feature normalisation layers with running statistics (:data:`NORM_TYPES`: sb3-contrib's
+``BatchRenorm1d`` of CrossQ, torch's ``BatchNorm1d``/``BatchNorm2d``) sitting in the same ``nn.Sequential``
+right after a hidden layer's activation (CrossQ's ``Linear, ReLU, BatchRenorm, Linear``) or right after the
+layer itself (``Linear, BatchNorm, ReLU``) belong to that layer: feature ``j`` of the norm normalises unit
+``j``'s output, so :attr:`HiddenLayer.norm` records it and the interventions reset its statistics together
+with the unit (:func:`reset_norm_features_`, :func:`reset_norm_`). A norm in front of the first layer (CrossQ
+normalises its input) belongs to no hidden layer and is never touched.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch as th
+from sb3_contrib.common.torch_layers import BatchRenorm
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.preprocessing import get_flattened_obs_dim
 from torch import nn
@@ -30,6 +40,8 @@ from torch import nn
 from sb3_plastic.activations import MaxMin
 
 LAYER_TYPES: tuple[type[nn.Module], ...] = (nn.Linear, nn.Conv2d)
+#: Per-feature normalisations with running statistics that the interventions know how to reset.
+NORM_TYPES: tuple[type[nn.Module], ...] = (BatchRenorm, nn.modules.batchnorm._BatchNorm)
 
 
 @dataclass
@@ -62,6 +74,11 @@ class HiddenLayer:
     layer: nn.Module
     activation: Optional[nn.Module]
     consumers: list[Consumer] = field(default_factory=list)
+    #: the per-feature normalisation (:data:`NORM_TYPES`) of this layer's units, if any
+    norm: Optional[nn.Module] = None
+    #: whether ``norm`` reads the activation's output (CrossQ: the consumers then read the norm's output,
+    #: not the activation's) or the layer's output (``Linear, BatchNorm, ReLU``)
+    norm_after_activation: bool = True
 
     @property
     def group_size(self) -> int:
@@ -91,10 +108,17 @@ class NetworkSpec:
     #: input offset of a consumer for an edge (id(producer), id(consumer)); 0 when absent. Non-zero when a
     #: Dict-observation extractor concatenates several sub-extractors' outputs.
     edge_offsets: dict[tuple[int, int], int] = field(default_factory=dict)
+    #: recurrent layers (``nn.LSTM``, ...) of the network; they are in no path (see :mod:`sb3_plastic.recurrent`)
+    recurrent: list[nn.Module] = field(default_factory=list)
+    #: Linear / Conv2d layers outside the paths: those feeding a recurrent layer (a features extractor in front
+    #: of an LSTM). They are weight layers (FIRE, Shrink & Perturb, diagnostics) but never hidden layers of unit
+    #: resets, whose outgoing weights would be the recurrent layer's input columns.
+    extra_layers: list[nn.Module] = field(default_factory=list)
 
     def weight_layers(self) -> list[nn.Module]:
-        """Every Linear / Conv2d of the network, each once, in path order (heads included)."""
-        seen: dict[int, nn.Module] = {}
+        """Every Linear / Conv2d of the network, each once: :attr:`extra_layers` first, then in path order
+        (heads included). Recurrent layers are not listed (:attr:`recurrent`)."""
+        seen: dict[int, nn.Module] = {id(m): m for m in self.extra_layers}
         for path in self.paths:
             for layer in path:
                 seen.setdefault(id(layer), layer)
@@ -107,14 +131,17 @@ class NetworkSpec:
     def hidden_layers(self) -> list[HiddenLayer]:
         """Every non-head layer with its activation and consumers."""
         parents = _activation_after(self.module)
+        norms = _norm_after(self.module)
         head_ids = {id(h) for h in self.heads()}
         hidden: dict[int, HiddenLayer] = {}
         for path in self.paths:
             for layer, nxt in itertools.pairwise(path):
                 if id(layer) in head_ids:
                     continue
+                norm, after_act = norms.get(id(layer), (None, True))
                 spec = hidden.setdefault(
-                    id(layer), HiddenLayer(self.layer_names.get(id(layer), "?"), layer, parents.get(id(layer)))
+                    id(layer),
+                    HiddenLayer(self.layer_names.get(id(layer), "?"), layer, parents.get(id(layer)), [], norm, after_act),
                 )
                 if any(c.layer is nxt for c in spec.consumers):
                     continue
@@ -132,15 +159,140 @@ class NetworkSpec:
 
 
 def _activation_after(module: nn.Module) -> dict[int, nn.Module]:
-    """Map id(layer) -> the non-weight module right after it in its ``nn.Sequential`` parent."""
+    """Map id(layer) -> the non-weight module right after it in its ``nn.Sequential`` parent (a
+    normalisation right after the layer is skipped: the activation is the module after it)."""
     found: dict[int, nn.Module] = {}
     for parent in module.modules():
         if isinstance(parent, nn.Sequential):
             children = list(parent.children())
-            for a, b in itertools.pairwise(children):
-                if isinstance(a, LAYER_TYPES) and not isinstance(b, (*LAYER_TYPES, nn.Flatten, nn.Identity)):
+            for i, a in enumerate(children[:-1]):
+                if not isinstance(a, LAYER_TYPES):
+                    continue
+                b = children[i + 1]
+                if isinstance(b, NORM_TYPES):
+                    b = children[i + 2] if i + 2 < len(children) else None
+                if b is not None and not isinstance(b, (*LAYER_TYPES, *NORM_TYPES, nn.Flatten, nn.Identity)):
                     found[id(a)] = b
     return found
+
+
+def _norm_after(module: nn.Module) -> dict[int, tuple[nn.Module, bool]]:
+    """Map id(layer) -> ``(norm, after_activation)`` for a :data:`NORM_TYPES` module of the same width right
+    after the layer (``after_activation=False``) or right after the activation that follows it (``True``)."""
+    found: dict[int, tuple[nn.Module, bool]] = {}
+    for parent in module.modules():
+        if not isinstance(parent, nn.Sequential):
+            continue
+        children = list(parent.children())
+        for i, a in enumerate(children):
+            if not isinstance(a, LAYER_TYPES):
+                continue
+            width = a.weight.shape[0]
+            nxt = children[i + 1 : i + 3]
+            if nxt and isinstance(nxt[0], NORM_TYPES) and norm_width(nxt[0]) == width:
+                found[id(a)] = (nxt[0], False)
+            elif (
+                len(nxt) == 2
+                and not isinstance(nxt[0], (*LAYER_TYPES, *NORM_TYPES, nn.Flatten))
+                and isinstance(nxt[1], NORM_TYPES)
+                and norm_width(nxt[1]) == width
+            ):
+                found[id(a)] = (nxt[1], True)
+    return found
+
+
+def _norm_tensors(norm: nn.Module) -> tuple[Optional[th.Tensor], ...]:
+    """``(running mean, running var, scale, shift, counter)`` of a :data:`NORM_TYPES` module (``None`` where absent).
+
+    sb3-contrib's ``BatchRenorm``: ``ra_mean``, ``ra_var``, ``scale``, ``bias``, ``steps`` (the warm-up
+    counter: batch statistics are used until it passes ``warmup_steps``); torch's batch norms:
+    ``running_mean``, ``running_var``, ``weight``, ``bias``, ``num_batches_tracked``.
+    """
+    if isinstance(norm, BatchRenorm):
+        return norm.ra_mean, norm.ra_var, norm.scale, norm.bias, norm.steps
+    if isinstance(norm, nn.modules.batchnorm._BatchNorm):
+        return norm.running_mean, norm.running_var, norm.weight, norm.bias, norm.num_batches_tracked
+    raise TypeError(f"{type(norm).__name__} is not a known normalisation layer; known: {[t.__name__ for t in NORM_TYPES]}")
+
+
+def norm_width(norm: nn.Module) -> int:
+    """Number of features a :data:`NORM_TYPES` module normalises."""
+    return int(norm.num_features)
+
+
+@th.no_grad()
+def reset_norm_features_(
+    norm: nn.Module, features: th.Tensor, optimizers: Iterable[Optional[th.optim.Optimizer]] = ()
+) -> None:
+    """Give ``features`` of a normalisation layer their initial state, in place: running mean 0, running
+    variance 1, scale 1, shift 0; the optimizer moments of those scale / shift entries are zeroed (step counts
+    kept) in every optimizer of ``optimizers`` that holds them. The layer-wide warm-up / batch counter is
+    left alone (the other features keep their statistics). Used when hidden units are replaced (Continual
+    Backprop, ReDo): a fresh unit must not be normalised with the statistics of the unit it replaces.
+
+    :param norm: a :data:`NORM_TYPES` module.
+    :param features: feature indices (or a boolean mask).
+    :param optimizers: optimizers whose moments of the touched entries are zeroed.
+    """
+    from sb3_plastic.optim import reset_optimizer_state
+
+    mean, var, scale, shift, _ = _norm_tensors(norm)
+    some = next(t for t in (mean, scale, shift) if t is not None)
+    idx = th.as_tensor(features, device=some.device)
+    idx = (idx.nonzero().flatten() if idx.dtype == th.bool else idx).long()
+    if idx.numel() == 0:
+        return
+    if mean is not None and var is not None:
+        mean[idx] = 0.0
+        var[idx] = 1.0
+    opts = list({id(o): o for o in optimizers if o is not None}.values())
+    for param, value in ((scale, 1.0), (shift, 0.0)):
+        if param is None:
+            continue
+        param[idx] = value
+        for opt in opts:
+            if any(param is p for group in opt.param_groups for p in group["params"]):
+                reset_optimizer_state(opt, param, idx, 0)
+
+
+@th.no_grad()
+def reset_norm_(norm: nn.Module) -> None:
+    """Restart a normalisation layer's statistics, in place: running mean 0, running variance 1 and the
+    warm-up / batch counter 0 (BatchRenorm then normalises with batch statistics again until its warm-up has
+    passed, exactly as after construction). The learnt scale and shift are kept (they are parameters, like
+    biases). Used after FIRE and a Shrink & Perturb event, which rewrite every weight of the layer feeding it.
+    """
+    mean, var, _, _, counter = _norm_tensors(norm)
+    if mean is not None and var is not None:
+        mean.zero_()
+        var.fill_(1.0)
+    if counter is not None:
+        counter.zero_()
+
+
+@th.no_grad()
+def norm_affine(norm: nn.Module) -> tuple[th.Tensor, th.Tensor]:
+    """``(gain, shift)`` per feature of the map ``x -> gain * x + shift`` a normalisation layer applies with
+    its running statistics (its evaluation-mode map; after BatchRenorm's warm-up also its training map, up to
+    the clipping of ``r`` and ``d``). Without running statistics the gain is 0 and the shift the layer's
+    shift (a batch-normalised feature has mean ``shift``)."""
+    mean, var, scale, shift, _ = _norm_tensors(norm)
+    affine = bool(getattr(norm, "affine", True))
+    n = norm_width(norm)
+    device = next(t for t in (mean, scale, shift) if t is not None).device
+    w = scale.detach().float() if affine and scale is not None else th.ones(n, device=device)
+    b = shift.detach().float() if affine and shift is not None else th.zeros(n, device=device)
+    if mean is None or var is None:
+        return th.zeros(n, device=device), b
+    gain = w / th.sqrt(var.float() + float(norm.eps))
+    return gain, b - gain * mean.float()
+
+
+def norms_fed_by(spec: NetworkSpec, layers: Iterable[nn.Module]) -> list[nn.Module]:
+    """The normalisation layers of ``spec``'s hidden layers among ``layers`` (each once)."""
+    ids = {id(layer) for layer in layers}
+    found = {id(h.norm): h.norm for h in spec.hidden_layers() if h.norm is not None and id(h.layer) in ids}
+    return list(found.values())
 
 
 def layers_of(module: Optional[nn.Module]) -> list[nn.Module]:
@@ -190,8 +342,14 @@ def _names(root: nn.Module) -> dict[int, str]:
 def find_networks(model: BaseAlgorithm) -> list[NetworkSpec]:
     """The online networks of an SB3 / sb3-contrib model, with optimizers, targets and layer paths.
 
-    Supports actor-critic policies (PPO, A2C, RecurrentPPO's MLP part, MaskablePPO), DQN, QR-DQN, SAC,
-    TQC, TD3 and DDPG (and their plastic versions), with Box or Dict observations.
+    Supports actor-critic policies (PPO, A2C, RecurrentPPO, MaskablePPO), DQN, QR-DQN, SAC,
+    TQC, CrossQ (no target network; its BatchRenorm layers become :attr:`HiddenLayer.norm`), TD3 and DDPG
+    (and their plastic versions), with Box or Dict observations.
+
+    RecurrentPPO (sb3-contrib's LSTM policies): the LSTMs go to :attr:`NetworkSpec.recurrent`, the features
+    extractor's layers (which feed them) to :attr:`NetworkSpec.extra_layers`; the paths start after the LSTM:
+    ``mlp_extractor.policy_net -> action_net`` and ``[critic ->] mlp_extractor.value_net -> value_net``
+    (``critic``: the Linear sb3-contrib uses instead of a critic LSTM). See :mod:`sb3_plastic.recurrent`.
 
     Limitation: with SAC/TQC's ``share_features_extractor=True`` (off by default) the shared extractor
     belongs to the actor, and its last layer lists only the actor's first layer as consumer, not the
@@ -201,6 +359,8 @@ def find_networks(model: BaseAlgorithm) -> list[NetworkSpec]:
     """
     policy = model.policy
     off: dict[tuple[int, int], int] = {}
+    if isinstance(getattr(policy, "lstm_actor", None), nn.RNNBase) and hasattr(policy, "mlp_extractor"):
+        return [_recurrent_actor_critic_spec(policy)]
     if hasattr(policy, "mlp_extractor") and hasattr(policy, "action_net"):
         pi_tail = [*layers_of(policy.mlp_extractor.policy_net), policy.action_net]
         vf_tail = [*layers_of(policy.mlp_extractor.value_net), policy.value_net]
@@ -219,7 +379,7 @@ def find_networks(model: BaseAlgorithm) -> list[NetworkSpec]:
         paths = _extractor_paths(q.features_extractor, [layers_of(q.quantile_net)], off)
         names = _names_with_prefix(q, "quantile_net")
         return [NetworkSpec("quantile_net", q, policy.optimizer, policy.quantile_net_target, paths, names, off)]
-    if hasattr(policy, "actor") and hasattr(policy, "critic") and hasattr(policy, "critic_target"):
+    if hasattr(policy, "actor") and hasattr(policy, "critic"):  # CrossQ: no critic target
         actor, critic = policy.actor, policy.critic
         shared = policy.share_features_extractor
         if hasattr(actor, "latent_pi"):  # SAC, TQC
@@ -242,13 +402,28 @@ def find_networks(model: BaseAlgorithm) -> list[NetworkSpec]:
                 "critic",
                 critic,
                 critic.optimizer,
-                policy.critic_target,
+                getattr(policy, "critic_target", None),
                 critic_paths,
                 _names_with_prefix(critic, "critic"),
                 off,
             ),
         ]
     raise TypeError(f"sb3_plastic does not know the network structure of {type(policy).__name__}")
+
+
+def _recurrent_actor_critic_spec(policy: nn.Module) -> NetworkSpec:
+    """The network of sb3-contrib's ``RecurrentActorCriticPolicy`` (see :func:`find_networks`)."""
+    pi_tail = [*layers_of(policy.mlp_extractor.policy_net), policy.action_net]
+    vf_tail = [*layers_of(policy.mlp_extractor.value_net), policy.value_net]
+    critic = getattr(policy, "critic", None)
+    if isinstance(critic, LAYER_TYPES):
+        vf_tail = [critic, *vf_tail]
+    extractors = {id(m): m for m in (policy.pi_features_extractor, policy.vf_features_extractor)}
+    extra = [layer for m in extractors.values() for layer in layers_of(m)]
+    recurrent = [m for m in (policy.lstm_actor, getattr(policy, "lstm_critic", None)) if isinstance(m, nn.RNNBase)]
+    return NetworkSpec(
+        "policy", policy, policy.optimizer, None, [pi_tail, vf_tail], _names(policy), recurrent=recurrent, extra_layers=extra
+    )
 
 
 def _names_with_prefix(module: nn.Module, prefix: str) -> dict[int, str]:

@@ -1,0 +1,365 @@
+"""PlasticRecurrentPPO: sb3-contrib equivalence when plasticity is off, AdamO isometry and FIRE per LSTM gate
+block, what the unit-reset interventions and Shrink & Perturb do to the LSTM, save/load, LSTM states."""
+
+import math
+
+import numpy as np
+import pytest
+import torch as th
+from plastic_asserts import assert_intervention_ran, assert_same_adam_moments, assert_same_parameters
+from sb3_contrib import RecurrentPPO
+from sb3_contrib.common.recurrent.policies import RecurrentActorCriticPolicy
+from stable_baselines3.common.envs import FakeImageEnv
+
+from sb3_plastic import (
+    FIRE,
+    PlasticityMonitor,
+    PlasticRecurrentPPO,
+    ReDo,
+    dfi_per_layer,
+    isometry_penalty,
+    isometry_penalty_grad,
+)
+from sb3_plastic.callbacks.fire import newton_schulz_polar
+from sb3_plastic.callbacks.shrink_perturb import ShrinkPerturb, shrink_perturb_recurrent_
+from sb3_plastic.common.surgery import find_networks
+from sb3_plastic.optim import MAX_ISOMETRY_STEP, AdamO
+from sb3_plastic.recurrent import fresh_recurrent_parameters, lstm_first_step, recurrent_weights
+from sb3_plastic.recurrent_policies import PlasticRecurrentActorCriticPolicy
+
+OFF = dict(activation="tanh", isometry_mode="off", optimizer="adam")
+FAST = dict(n_steps=32, batch_size=32, n_epochs=2, seed=0)
+H = 8  # LSTM hidden size (CartPole observations have 4 features: input blocks (8, 4), recurrent blocks (8, 8))
+
+
+def small(**extra):
+    return dict(lstm_hidden_size=H, net_arch=[16], **extra)
+
+
+def image_env():
+    env = FakeImageEnv(screen_height=36, screen_width=36, n_channels=1, discrete=True)
+    env.observation_space.seed(0)
+    return env
+
+
+def lstm_matrices(policy):
+    return [
+        (f"{name}.{pname}", p, b)
+        for name in ("lstm_actor", "lstm_critic")
+        if getattr(policy, name) is not None
+        for pname, p, b in recurrent_weights(getattr(policy, name))
+    ]
+
+
+def gate_blocks(weight):
+    return weight.detach().reshape(4, weight.shape[0] // 4, weight.shape[1])
+
+
+def test_policy_mro_keeps_recurrent_methods():
+    cls = PlasticRecurrentActorCriticPolicy
+    for name in ("forward", "predict", "_predict", "evaluate_actions", "get_distribution", "predict_values"):
+        assert getattr(cls, name) is getattr(RecurrentActorCriticPolicy, name), name
+
+
+@pytest.mark.parametrize(
+    "policy, env_fn, policy_kwargs, steps",
+    [
+        ("MlpLstmPolicy", lambda: "CartPole-v1", small(), 128),
+        ("MlpLstmPolicy", lambda: "CartPole-v1", small(enable_critic_lstm=False), 128),
+        ("MlpLstmPolicy", lambda: "CartPole-v1", small(enable_critic_lstm=False, shared_lstm=True, n_lstm_layers=2), 128),
+        # NatureCNN is ReLU whatever the MLP's activation; sb3-contrib puts no MLP after it (net_arch=[])
+        ("CnnLstmPolicy", image_env, dict(lstm_hidden_size=H), 64),
+    ],
+    ids=["critic_lstm", "critic_linear", "shared_2_layers", "cnn"],
+)
+def test_plasticity_off_is_contrib(policy, env_fn, policy_kwargs, steps):
+    reference = RecurrentPPO(policy, env_fn(), policy_kwargs=dict(policy_kwargs), **FAST)
+    reference.learn(steps)
+    off = dict(OFF, activation="relu") if policy == "CnnLstmPolicy" else OFF
+    plastic = PlasticRecurrentPPO(policy, env_fn(), policy_kwargs=dict(policy_kwargs), **off, **FAST)
+    assert type(plastic.policy.optimizer) is th.optim.Adam
+    assert plastic.policy.optimizer.param_groups[0]["eps"] == reference.policy.optimizer.param_groups[0]["eps"] == 1e-5
+    plastic.learn(steps)
+    assert_same_parameters(reference, plastic)
+    fresh = RecurrentPPO(policy, env_fn(), policy_kwargs=dict(policy_kwargs), **FAST)
+    assert any(not th.equal(x, y) for x, y in zip(fresh.policy.parameters(), reference.policy.parameters()))
+
+
+def test_unknown_policy_is_a_clear_error():
+    with pytest.raises(ValueError, match="MlpLstmPolicy"):
+        PlasticRecurrentPPO("MlpPolicy", "CartPole-v1")
+
+
+def test_adamo_groups_hold_the_lstm_gate_blocks():
+    model = PlasticRecurrentPPO("MlpLstmPolicy", "CartPole-v1", policy_kwargs=small(), isometry_coef=0.05, **FAST)
+    groups = model.policy.optimizer.param_groups
+    assert isinstance(model.policy.optimizer, AdamO)
+    assert [(g["isometry_coef"], g.get("isometry_blocks", 1)) for g in groups] == [(0.05, 1), (0.05, 4), (0.0, 1)]
+    lstm = {id(p) for _, p, _ in lstm_matrices(model.policy)}
+    assert {id(p) for p in groups[1]["params"]} == lstm and len(lstm) == 4
+    mlp = {id(m.weight) for m in model.policy.mlp_extractor.modules() if isinstance(m, th.nn.Linear)}
+    assert {id(p) for p in groups[0]["params"]} == mlp
+    heads = {id(p) for head in model.policy.plastic_heads() for p in head.parameters()}
+    assert heads <= {id(p) for p in groups[2]["params"]}
+    # fnmatch patterns select LSTM matrices as any other parameter; they stay per gate block
+    only = PlasticRecurrentPPO(
+        "MlpLstmPolicy", "CartPole-v1", policy_kwargs=small(), isometry_layers=["lstm_actor.*"], **FAST
+    ).policy.optimizer.param_groups
+    assert [g.get("isometry_blocks", 1) for g in only] == [4, 1]
+    assert len(only[0]["params"]) == 2
+
+
+@pytest.mark.parametrize("coef", [0.5, 1e6], ids=["free", "clamped"])
+def test_isometry_step_moves_each_gate_block_towards_isometry(coef):
+    """With a zero task gradient the AdamO step of an LSTM weight is the decoupled isometry step, computed
+    gate block by gate block: each block moves by ``-step_b * grad R(W_b)`` with its own clamp."""
+    model = PlasticRecurrentPPO(
+        "MlpLstmPolicy", "CartPole-v1", policy_kwargs=small(), isometry_coef=coef, isometry_interval=1, **FAST
+    )
+    opt = model.policy.optimizer
+    lr = opt.param_groups[0]["lr"]
+    before = {name: p.detach().clone() for name, p, _ in lstm_matrices(model.policy)}
+    for p in model.policy.parameters():
+        p.grad = th.zeros_like(p)
+    opt.step()
+    for name, p, blocks in lstm_matrices(model.policy):
+        assert blocks == 4
+        old, new = gate_blocks(before[name]), gate_blocks(p)
+        steps = []
+        for b in range(4):
+            w = old[b].clone().requires_grad_(True)
+            gram = w.T @ w if w.shape[0] >= w.shape[1] else w @ w.T
+            ((gram - th.eye(gram.shape[0])) ** 2).sum().backward()  # R(W_b), by autograd
+            bound = gram.detach().abs().sum(dim=1).max()
+            step = min(lr * coef, MAX_ISOMETRY_STEP / (4.0 * float(bound)))
+            steps.append(step)
+            assert th.allclose(new[b], old[b] - step * w.grad, atol=1e-6), (name, b)
+            assert isometry_penalty(new[b]) < isometry_penalty(old[b])
+        assert th.allclose(opt.state[p]["isometry_step"], th.tensor(steps), rtol=1e-5)
+        if coef > 1:  # the clamp acts per block, so blocks with different Gram bounds take different steps
+            assert len({round(s, 8) for s in steps}) > 1
+
+
+def test_training_with_isometry_reduces_lstm_dfi():
+    model = PlasticRecurrentPPO(
+        "MlpLstmPolicy", "CartPole-v1", policy_kwargs=small(), isometry_coef=20.0, learning_rate=3e-3, **FAST
+    )
+    before = dfi_per_layer(model.policy)
+    model.learn(256)
+    after = dfi_per_layer(model.policy)
+    for key in ("lstm_actor.weight_ih_l0", "lstm_actor.weight_hh_l0", "lstm_critic.weight_hh_l0"):
+        assert after[key] < before[key], key
+    for p in model.policy.parameters():
+        assert th.isfinite(p).all()
+
+
+def test_maxmin_orthogonal_init_per_gate_block():
+    model = PlasticRecurrentPPO("MlpLstmPolicy", "CartPole-v1", policy_kwargs=small(), activation="maxmin", seed=1)
+    for name, p, _ in lstm_matrices(model.policy):
+        for block in gate_blocks(p):
+            assert th.allclose(th.linalg.svdvals(block), th.ones(min(block.shape)), atol=1e-5), name
+    for lstm in (model.policy.lstm_actor, model.policy.lstm_critic):
+        assert all(float(b.detach().abs().max()) == 0.0 for n, b in lstm.named_parameters() if n.startswith("bias"))
+    action_net = model.policy.action_net
+    assert th.allclose(th.linalg.svdvals(action_net.weight.detach()), th.full((1,), 0.01), atol=1e-5)
+
+
+def test_fire_makes_each_gate_block_a_scaled_polar_factor():
+    model = PlasticRecurrentPPO("MlpLstmPolicy", "CartPole-v1", policy_kwargs=small(), isometry_coef=0.05, **FAST)
+    model.learn(64)  # optimizer state exists
+    before = {name: p.detach().clone().double() for name, p, _ in lstm_matrices(model.policy)}
+    biases = {n: b.detach().clone() for n, b in model.policy.lstm_actor.named_parameters() if n.startswith("bias")}
+    # 30 Newton-Schulz steps (the reference's 10 leave very small singular values of a random block short of 1)
+    callback = FIRE(at=0.5, iterations=30)
+    callback.init_callback(model)
+    assert set(map(id, callback.selected_layers())) >= {id(model.policy.lstm_actor), id(model.policy.lstm_critic)}
+    callback._fire(["test"])
+    for name, p, _ in lstm_matrices(model.policy):
+        assert p not in model.policy.optimizer.state, name  # moments and step count of rewritten matrices dropped
+        for old, new in zip(gate_blocks(before[name]), gate_blocks(p)):
+            u, _, vh = th.linalg.svd(old, full_matrices=False)
+            scale = math.sqrt(old.shape[0] / old.shape[1])  # FIRE's Linear scale sqrt(out / in), per block
+            assert th.allclose(new.double(), scale * (u @ vh), atol=2e-4), name
+            assert th.allclose(new.double(), scale * newton_schulz_polar(old, 30), atol=1e-6), name
+    for n, bias in model.policy.lstm_actor.named_parameters():
+        if n.startswith("bias"):
+            assert th.equal(bias, biases[n]), n  # biases untouched
+    # the recurrent blocks are square: exactly orthogonal
+    hh = gate_blocks(model.policy.lstm_actor.weight_hh_l0)
+    assert th.allclose(hh @ hh.mT, th.eye(H).expand(4, H, H), atol=2e-4)
+
+
+def test_fire_keyword_trains_and_fires_once():
+    model = PlasticRecurrentPPO("MlpLstmPolicy", "CartPole-v1", policy_kwargs=small(), fire_at=0.5, **FAST)
+    biases = model.policy.lstm_actor.bias_hh_l0.detach().clone()
+    model.learn(256)
+    assert model.plastic_state["FIRE:auto"]["count"] == 1
+    assert not th.equal(biases, model.policy.lstm_actor.bias_hh_l0)  # trained on, not rewritten by FIRE
+    for p in model.policy.parameters():
+        assert th.isfinite(p).all()
+
+
+def test_unit_resets_act_after_the_lstm_only():
+    """Continual Backprop and ReDo replace units of the MLP after the LSTM; the LSTM and the layers feeding it
+    (a CNN's) are left out of unit resets but stay weight layers for FIRE / Shrink & Perturb."""
+    mlp = PlasticRecurrentPPO("MlpLstmPolicy", "CartPole-v1", policy_kwargs=small(enable_critic_lstm=False), **FAST)
+    (spec,) = find_networks(mlp)
+    assert [h.name for h in spec.hidden_layers()] == ["mlp_extractor.policy_net.0", "critic", "mlp_extractor.value_net.0"]
+    assert spec.recurrent == [mlp.policy.lstm_actor] and spec.extra_layers == []
+    cnn = PlasticRecurrentPPO("CnnLstmPolicy", image_env(), policy_kwargs=dict(lstm_hidden_size=H), **FAST)
+    (spec,) = find_networks(cnn)
+    extractor = [m for m in cnn.policy.features_extractor.modules() if isinstance(m, (th.nn.Linear, th.nn.Conv2d))]
+    assert spec.extra_layers == extractor and all(any(m is x for x in spec.weight_layers()) for m in extractor)
+    assert spec.hidden_layers() == []  # CnnLstmPolicy has no MLP between the LSTM and the heads
+
+    model = PlasticRecurrentPPO("MlpLstmPolicy", "CartPole-v1", policy_kwargs=small(), **FAST)
+    model.learn(64)
+    lstm_before = {k: v.clone() for k, v in model.policy.lstm_actor.state_dict().items()}
+    mlp_before = model.policy.mlp_extractor.policy_net[0].weight.detach().clone()
+    redo = ReDo(period=1, tau=1.0)
+    redo.init_callback(model)
+    observations = th.as_tensor(np.random.default_rng(0).normal(size=(64, 4)), dtype=th.float32)
+    results = redo.recycle(observations)
+    assert sum(r.n_dormant for _, r in results) > 0
+    assert not th.equal(mlp_before, model.policy.mlp_extractor.policy_net[0].weight)
+    for key, value in model.policy.lstm_actor.state_dict().items():
+        assert th.equal(value, lstm_before[key]), key
+
+
+@pytest.mark.parametrize(
+    "intervention",
+    [
+        dict(fire_at=0.5),
+        dict(replacement_rate=0.05, maturity_threshold=2),
+        dict(redo_period=2, redo_tau=0.5),
+        dict(shrink_perturb="event", shrink_perturb_every=96),
+        dict(shrink_perturb="continual"),
+    ],
+    ids=lambda d: next(iter(d)),
+)
+def test_intervention_keywords(intervention):
+    model = PlasticRecurrentPPO(
+        "MlpLstmPolicy", "CartPole-v1", policy_kwargs=small(), activation="maxmin", **FAST, **intervention
+    )
+    assert len(model.intervention_callbacks()) == 1
+    model.learn(320)
+    assert_intervention_ran(model, intervention)
+    state = model.plastic_state
+    if "replacement_rate" in intervention:
+        assert set(state["ContinualBackprop:auto"]["policy"]) == {"mlp_extractor.policy_net.0", "mlp_extractor.value_net.0"}
+    if intervention.get("shrink_perturb") == "event":
+        assert state["ShrinkPerturb:auto"]["events"] >= 2
+    if intervention.get("shrink_perturb") == "continual":
+        assert state["ShrinkPerturb:auto"]["noise_steps"] > 0
+    _check_predict_with_states(model)
+
+
+def test_shrink_perturb_on_the_lstm():
+    model = PlasticRecurrentPPO("MlpLstmPolicy", "CartPole-v1", policy_kwargs=small(), **FAST)
+    model.learn(64)
+    lstm = model.policy.lstm_actor
+    before = {k: v.detach().clone() for k, v in lstm.named_parameters()}
+    # event form through the callback, pure shrink: every LSTM weight and bias scaled, optimizer state dropped
+    callback = ShrinkPerturb(mode="event", every=10, shrink=0.5, perturb=0.0)
+    callback.init_callback(model)
+    callback.apply()
+    for name, p in lstm.named_parameters():
+        assert th.allclose(p, 0.5 * before[name]), name
+        assert p not in model.policy.optimizer.state
+    # with a perturbation: shrink * theta + perturb * a fresh draw of PyTorch's LSTM init U(-1/sqrt(H), 1/sqrt(H))
+    now = {k: v.detach().clone() for k, v in lstm.named_parameters()}
+    th.manual_seed(7)
+    fresh = fresh_recurrent_parameters(lstm)
+    assert all(float(t.abs().max()) <= 1 / math.sqrt(H) for t in fresh.values())
+    th.manual_seed(7)
+    shrink_perturb_recurrent_([lstm], 0.4, 0.1)
+    for name, p in lstm.named_parameters():
+        assert th.allclose(p, 0.4 * now[name] + 0.1 * fresh[name]), name
+
+
+def _check_predict_with_states(model):
+    env = model.get_env()
+    obs = env.reset()
+    states, starts = None, np.ones((env.num_envs,), dtype=bool)
+    for _ in range(5):
+        action, states = model.predict(obs, state=states, episode_start=starts, deterministic=True)
+        assert states[0].shape == (model.policy.lstm_actor.num_layers, env.num_envs, H)
+        obs, _, dones, _ = env.step(action)
+        starts = dones
+
+
+def test_save_load_learn_continues(tmp_path):
+    model = PlasticRecurrentPPO(
+        "MlpLstmPolicy",
+        "CartPole-v1",
+        policy_kwargs=small(),
+        isometry_coef=0.05,
+        replacement_rate=0.05,
+        maturity_threshold=2,
+        **FAST,
+    )
+    model.learn(128)
+    path = tmp_path / "model.zip"
+    model.save(path)
+    loaded = PlasticRecurrentPPO.load(path, env=model.get_env())
+    assert loaded.isometry_config == model.isometry_config
+    assert isinstance(loaded.policy, PlasticRecurrentActorCriticPolicy)
+    assert [g.get("isometry_blocks", 1) for g in loaded.policy.optimizer.param_groups] == [1, 4, 1]
+    assert_same_parameters(model, loaded)
+    assert_same_adam_moments(model.policy.optimizer, loaded.policy.optimizer)
+    saved = model.plastic_state["ContinualBackprop:auto"]["policy"]
+    restored = loaded.plastic_state["ContinualBackprop:auto"]["policy"]
+    for layer, entry in saved.items():
+        assert th.equal(entry["utility"], restored[layer]["utility"])
+    before = [p.detach().clone() for p in loaded.policy.parameters()]
+    loaded.learn(64, reset_num_timesteps=False)
+    assert loaded.num_timesteps >= model.num_timesteps + 64
+    assert any(not th.equal(a, b) for a, b in zip(before, loaded.policy.parameters()))
+    _check_predict_with_states(loaded)
+
+
+def test_monitor_reports_lstm_blocks():
+    model = PlasticRecurrentPPO("MlpLstmPolicy", "CartPole-v1", policy_kwargs=small(), **FAST)
+    monitor = PlasticityMonitor(every=32, ntk_probe_size=4, max_overhead=None)
+    model.learn(64, callback=monitor)
+    values = monitor.run()
+    dfi = dfi_per_layer(model.policy)
+    key = "plasticity/policy/lstm_actor.weight_hh_l0/dfi"
+    assert values[key] == pytest.approx(dfi["lstm_actor.weight_hh_l0"], rel=1e-5)
+    assert math.isfinite(values["plasticity/policy/ntk_erank"])
+    x = th.randn(5, 4)
+    lstm = model.policy.lstm_actor
+    assert th.allclose(lstm_first_step(lstm, x), lstm(x[None])[0][0], atol=1e-6)
+
+
+def test_block_penalty_and_gradient():
+    w = th.randn(12, 5, dtype=th.float64, requires_grad=True)
+    penalty = isometry_penalty(w, 1.0, blocks=4)
+    assert th.allclose(penalty, sum(isometry_penalty(b) for b in w.detach().reshape(4, 3, 5)))
+    penalty.backward()
+    assert th.allclose(isometry_penalty_grad(w.detach(), 1.0, blocks=4), w.grad)
+    assert isometry_penalty_grad(w.detach()).shape == w.shape  # one block: the unchanged path
+    with pytest.raises(ValueError, match="blocks=5"):
+        isometry_penalty(w.detach(), blocks=5)
+    with pytest.raises(ValueError, match="isometry_blocks"):
+        AdamO([{"params": [th.nn.Parameter(th.zeros(6, 2))], "isometry_blocks": 4}])
+    with pytest.raises(ValueError, match="isometry_blocks must be an int"):
+        AdamO([{"params": [th.nn.Parameter(th.zeros(8, 2))], "isometry_blocks": 0}])
+
+
+def test_continual_shrink_perturb_reaches_the_lstm():
+    model = PlasticRecurrentPPO("MlpLstmPolicy", "CartPole-v1", policy_kwargs=small(), **OFF, **FAST)
+    callback = ShrinkPerturb(mode="continual", noise_std=1e-3, weight_decay=0.0)
+    callback.init_callback(model)
+    callback._on_training_start()  # installs the optimizer step hooks
+    try:
+        before = {k: v.detach().clone() for k, v in model.policy.lstm_actor.named_parameters()}
+        model.policy.set_training_mode(True)
+        for p in model.policy.parameters():
+            p.grad = th.zeros_like(p)  # Adam moves nothing: the change is the noise alone
+        model.policy.optimizer.step()
+        for name, p in model.policy.lstm_actor.named_parameters():
+            delta = (p.detach() - before[name]).flatten()
+            assert 5e-4 < float(delta.std()) < 2e-3, name
+    finally:
+        callback._on_training_end()
