@@ -1,0 +1,65 @@
+"""bench/continual.py --quick: every method runs, the grid resumes, the table, JSONs and plots are written."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch as th
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("bench_continual", BENCH / "continual.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_continual_quick_grid_resumes_and_reports(tmp_path, capsys):
+    continual = _load()
+    threads = th.get_num_threads()
+    try:
+        assert continual.main(["--quick", "--out", str(tmp_path)]) == 0
+        first = capsys.readouterr().out
+        runs = {m: tmp_path / "runs" / m / "seed0.json" for m in continual.DEFAULT_METHODS}
+        mtimes = {m: os.stat(p).st_mtime_ns for m, p in runs.items()}
+        # a second call finds every run finished: nothing is trained again
+        assert continual.main(["--quick", "--out", str(tmp_path), "--no-diagnostics-plots"]) == 0
+        second = capsys.readouterr().out
+    finally:
+        th.set_num_threads(threads)
+    assert f"resuming: {len(runs)} finished runs skipped" in second
+    assert {m: os.stat(p).st_mtime_ns for m, p in runs.items()} == mtimes
+    for method, path in runs.items():
+        record = json.loads(path.read_text())
+        assert record["method"] == method and record["task"] == [0, 1]
+        assert all(0.0 <= r <= 1.0 for r in record["end_reward"] + record["mean_reward"])
+        assert record["timesteps"] >= 2 * record["setting"]["change_every"] * record["setting"]["n_envs"]
+        assert any(
+            name.startswith("events.out.tfevents") for _, _, files in os.walk(tmp_path / "tb" / method) for name in files
+        )
+        assert f"| {method} " in first
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert set(summary["methods"]) == set(continual.DEFAULT_METHODS)
+    assert (tmp_path / "end_of_task.png").read_bytes()[:4] == b"\x89PNG"
+    plots = os.listdir(tmp_path / "plots")
+    assert "return_curve.png" in plots and any("dormant_fraction" in p for p in plots) and any("ntk_cond" in p for p in plots)
+
+
+def test_continual_rejects_bad_arguments(capsys):
+    continual = _load()
+    for argv in (["--tasks", "0"], ["--methods", "sgd"], ["--jobs", "-1"]):
+        try:
+            continual.parse_args(argv)
+        except SystemExit as exc:
+            assert exc.code == 2
+        else:
+            raise AssertionError(argv)
+    err = capsys.readouterr().err
+    assert "--tasks must be >= 1, got 0" in err and "invalid choice: 'sgd'" in err
