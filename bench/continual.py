@@ -408,6 +408,26 @@ def report(out: str, setting_name: str, setting: Setting, methods: list[str], di
     return summary
 
 
+def parse_ppo_kwargs(items: list[str]) -> dict[str, Any]:
+    """``["ent_coef=0.01", ...]`` -> ``{"ent_coef": 0.01}``; a key PPO does not take is a ``ValueError``."""
+    import inspect
+
+    import yaml
+    from stable_baselines3 import PPO
+
+    ignored = {"self", "policy", "env", "policy_kwargs", "seed", "device"}
+    allowed = {k for k in inspect.signature(PPO.__init__).parameters if k not in ignored and not k.startswith("_")}
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or key not in allowed:
+            raise ValueError(
+                f"--ppo-kwarg expects KEY=VALUE with KEY a PPO keyword ({', '.join(sorted(allowed))}), got {item!r}"
+            )
+        out[key] = yaml.safe_load(value)
+    return out
+
+
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--setting", choices=sorted(SETTINGS), default="bandit")
@@ -420,11 +440,22 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--device", default="cpu", help="torch device of the agents: cpu, cuda, auto")
     p.add_argument("--out", help="output folder (default bench/results/continual/<setting>[_quick])")
     p.add_argument("--quick", action="store_true", help="2 short tasks, one seed: a smoke test (~1 min)")
+    p.add_argument(
+        "--ppo-kwarg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a PPO keyword of the setting for every method, e.g. ent_coef=0.01 (repeatable; VALUE read as yaml)",
+    )
     p.add_argument("--plot-only", action="store_true", help="only rebuild the table and plots")
     p.add_argument("--no-diagnostics-plots", action="store_true", help="skip the plots of the TensorBoard diagnostics")
     for f in MethodParams.__dataclass_fields__.values():
         p.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default)
     args = p.parse_args(argv)
+    try:
+        args.ppo_overrides = parse_ppo_kwargs(args.ppo_kwarg)
+    except ValueError as exc:
+        p.error(str(exc))
     for name in ("tasks", "change_every", "jobs", "threads"):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -445,6 +476,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         setting = replace(setting, tasks=args.tasks)
     if args.change_every is not None:
         setting = replace(setting, change_every=args.change_every)
+    if args.ppo_overrides:
+        setting = replace(setting, ppo={**setting.ppo, **args.ppo_overrides})
     params = MethodParams(**{f: getattr(args, f) for f in MethodParams.__dataclass_fields__})
     out = args.out or os.path.join("bench", "results", "continual", args.setting + ("_quick" if args.quick else ""))
     os.makedirs(out, exist_ok=True)

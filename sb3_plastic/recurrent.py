@@ -29,14 +29,40 @@ maps; nothing in the gate structure asks for that). The definitions used by sb3_
 * **Shrink & Perturb**: ``theta <- lambda theta + p theta_fresh`` on every LSTM weight and bias, with
   ``theta_fresh`` a fresh draw of the initialisation above (:func:`fresh_recurrent_parameters`); the
   continual form adds decay and noise to every LSTM parameter as to Linear layers.
-* **Continual Backprop / ReDo**: units of the LSTM itself are *not* replaced. A unit of an LSTM is a cell
-  ``j``: replacing it would mean fresh rows ``j`` in all four gate blocks of ``weight_ih`` and ``weight_hh``,
-  zero biases, and zero outgoing weights in the next layers *and* in column ``j`` of ``weight_hh`` (the
-  recurrent input from ``h_j``); its utility would be measured on the LSTM output over whole sequences.
-  sb3_plastic does not do this surgery (yet): the LSTM is left out of unit resets, and so are the layers in
-  front of it (a features extractor's layers, whose outgoing weights are the LSTM's input columns).
-  Generate-and-test and ReDo act on the MLP layers after the LSTM (``mlp_extractor`` and, without a critic
-  LSTM, the critic's Linear ``critic``); :func:`sb3_plastic.common.surgery.find_networks` says which.
+* **Continual Backprop / ReDo**: a unit of an LSTM layer is a cell ``j`` (its output ``h_j``). Replacing it
+  (:func:`sb3_plastic.common.surgery.reset_lstm_cells_`): fresh rows ``j, H+j, 2H+j, 3H+j`` (all four gate
+  blocks) of ``weight_ih`` and ``weight_hh`` from the LSTM's own initialiser (:func:`fresh_gate_rows` with
+  :func:`recurrent_init_scheme`: PyTorch's uniform draw, or per gate block orthogonal rows), zero biases
+  ``bias_ih`` / ``bias_hh`` in those rows, zero outgoing weights: column ``j`` of ``weight_hh`` (all ``4H`` rows,
+  the recurrent input from ``h_j``), of the next LSTM layer's ``weight_ih`` (below the top layer) and of the
+  layers reading the LSTM output (the first Linear layers after it: ``mlp_extractor`` policy / value layers or
+  the heads); Adam / AdamO moments of exactly those rows / columns zeroed. Continual Backprop moves the
+  removed cell's mean contribution into the readers' biases, ``b += W[:, j] * f_j`` (the consumers' biases and
+  the next layer's ``bias_ih``) but not into ``bias_hh``: the recurrent input from ``h_j`` is absent at every
+  episode start (zero state), so a constant there would add a gate input the old network never had at those
+  steps; the recurrence simply loses the (low-utility) cell. ReDo absorbs nothing, as for Linear units.
+  Consequence: at the first step from zero states the network after a Continual Backprop replacement equals
+  the network before with ``h_j`` replaced by ``f_j`` (tested).
+
+  *Utility* (Continual Backprop): the contribution utility of ``h_j``, ``mean|h_j| * mean_k |W_out[k, j]|``,
+  where ``W_out`` pools every weight reading ``h_j``: the readers' columns *and* column ``j`` of ``weight_hh``
+  (a cell used only through the recurrence is useful; the recurrent weights are as much ``h_j``'s outgoing
+  weights as the next layer's); the adaptable variant divides by the mean ``|W_in|`` over the cell's ``4``
+  gate rows of ``weight_ih`` and ``weight_hh``. ``mean|h_j|`` is taken over the minibatch's sequence steps of
+  ``train()``: a forward hook on the ``nn.LSTM`` (training mode, autograd on) records the output
+  ``(L, N, H)`` (lower layers of a multi-layer LSTM are recomputed from the same inputs and initial states,
+  :func:`lstm_layer_outputs`), and the padding steps that sb3-contrib's ``RecurrentRolloutBuffer`` adds to
+  equalise sequence lengths are dropped with the minibatch's ``rollout_data.mask``, which the Continual
+  Backprop callback reads by wrapping the buffer's ``_get_samples`` during training. *Dormancy* (ReDo): the
+  ReDo score of ``h_j`` on the probe batch, each probe observation as the first step of an episode from zero
+  states (:func:`lstm_first_step_layers`), as the rest of the recurrent policy is probed.
+
+  The layers *in front of* the LSTM (a features extractor's Linear / Conv layers, whose outgoing weights are
+  ``weight_ih_l0`` columns, through a flatten for a CNN) are still left out of unit resets
+  (:attr:`sb3_plastic.common.surgery.NetworkSpec.extra_layers`); the MLP layers after the LSTM are replaced
+  as in any actor-critic policy. :func:`sb3_plastic.common.surgery.find_networks` says which layers are which
+  (:meth:`~sb3_plastic.common.surgery.NetworkSpec.recurrent_units` for the cells). Only unidirectional
+  ``nn.LSTM`` layers without projection are supported (sb3-contrib builds nothing else); GRUs are skipped.
 """
 
 from __future__ import annotations
@@ -141,6 +167,92 @@ def recurrent_init_scheme(model: Union[BaseAlgorithm, nn.Module]) -> tuple[str, 
     return "default", 1.0
 
 
+@th.no_grad()
+def fresh_gate_rows(weight: th.Tensor, cells: th.Tensor, init: str = "default", gain: float = 1.0) -> th.Tensor:
+    """Fresh rows for ``cells`` in every gate block of a stacked LSTM matrix ``weight`` ``(4H, in)``: the rows
+    ``j, H+j, 2H+j, 3H+j`` of each cell ``j``, drawn from the LSTM's initialiser (the layer is not modified).
+
+    * ``"default"``: PyTorch's ``U(-1/sqrt(H), 1/sqrt(H))``.
+    * ``"orthogonal"``: per gate block ``(H, in)``, as a Linear layer's new units are drawn
+      (:func:`sb3_plastic.callbacks.cbp.fresh_incoming_weights`): for a wide or square block (``H <= in``, the
+      recurrent blocks) rows of norm ``gain``, orthogonal to each other and to the block's kept rows, so an
+      orthogonal block stays orthogonal; for a tall block the rows of a fresh ``orthogonal_(gain)`` block.
+
+    :return: ``(4 * len(cells), in)``, block by block (gate 0's rows of every cell first), matching the row order
+        of :meth:`sb3_plastic.common.surgery.RecurrentUnits.gate_rows`.
+    """
+    _check_init(init)
+    n_rows, fan_in = weight.shape
+    hidden = n_rows // 4
+    cells = cells.to(weight.device).long().flatten()
+    k = int(cells.numel())
+    if init == "default":
+        stdv = 1.0 / math.sqrt(hidden) if hidden > 0 else 0.0
+        return th.empty(4 * k, fan_in, device=weight.device, dtype=weight.dtype).uniform_(-stdv, stdv)
+    rows = []
+    for block in as_blocks(weight.detach().float(), 4):
+        if hidden <= fan_in:
+            keep = th.ones(hidden, dtype=th.bool, device=weight.device)
+            keep[cells] = False
+            draw = th.randn(k, fan_in, device=weight.device)
+            if bool(keep.any()):
+                basis, _ = th.linalg.qr(block[keep].T)  # orthonormal columns spanning the kept rows
+                for _ in range(2):  # project twice for numerical orthogonality
+                    draw = draw - (draw @ basis) @ basis.T
+            q, r = th.linalg.qr(draw.T)
+            signs = th.sign(th.diagonal(r))
+            signs[signs == 0] = 1.0
+            rows.append((q * signs).T * gain)
+        else:
+            full = th.empty(hidden, fan_in, device=weight.device)
+            nn.init.orthogonal_(full, gain=gain)
+            rows.append(full[cells])
+    return th.cat(rows).to(weight.dtype)
+
+
+@th.no_grad()
+def lstm_layer_outputs(lstm: nn.LSTM, inputs: th.Tensor, states: Any = None) -> list[th.Tensor]:
+    """Output sequences of every layer of a unidirectional, time-major ``nn.LSTM`` (``nn.LSTM`` itself returns only
+    the top layer's), recomputed layer by layer with the fused kernel, without autograd.
+
+    :param inputs: ``(L, N, input_size)`` (or ``(L, input_size)``).
+    :param states: ``(h_0, c_0)`` of shape ``(num_layers, N, H)`` as given to the LSTM, or ``None`` (zeros).
+    :return: one ``(L, N, H)`` tensor per layer.
+    """
+    x = inputs
+    outs = []
+    for layer in range(lstm.num_layers):
+        params = [getattr(lstm, f"weight_ih_l{layer}"), getattr(lstm, f"weight_hh_l{layer}")]
+        if lstm.bias:
+            params += [getattr(lstm, f"bias_ih_l{layer}"), getattr(lstm, f"bias_hh_l{layer}")]
+        if states is None:
+            shape = (1, *x.shape[1:-1], lstm.hidden_size)
+            hx = (x.new_zeros(shape), x.new_zeros(shape))
+        else:
+            hx = (states[0][layer : layer + 1], states[1][layer : layer + 1])
+        x, _, _ = th.lstm(x, hx, params, lstm.bias, 1, 0.0, False, False, False)
+        outs.append(x)
+    return outs
+
+
+def lstm_first_step_layers(lstm: nn.LSTM, inputs: th.Tensor) -> list[th.Tensor]:
+    """:func:`lstm_first_step` for every layer: the first-step outputs ``h_1`` of each layer, bottom to top."""
+    if not isinstance(lstm, nn.LSTM) or lstm.bidirectional:
+        raise TypeError("lstm_first_step needs a unidirectional nn.LSTM")
+    h = inputs
+    outs = []
+    for layer in range(lstm.num_layers):
+        gates = h @ getattr(lstm, f"weight_ih_l{layer}").T
+        if lstm.bias:
+            gates = gates + getattr(lstm, f"bias_ih_l{layer}") + getattr(lstm, f"bias_hh_l{layer}")
+        i, _, g, o = gates.chunk(4, dim=-1)  # the forget gate multiplies c_0 = 0
+        h = th.sigmoid(o) * th.tanh(th.sigmoid(i) * th.tanh(g))
+        if lstm.proj_size > 0:
+            h = h @ getattr(lstm, f"weight_hr_l{layer}").T
+        outs.append(h)
+    return outs
+
+
 def lstm_first_step(lstm: nn.LSTM, inputs: th.Tensor) -> th.Tensor:
     """Output ``h_1`` of an ``nn.LSTM`` for a batch of single inputs ``(N, in)`` from zero states, computed from
     the layer's parameters with plain tensor operations (no fused LSTM kernel).
@@ -155,15 +267,4 @@ def lstm_first_step(lstm: nn.LSTM, inputs: th.Tensor) -> th.Tensor:
     :param inputs: ``(N, input_size)``.
     :return: ``(N, hidden_size)`` (``proj_size`` with a projection).
     """
-    if not isinstance(lstm, nn.LSTM) or lstm.bidirectional:
-        raise TypeError("lstm_first_step needs a unidirectional nn.LSTM")
-    h = inputs
-    for layer in range(lstm.num_layers):
-        gates = h @ getattr(lstm, f"weight_ih_l{layer}").T
-        if lstm.bias:
-            gates = gates + getattr(lstm, f"bias_ih_l{layer}") + getattr(lstm, f"bias_hh_l{layer}")
-        i, _, g, o = gates.chunk(4, dim=-1)  # the forget gate multiplies c_0 = 0
-        h = th.sigmoid(o) * th.tanh(th.sigmoid(i) * th.tanh(g))
-        if lstm.proj_size > 0:
-            h = h @ getattr(lstm, f"weight_hr_l{layer}").T
-    return h
+    return lstm_first_step_layers(lstm, inputs)[-1]

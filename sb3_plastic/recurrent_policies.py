@@ -37,6 +37,10 @@ class PlasticRecurrentActorCriticPolicy(PlasticActorCriticPolicy, RecurrentActor
     own), the rest (heads, biases, ``log_std``) with ``isometry_coef=0``. ``isometry_layers="hidden"`` counts the
     LSTMs as hidden layers; ``"all"`` and fnmatch patterns (``"lstm_actor.*"``) select LSTM matrices as any
     other parameter, and they are regularised per gate block in every case.
+
+    Unit resets (Continual Backprop, ReDo) treat each cell of each LSTM layer as a unit
+    (:mod:`sb3_plastic.recurrent`); new cells are drawn from the LSTM's own initialisation (orthogonal gate rows
+    with orthogonal initialisation, PyTorch's uniform draw otherwise).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

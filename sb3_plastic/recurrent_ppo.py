@@ -30,8 +30,9 @@ class PlasticRecurrentPPO(PlasticAlgorithmMixin, RecurrentPPO):
 
     What each mechanism does to the LSTM matrices (stacked gate blocks ``(4H, in)`` / ``(4H, H)``) is defined
     in :mod:`sb3_plastic.recurrent`: the isometry penalty and FIRE act on each gate block on its own;
-    Continual Backprop and ReDo replace units of the MLP layers after the LSTM, not LSTM cells; Shrink &
-    Perturb acts on every LSTM parameter. ``activation`` sets the MLP activation; the LSTM keeps its gates.
+    Continual Backprop and ReDo replace LSTM cells (fresh rows of the cell in all four gate blocks, zero outgoing
+    weights in the recurrence and the layers after the LSTM) as well as units of the MLP layers after the LSTM;
+    Shrink & Perturb acts on every LSTM parameter. ``activation`` sets the MLP activation; the LSTM keeps its gates.
     """
 
     policy_aliases: ClassVar[dict[str, type[BasePolicy]]] = {

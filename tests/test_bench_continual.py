@@ -54,7 +54,7 @@ def test_continual_quick_grid_resumes_and_reports(tmp_path, capsys):
 
 def test_continual_rejects_bad_arguments(capsys):
     continual = _load()
-    for argv in (["--tasks", "0"], ["--methods", "sgd"], ["--jobs", "-1"]):
+    for argv in (["--tasks", "0"], ["--methods", "sgd"], ["--jobs", "-1"], ["--ppo-kwarg", "entcoef=0.1"]):
         try:
             continual.parse_args(argv)
         except SystemExit as exc:
@@ -63,3 +63,5 @@ def test_continual_rejects_bad_arguments(capsys):
             raise AssertionError(argv)
     err = capsys.readouterr().err
     assert "--tasks must be >= 1, got 0" in err and "invalid choice: 'sgd'" in err
+    assert "KEY a PPO keyword" in err and "'entcoef=0.1'" in err
+    assert continual.parse_args(["--ppo-kwarg", "ent_coef=0.01"]).ppo_overrides == {"ent_coef": 0.01}

@@ -20,11 +20,20 @@ from sb3_plastic import (
     isometry_penalty,
     isometry_penalty_grad,
 )
+from sb3_plastic.callbacks.cbp import ContinualBackprop, GenerateAndTest
 from sb3_plastic.callbacks.fire import newton_schulz_polar
 from sb3_plastic.callbacks.shrink_perturb import ShrinkPerturb, shrink_perturb_recurrent_
 from sb3_plastic.common.surgery import find_networks
 from sb3_plastic.optim import MAX_ISOMETRY_STEP, AdamO
-from sb3_plastic.recurrent import fresh_recurrent_parameters, lstm_first_step, recurrent_weights
+from sb3_plastic.recurrent import (
+    fresh_gate_rows,
+    fresh_recurrent_parameters,
+    lstm_first_step,
+    lstm_layer_outputs,
+    orthogonal_recurrent_init_,
+    recurrent_init_scheme,
+    recurrent_weights,
+)
 from sb3_plastic.recurrent_policies import PlasticRecurrentActorCriticPolicy
 
 OFF = dict(activation="tanh", isometry_mode="off", optimizer="adam")
@@ -199,31 +208,282 @@ def test_fire_keyword_trains_and_fires_once():
         assert th.isfinite(p).all()
 
 
-def test_unit_resets_act_after_the_lstm_only():
-    """Continual Backprop and ReDo replace units of the MLP after the LSTM; the LSTM and the layers feeding it
-    (a CNN's) are left out of unit resets but stay weight layers for FIRE / Shrink & Perturb."""
+def test_find_networks_lists_lstm_cells():
+    """Every LSTM layer is a layer of units (cells) for Continual Backprop and ReDo; the top layer's readers are the
+    first layers after the LSTM; the features extractor stays out of unit resets but is a weight layer."""
     mlp = PlasticRecurrentPPO("MlpLstmPolicy", "CartPole-v1", policy_kwargs=small(enable_critic_lstm=False), **FAST)
     (spec,) = find_networks(mlp)
     assert [h.name for h in spec.hidden_layers()] == ["mlp_extractor.policy_net.0", "critic", "mlp_extractor.value_net.0"]
     assert spec.recurrent == [mlp.policy.lstm_actor] and spec.extra_layers == []
+    (cells,) = spec.recurrent_units()
+    assert cells.name == "lstm_actor.l0" and cells.n_units == H
+    assert [c.layer for c in cells.consumers] == [mlp.policy.mlp_extractor.policy_net[0]]
+
+    two_layers = small(enable_critic_lstm=False, shared_lstm=True, n_lstm_layers=2)
+    shared = PlasticRecurrentPPO("MlpLstmPolicy", "CartPole-v1", policy_kwargs=two_layers, **FAST)
+    low, top = find_networks(shared)[0].recurrent_units()
+    policy = shared.policy
+    assert (low.name, top.name) == ("lstm_actor.l0", "lstm_actor.l1")
+    assert low.consumers == []
+    assert [w for w, _ in low.outgoing()] == [policy.lstm_actor.weight_ih_l1, policy.lstm_actor.weight_hh_l0]
+    assert [c.layer for c in top.consumers] == [policy.mlp_extractor.policy_net[0], policy.mlp_extractor.value_net[0]]
+
     cnn = PlasticRecurrentPPO("CnnLstmPolicy", image_env(), policy_kwargs=dict(lstm_hidden_size=H), **FAST)
     (spec,) = find_networks(cnn)
     extractor = [m for m in cnn.policy.features_extractor.modules() if isinstance(m, (th.nn.Linear, th.nn.Conv2d))]
     assert spec.extra_layers == extractor and all(any(m is x for x in spec.weight_layers()) for m in extractor)
     assert spec.hidden_layers() == []  # CnnLstmPolicy has no MLP between the LSTM and the heads
+    actor, critic = spec.recurrent_units()
+    assert [c.layer for c in actor.consumers] == [cnn.policy.action_net]
+    assert [c.layer for c in critic.consumers] == [cnn.policy.value_net]
 
+
+def _first_step_with(lstm, x, layer=None, cell=None, value=None):
+    """First-step LSTM output from zero states, written out independently, with ``h[:, cell]`` of ``layer`` set to
+    ``value`` before the layers above read it."""
+    h = x
+    for index in range(lstm.num_layers):
+        gates = h @ getattr(lstm, f"weight_ih_l{index}").T
+        gates = gates + getattr(lstm, f"bias_ih_l{index}") + getattr(lstm, f"bias_hh_l{index}")
+        i, _, g, o = gates.chunk(4, dim=-1)
+        h = th.sigmoid(o) * th.tanh(th.sigmoid(i) * th.tanh(g))
+        if index == layer:
+            h = h.clone()
+            h[:, cell] = value
+    return h
+
+
+def _policy_first_step(policy, obs):
+    """Action logits and values of sb3-contrib's own forward (nn.LSTM) for single observations from zero states."""
+    n = obs.shape[0]
+    zeros = lambda lstm: (th.zeros(lstm.num_layers, n, H), th.zeros(lstm.num_layers, n, H))  # noqa: E731
+    starts = th.ones(n)
+    dist, _ = policy.get_distribution(obs, zeros(policy.lstm_actor), starts)
+    critic = policy.lstm_critic if policy.lstm_critic is not None else policy.lstm_actor
+    values = policy.predict_values(obs, zeros(critic), starts)
+    return dist.distribution.logits, values
+
+
+@pytest.mark.parametrize(
+    "policy_kwargs, extra, name",
+    [
+        (small(), {}, "lstm_actor.l0"),
+        (small(), dict(activation="maxmin"), "lstm_critic.l0"),
+        (small(enable_critic_lstm=False, shared_lstm=True, n_lstm_layers=2), {}, "lstm_actor.l0"),
+    ],
+    ids=["default_init", "orthogonal_init", "lower_layer_of_2"],
+)
+def test_forced_lstm_cell_replacement(policy_kwargs, extra, name):
+    """Replacing cell j: fresh gate rows j, H+j, 2H+j, 3H+j from the LSTM's initialiser, zero biases there, zero column
+    j in weight_hh and in every reader, readers' biases moved by W[:, j] * f_j, everything else bit-identical, optimizer
+    moments of exactly those entries zeroed; the first-step outputs change only as h_j -> f_j would change them."""
+    model = PlasticRecurrentPPO("MlpLstmPolicy", "CartPole-v1", policy_kwargs=policy_kwargs, **extra, **FAST)
+    model.learn(64)  # optimizer moments exist
+    policy, opt = model.policy, model.policy.optimizer
+    (spec,) = find_networks(model)
+    cells = {u.name: u for u in spec.recurrent_units()}[name]
+    lstm = cells.layer
+    engine = GenerateAndTest([cells], opt, replacement_rate=0.0, recurrent_init=recurrent_init_scheme(model))
+    rng = np.random.default_rng(0)
+    for _ in range(3):  # statistics of a few batches of sequences
+        x = th.as_tensor(rng.normal(size=(5, 6, lstm.input_size)), dtype=th.float32)
+        engine.step({name: lstm_layer_outputs(lstm, x)[cells.index].reshape(-1, H)})
+    j = 3
+    f_j = float(engine.bias_corrected_mean_activation(name)[j, 0])
+    assert f_j != 0.0
+    obs = th.as_tensor(rng.normal(size=(16, 4)), dtype=th.float32)
+    with th.no_grad():
+        h_pi = _first_step_with(policy.lstm_actor, obs, cells.index if lstm is policy.lstm_actor else None, j, f_j)
+        logits_expected = policy._get_action_dist_from_latent(policy.mlp_extractor.forward_actor(h_pi)).distribution.logits
+        critic = policy.lstm_critic if policy.lstm_critic is not None else policy.lstm_actor
+        h_vf = _first_step_with(critic, obs, cells.index if lstm is critic else None, j, f_j)
+        values_expected = policy.value_net(policy.mlp_extractor.forward_critic(h_vf))
+
+    params = {id(p): n for n, p in policy.named_parameters()}
+    before = {n: p.detach().clone() for n, p in policy.named_parameters()}
+    moments = {
+        n: {k: v.clone() if isinstance(v, th.Tensor) else v for k, v in opt.state[p].items()}
+        for n, p in policy.named_parameters()
+        if p in opt.state
+    }
+    rows = th.tensor([j, H + j, 2 * H + j, 3 * H + j])
+    readers = [c.layer for c in cells.consumers]
+    touched: dict[str, th.Tensor] = {}  # parameter name -> mask of the entries the replacement may write
+
+    def mark(param, rows_=None, col=None):
+        n = params[id(param)]
+        mask = touched.setdefault(n, th.zeros_like(param, dtype=th.bool))
+        if rows_ is not None:
+            mask[rows_] = True
+        if col is not None:
+            mask[:, col] = True
+
+    for kind in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+        mark(cells.param(kind), rows_=rows)
+    mark(cells.param("weight_hh"), col=j)
+    for reader in readers:
+        mark(reader.weight, col=j)
+    if not cells.top:
+        mark(cells.param("weight_ih", cells.index + 1), col=j)
+
+    engine.replace(name, th.tensor([j]))
+
+    after = {n: p.detach() for n, p in policy.named_parameters()}
+    # fresh gate rows, from the initialiser
+    for kind in ("weight_ih", "weight_hh"):
+        w_old, w_new = before[params[id(cells.param(kind))]], cells.param(kind).detach()
+        keep = th.ones(w_new.shape[1], dtype=th.bool)
+        if kind == "weight_hh":
+            keep[j] = False
+        assert (w_new[rows][:, keep] != w_old[rows][:, keep]).all(), kind
+        if extra.get("activation") == "maxmin":
+            assert (w_new[rows].norm(dim=1) <= 1.0 + 1e-5).all()  # rows of orthogonal gate blocks (gain 1)
+        else:
+            assert float(w_new[rows].abs().max()) <= 1 / math.sqrt(H)  # PyTorch's U(-1/sqrt(H), 1/sqrt(H))
+    for kind in ("bias_ih", "bias_hh"):
+        assert th.equal(cells.param(kind).detach()[rows], th.zeros(4)), kind
+    # zero outgoing weights: the recurrence (all 4H rows), the readers, the next layer's input
+    assert th.equal(cells.param("weight_hh").detach()[:, j], th.zeros(4 * H))
+    for reader in readers:
+        assert th.equal(reader.weight.detach()[:, j], th.zeros(reader.out_features))
+        expected_bias = before[params[id(reader.bias)]] + before[params[id(reader.weight)]][:, j] * f_j
+        assert th.allclose(reader.bias.detach(), expected_bias, atol=1e-6, rtol=0)
+    if not cells.top:
+        nxt_w, nxt_b = cells.param("weight_ih", cells.index + 1), cells.param("bias_ih", cells.index + 1)
+        assert th.equal(nxt_w.detach()[:, j], th.zeros(4 * H))
+        expected_bias = before[params[id(nxt_b)]] + before[params[id(nxt_w)]][:, j] * f_j
+        assert th.allclose(nxt_b.detach(), expected_bias, atol=1e-6, rtol=0)
+        assert th.equal(cells.param("bias_hh", cells.index + 1), before[params[id(cells.param("bias_hh", cells.index + 1))]])
+    absorbing = {params[id(r.bias)] for r in readers}
+    if not cells.top:
+        absorbing.add(params[id(cells.param("bias_ih", cells.index + 1))])
+    # everything else bit-identical
+    for n in before:
+        if n in absorbing:
+            continue
+        keep = ~touched[n] if n in touched else th.ones_like(before[n], dtype=th.bool)
+        assert th.equal(after[n][keep], before[n][keep]), n
+    # optimizer moments: exactly the touched entries zeroed, step counts kept
+    for n, state in moments.items():
+        p = dict(policy.named_parameters())[n]
+        for key, old in state.items():
+            new = opt.state[p][key]
+            if not isinstance(old, th.Tensor) or old.shape != p.shape:
+                assert (th.equal(new, old) if isinstance(old, th.Tensor) else new == old), (n, key)
+                continue
+            mask = touched.get(n, th.zeros_like(p, dtype=th.bool))
+            assert th.equal(new[mask], th.zeros(int(mask.sum()))), (n, key)
+            assert th.equal(new[~mask], old[~mask]), (n, key)
+    assert int(engine.state[name]["replaced"]) == 1 and int(engine.state[name]["age"][j]) == 0
+    # the network at the first step from zero states: as the old network with h_j replaced by its mean f_j
+    with th.no_grad():
+        logits, values = _policy_first_step(policy, obs)
+    assert th.allclose(logits, logits_expected, atol=1e-5)
+    assert th.allclose(values, values_expected, atol=1e-5)
+
+
+def test_fresh_gate_rows_follow_the_lstm_initialiser():
+    lstm = th.nn.LSTM(H, H)
+    orthogonal_recurrent_init_(lstm, gain=1.3)
+    cells = th.tensor([1, 5])
+    rows = fresh_gate_rows(lstm.weight_hh_l0, cells, "orthogonal", 1.3)
+    new = lstm.weight_hh_l0.detach().clone()
+    new[th.cat([cells + g * H for g in range(4)])] = rows
+    for block in gate_blocks(new):  # square gate blocks stay orthogonal (scaled by the gain)
+        assert th.allclose(block @ block.T, 1.3**2 * th.eye(H), atol=1e-4)
+    big = fresh_gate_rows(th.empty(4 * 256, 300), th.arange(100))
+    assert big.shape == (400, 300) and float(big.abs().max()) <= 1 / 16
+    assert float(big.std()) == pytest.approx(1 / 16 / math.sqrt(3), rel=0.02)
+
+
+@pytest.mark.parametrize("episode_start_inside", [False, True], ids=["one_call", "step_by_step"])
+def test_lstm_hook_records_real_steps_only(episode_start_inside):
+    """The hook on the LSTM records every layer's output over the minibatch's sequences (as sb3-contrib runs them:
+    one call, or one call per step when an episode starts inside a sequence) and drops the padded steps."""
+    model = PlasticRecurrentPPO("MlpLstmPolicy", "CartPole-v1", policy_kwargs=small(n_lstm_layers=2), **FAST)
+    policy = model.policy
+    lstm = policy.lstm_actor
+    units = [u for u in find_networks(model)[0].recurrent_units() if u.layer is lstm]
+    engine = GenerateAndTest(units, policy.optimizer, replacement_rate=0.0, decay_rate=0.0)
+    n_seq, length = 3, 5
+    rng = np.random.default_rng(1)
+    features = th.as_tensor(rng.normal(size=(n_seq * length, 4)), dtype=th.float32)
+    states = (th.as_tensor(rng.normal(size=(2, n_seq, H)), dtype=th.float32),) * 2
+    starts = th.zeros(n_seq * length)
+    if episode_start_inside:
+        starts[length + 2] = 1.0
+    mask = th.ones(n_seq * length)
+    mask[length - 2 : length] = 0.0  # the first sequence is 3 steps long, padded to 5
+    # independent reference: one-layer LSTMs with each layer's weights, run by sb3-contrib's own sequence code
+    low = th.nn.LSTM(4, H)
+    high = th.nn.LSTM(H, H)
+    for ref, index in ((low, 0), (high, 1)):
+        for kind in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+            getattr(ref, f"{kind}_l0").data.copy_(getattr(lstm, f"{kind}_l{index}"))
+    with th.no_grad():
+        out_low, _ = policy._process_sequence(features, (states[0][:1], states[1][:1]), starts, low)
+        out_high, _ = policy._process_sequence(out_low, (states[0][1:], states[1][1:]), starts, high)
+    engine.attach()
+    try:
+        engine.set_sequence_mask(mask)
+        policy.set_training_mode(True)
+        output, _ = policy._process_sequence(features, states, starts, lstm)
+        assert th.allclose(output, out_high, atol=1e-6)
+        policy.set_training_mode(False)
+        policy._process_sequence(features, states, starts, lstm)  # eval mode: not recorded
+        engine.step()
+    finally:
+        engine.detach()
+    real = mask > 0
+    for u, expected in zip(units, (out_low, out_high)):
+        f = engine.state[u.name]["mean_activation"][:, 0]  # decay 0: the mean over the real steps
+        assert th.allclose(f, expected[real].mean(dim=0), atol=1e-6), u.name
+        assert int(engine.state[u.name]["age"][0]) == 1
+
+
+def test_redo_replaces_dormant_lstm_cells():
     model = PlasticRecurrentPPO("MlpLstmPolicy", "CartPole-v1", policy_kwargs=small(), **FAST)
     model.learn(64)
-    lstm_before = {k: v.clone() for k, v in model.policy.lstm_actor.state_dict().items()}
+    lstm = model.policy.lstm_actor
+    before = {k: v.detach().clone() for k, v in lstm.named_parameters()}
     mlp_before = model.policy.mlp_extractor.policy_net[0].weight.detach().clone()
-    redo = ReDo(period=1, tau=1.0)
+    redo = ReDo(period=1, tau=1.0)  # score <= 1: the cells below the layer's mean activity
     redo.init_callback(model)
     observations = th.as_tensor(np.random.default_rng(0).normal(size=(64, 4)), dtype=th.float32)
-    results = redo.recycle(observations)
-    assert sum(r.n_dormant for _, r in results) > 0
+    with th.no_grad():
+        activity = lstm_first_step(lstm, observations).abs().mean(dim=0)
+    dormant = (activity / (activity.mean() + 1e-9) <= 1.0).nonzero().flatten()
+    results = {r.name: r for _, r in redo.recycle(observations)}
+    assert results["lstm_actor.l0"].n_dormant == len(dormant) > 0
+    assert results["lstm_critic.l0"].n_dormant > 0
+    rows = th.cat([dormant + g * H for g in range(4)])
+    kept = th.ones(4 * H, dtype=th.bool)
+    kept[rows] = False
+    assert (lstm.weight_ih_l0[rows] != before["weight_ih_l0"][rows]).all()
+    assert th.equal(lstm.weight_ih_l0[kept], before["weight_ih_l0"][kept])
+    assert th.equal(lstm.bias_hh_l0[rows], th.zeros(len(rows)))
+    assert th.equal(lstm.weight_hh_l0[:, dormant], th.zeros(4 * H, len(dormant)))
+    assert th.equal(model.policy.mlp_extractor.policy_net[0].weight[:, dormant], th.zeros(16, len(dormant)))
     assert not th.equal(mlp_before, model.policy.mlp_extractor.policy_net[0].weight)
-    for key, value in model.policy.lstm_actor.state_dict().items():
-        assert th.equal(value, lstm_before[key]), key
+    assert redo.state["layer_resets"]["policy/lstm_actor.l0"] == len(dormant)
+
+
+def test_cbp_callback_replaces_cells_of_contrib_recurrent_ppo():
+    """The callback on plain sb3-contrib RecurrentPPO with a shared 2-layer LSTM: cells of both layers are
+    replaced over a few hundred steps; the minibatch watch on the rollout buffer is removed at training end."""
+    model = RecurrentPPO(
+        "MlpLstmPolicy",
+        "CartPole-v1",
+        policy_kwargs=small(enable_critic_lstm=False, shared_lstm=True, n_lstm_layers=2),
+        **FAST,
+    )
+    callback = ContinualBackprop(replacement_rate=0.05, maturity_threshold=2)
+    model.learn(256, callback=callback)
+    counts = callback.counts()
+    assert counts["policy/lstm_actor.l0"] > 0 and counts["policy/lstm_actor.l1"] > 0
+    assert "_get_samples" not in vars(model.rollout_buffer)
+    for p in model.policy.parameters():
+        assert th.isfinite(p).all()
 
 
 @pytest.mark.parametrize(
@@ -246,7 +506,9 @@ def test_intervention_keywords(intervention):
     assert_intervention_ran(model, intervention)
     state = model.plastic_state
     if "replacement_rate" in intervention:
-        assert set(state["ContinualBackprop:auto"]["policy"]) == {"mlp_extractor.policy_net.0", "mlp_extractor.value_net.0"}
+        layers = state["ContinualBackprop:auto"]["policy"]
+        assert set(layers) == {"mlp_extractor.policy_net.0", "mlp_extractor.value_net.0", "lstm_actor.l0", "lstm_critic.l0"}
+        assert int(layers["lstm_actor.l0"]["replaced"]) > 0 and int(layers["lstm_critic.l0"]["replaced"]) > 0
     if intervention.get("shrink_perturb") == "event":
         assert state["ShrinkPerturb:auto"]["events"] >= 2
     if intervention.get("shrink_perturb") == "continual":
@@ -309,8 +571,10 @@ def test_save_load_learn_continues(tmp_path):
     assert_same_adam_moments(model.policy.optimizer, loaded.policy.optimizer)
     saved = model.plastic_state["ContinualBackprop:auto"]["policy"]
     restored = loaded.plastic_state["ContinualBackprop:auto"]["policy"]
+    assert {"lstm_actor.l0", "lstm_critic.l0"} <= set(saved)
     for layer, entry in saved.items():
-        assert th.equal(entry["utility"], restored[layer]["utility"])
+        for key in ("utility", "age", "mean_activation", "replaced"):
+            assert th.equal(entry[key], restored[layer][key]), (layer, key)
     before = [p.detach().clone() for p in loaded.policy.parameters()]
     loaded.learn(64, reset_num_timesteps=False)
     assert loaded.num_timesteps >= model.num_timesteps + 64

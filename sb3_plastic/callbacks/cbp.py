@@ -30,6 +30,11 @@ What a *unit* is:
 * At a conv -> linear boundary (an NCHW flatten) channel ``c`` owns the next layer's columns
   ``c*P .. c*P+P-1`` (``P = H*W``); the running mean activation of a conv layer is kept per spatial
   position, so the bias absorption is exact column by column.
+* LSTM layer (RecurrentPPO): a cell ``j``, i.e. rows ``j, H+j, 2H+j, 3H+j`` of ``weight_ih`` / ``weight_hh`` /
+  biases in, column ``j`` of ``weight_hh``, of the next LSTM layer and of the layers after the LSTM out; its
+  statistics are taken on the LSTM output over the minibatch's real (unpadded) sequence steps. The full
+  definition (utility with the recurrent column, no absorption into ``bias_hh``) is in
+  :mod:`sb3_plastic.recurrent`.
 
 Normalisation layers (CrossQ's ``Linear -> ReLU -> BatchRenorm -> Linear``; see
 :attr:`~sb3_plastic.common.surgery.HiddenLayer.norm`): ``h`` is still the activation output, but the consumers
@@ -52,7 +57,7 @@ import numbers
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import numpy as np
 import torch as th
@@ -62,8 +67,20 @@ from torch.utils.hooks import RemovableHandle
 
 from sb3_plastic.callbacks.base import PlasticCallback
 from sb3_plastic.callbacks.redo import layer_init_scheme
-from sb3_plastic.common.surgery import HiddenLayer, find_networks, norm_affine, reset_norm_features_
+from sb3_plastic.common.surgery import (
+    HiddenLayer,
+    RecurrentUnits,
+    find_networks,
+    norm_affine,
+    recurrent_units_problem,
+    reset_lstm_cells_,
+    reset_norm_features_,
+)
 from sb3_plastic.optim import reset_optimizer_state
+from sb3_plastic.recurrent import lstm_layer_outputs, recurrent_init_scheme
+
+#: A unit layer of :class:`GenerateAndTest`: a Linear / Conv2d hidden layer or the cells of an LSTM layer.
+UnitLayer = Union[HiddenLayer, RecurrentUnits]
 
 #: Utility measures: "contribution" and "adaptable_contribution" (contribution / mean |incoming weight|).
 UTILITIES: tuple[str, ...] = ("contribution", "adaptable_contribution")
@@ -165,10 +182,13 @@ def fresh_incoming_weights(weight: th.Tensor, rows: th.Tensor, init: str = "defa
 
 
 # ---------------------------------------------------------------------------------------------- core
-def layer_problem(spec: HiddenLayer) -> Optional[str]:
+def layer_problem(spec: UnitLayer) -> Optional[str]:
     """Why generate-and-test cannot act on ``spec`` (``None`` when it can): a layer that is not a Linear /
     Conv2d, an odd width under MaxMin, or a consumer whose input does not fit the producer's units (a
-    network structure that :func:`~sb3_plastic.common.surgery.find_networks` did not understand)."""
+    network structure that :func:`~sb3_plastic.common.surgery.find_networks` did not understand); for LSTM
+    cells :func:`~sb3_plastic.common.surgery.recurrent_units_problem`."""
+    if isinstance(spec, RecurrentUnits):
+        return recurrent_units_problem(spec)
     if not isinstance(spec.layer, (nn.Linear, nn.Conv2d)):
         return f"layer {spec.name!r} is a {type(spec.layer).__name__}; expected Linear or Conv2d"
     if spec.n_features % spec.group_size:
@@ -207,7 +227,21 @@ class _LayerInfo:
     post_norm: Optional[nn.Module]  # a normalisation between the activation and the consumers (CrossQ)
 
     @staticmethod
-    def of(spec: HiddenLayer) -> _LayerInfo:
+    def of(spec: UnitLayer) -> _LayerInfo:
+        if isinstance(spec, RecurrentUnits):  # h = o * tanh(c): signed; no norm; several readers (see _outgoing_sum)
+            weight_ih, weight_hh = spec.incoming()
+            return _LayerInfo(
+                weight=weight_ih,
+                is_conv=False,
+                n_features=spec.n_features,
+                group_size=1,
+                n_units=spec.n_units,
+                fan_in=weight_ih.shape[1] * 4 + weight_hh.shape[1] * 4,
+                out_count=sum(w.shape[0] for w, _ in spec.outgoing()),
+                whole_consumer=None,
+                nonneg=False,
+                post_norm=None,
+            )
         weight = spec.layer.weight
         n = spec.n_features
         out_count = 0
@@ -239,13 +273,23 @@ class GenerateAndTest:
     """The generate-and-test core of Continual Backprop (Dohare et al., 2024, Nature), usable without RL.
 
     It acts on a list of :class:`~sb3_plastic.common.surgery.HiddenLayer` specs (a layer, the activation
-    after it, the layers consuming its output with the conv -> linear column mapping) and the optimizer
-    that trains them. Feed it the post-activation outputs of the minibatch that produced each optimizer
-    step, either explicitly with :meth:`step` or automatically with :meth:`attach`, which installs a forward
-    hook on each activation (recording only training-mode, grad-enabled forwards) and an optimizer
-    step-post hook.
+    after it, the layers consuming its output with the conv -> linear column mapping) and
+    :class:`~sb3_plastic.common.surgery.RecurrentUnits` specs (the cells of an LSTM layer, see
+    :mod:`sb3_plastic.recurrent`), and the optimizer that trains them. Feed it the post-activation outputs of
+    the minibatch that produced each optimizer step (for LSTM cells: the layer's outputs ``h`` of the valid
+    sequence steps, ``(steps, H)``), either explicitly with :meth:`step` or automatically with :meth:`attach`,
+    which installs a forward hook on each activation and LSTM (recording only training-mode, grad-enabled
+    forwards) and an optimizer step-post hook.
 
-    :param layers: hidden layers; their ``name`` keys the state (must be unique).
+    LSTM cells: the utility is the contribution utility of ``h_j`` with ``W_out`` every weight reading ``h_j``
+    (the consumers' columns, the next LSTM layer's ``weight_ih`` column and this layer's ``weight_hh`` column,
+    pooled); a replaced cell goes through :func:`~sb3_plastic.common.surgery.reset_lstm_cells_` with the
+    bias-corrected mean activation. The hook on an ``nn.LSTM`` collects its output sequences (``(L, N, H)``;
+    several calls of one step each when sb3-contrib resets states inside a sequence) until the step;
+    :meth:`set_sequence_mask` gives the padding mask of the minibatch (sb3-contrib's ``rollout_data.mask``) so
+    that padded steps are left out; without a mask every step counts.
+
+    :param layers: hidden layers and LSTM cell layers; their ``name`` keys the state (must be unique).
     :param optimizer: optimizer of the layers (its moments of touched rows / columns are zeroed on
         replacement); ``None`` for no optimizer state to reset. Parameters it does not hold are skipped.
     :param replacement_rate: ``rho``, fraction of eligible units replaced per step (fractions accumulate).
@@ -260,11 +304,13 @@ class GenerateAndTest:
         (features, positions; positions = 1 for Linear, H*W for Conv2d), ``accumulated`` (0-dim float64),
         ``replaced`` (0-dim int64, cumulative).
     :param after_step: called with ``{layer name: replaced unit indices}`` after every :meth:`step`.
+    :param recurrent_init: ``(init, gain)`` of new LSTM cells (:func:`sb3_plastic.recurrent.fresh_gate_rows`;
+        the model's is :func:`sb3_plastic.recurrent.recurrent_init_scheme`).
     """
 
     def __init__(
         self,
-        layers: Sequence[HiddenLayer],
+        layers: Sequence[UnitLayer],
         optimizer: Optional[th.optim.Optimizer] = None,
         replacement_rate: float = 1e-4,
         maturity_threshold: int = 100,
@@ -274,6 +320,7 @@ class GenerateAndTest:
         init_gain: float = 1.0,
         state: Optional[dict[str, dict[str, th.Tensor]]] = None,
         after_step: Optional[Callable[[dict[str, th.Tensor]], None]] = None,
+        recurrent_init: tuple[str, float] = ("default", 1.0),
     ) -> None:
         (
             self.replacement_rate,
@@ -292,10 +339,16 @@ class GenerateAndTest:
             problem = layer_problem(spec)
             if problem is not None:
                 raise ValueError(problem)
-        self.layers: dict[str, HiddenLayer] = {spec.name: spec for spec in layers}
+        self.layers: dict[str, UnitLayer] = {spec.name: spec for spec in layers}
         self.optimizer = optimizer
         self.init = init
         self.init_gain = float(init_gain)
+        if recurrent_init[0] not in INITS or not (_is_number(recurrent_init[1]) and recurrent_init[1] > 0):
+            raise ValueError(f"recurrent_init must be (one of {list(INITS)}, gain > 0), got {recurrent_init!r}")
+        self.recurrent_init = (str(recurrent_init[0]), float(recurrent_init[1]))
+        #: LSTM output sequences recorded since the last step, per cell layer name
+        self._sequences: dict[str, list[th.Tensor]] = {}
+        self._mask: Optional[th.Tensor] = None
         self.state: dict[str, dict[str, th.Tensor]] = {} if state is None else state
         self.after_step = after_step
         self._optimized = set() if optimizer is None else {id(p) for group in optimizer.param_groups for p in group["params"]}
@@ -307,8 +360,8 @@ class GenerateAndTest:
             self._bind_state(spec)
 
     # ------------------------------------------------------------------ state
-    def _bind_state(self, spec: HiddenLayer) -> None:
-        device = spec.layer.weight.device
+    def _bind_state(self, spec: UnitLayer) -> None:
+        device = self._info[spec.name].weight.device
         entry = self.state.setdefault(spec.name, {})
         if "age" in entry and entry["age"].shape != (spec.n_units,):
             raise ValueError(
@@ -320,7 +373,7 @@ class GenerateAndTest:
         entry["utility"] = entry.get("utility", th.zeros(spec.n_units)).to(device)
         if "mean_activation" in entry:
             entry["mean_activation"] = entry["mean_activation"].to(device)
-        elif isinstance(spec.layer, nn.Linear):
+        elif not isinstance(spec.layer, nn.Conv2d):
             entry["mean_activation"] = th.zeros(spec.n_features, 1, device=device)
         # Conv2d: allocated at the first step, when the number of spatial positions is known.
         entry["accumulated"] = entry.get("accumulated", th.zeros((), dtype=th.float64)).cpu()
@@ -364,6 +417,9 @@ class GenerateAndTest:
         weights per feature``)``; their ratio is the pooled ``mean_k |W_out[k, j]|``."""
         info = self._info[name]
         n = info.n_features
+        spec = self.layers[name]
+        if isinstance(spec, RecurrentUnits):  # every reader of h: columns 0..H-1 of each outgoing matrix
+            return sum(w[:, :n].abs().sum(dim=0) for w, _ in spec.outgoing()), info.out_count
         if info.whole_consumer is not None:  # fast path: the whole input of a single consumer
             w = info.whole_consumer
             if w.dim() == 4:
@@ -430,7 +486,7 @@ class GenerateAndTest:
                 scale = (1.0 - eta) / (out_count * n_batch * n_pos * info.group_size)
                 u = entry["utility"]
                 if self.utility == "adaptable_contribution":
-                    y = out_sum.mul_(abs_sum).div_(weight.abs().reshape(n, -1).sum(dim=1).clamp_min(1e-12))
+                    y = out_sum.mul_(abs_sum).div_(self._incoming_sum(name).clamp_min(1e-12))
                     scale *= info.fan_in
                     if info.group_size > 1:
                         y = y.view(info.n_units, info.group_size).sum(dim=1)
@@ -440,6 +496,14 @@ class GenerateAndTest:
                     u.mul_(eta).add_(y, alpha=scale)
                 else:
                     u.mul_(eta).addcmul_(out_sum, abs_sum, value=scale)
+
+    def _incoming_sum(self, name: str) -> th.Tensor:
+        """``sum_i |W_in[j, i]|`` per feature (LSTM cells: over the four gate rows of ``weight_ih`` and ``weight_hh``)."""
+        spec = self.layers[name]
+        n = self._info[name].n_features
+        if isinstance(spec, RecurrentUnits):
+            return sum(w.abs().view(4, n, -1).sum(dim=(0, 2)) for w in spec.incoming())
+        return self._info[name].weight.abs().reshape(n, -1).sum(dim=1)
 
     def select(self, names: Optional[Sequence[str]] = None) -> dict[str, th.Tensor]:
         """The test part of a step: for each layer, add ``rho * #eligible`` to its accumulator, take the
@@ -474,6 +538,9 @@ class GenerateAndTest:
         moments of the touched rows / columns and restart their statistics."""
         spec = self.layers[name]
         entry = self.state[name]
+        if isinstance(spec, RecurrentUnits):
+            self._replace_cells(spec, units)
+            return
         layer = spec.layer
         device = layer.weight.device
         units = units.to(device).long()
@@ -523,8 +590,29 @@ class GenerateAndTest:
                 entry["mean_activation"][feats] = 0.0
             entry["replaced"] += int(units.numel())
 
+    def _replace_cells(self, spec: RecurrentUnits, units: th.Tensor) -> None:
+        """:meth:`replace` for LSTM cells (:func:`~sb3_plastic.common.surgery.reset_lstm_cells_`)."""
+        entry = self.state[spec.name]
+        units = units.to(self._info[spec.name].weight.device).long()
+        if units.numel() == 0:
+            return
+        with th.no_grad():
+            f_hat = self.bias_corrected_mean_activation(spec.name)[units, 0] if "mean_activation" in entry else None
+            init, gain = self.recurrent_init
+            reset_lstm_cells_(spec, units, [self.optimizer], init, gain, f_hat)
+            entry["age"][units.cpu()] = 0
+            entry["utility"][units] = 0.0
+            if "mean_activation" in entry:
+                entry["mean_activation"][units] = 0.0
+            entry["replaced"] += int(units.numel())
+
     def _zero_outgoing(self, name: str, units: th.Tensor) -> None:
         spec = self.layers[name]
+        if isinstance(spec, RecurrentUnits):
+            with th.no_grad():
+                for weight, _ in spec.outgoing():
+                    weight.index_fill_(1, units.to(weight.device).long(), 0.0)
+            return
         feats = self._features_of(spec, units)
         with th.no_grad():
             for consumer in spec.consumers:
@@ -545,6 +633,7 @@ class GenerateAndTest:
         """
         if activations is None:
             activations, self._stored = self._stored, {}
+            activations.update(self._pop_sequences())
         if not activations:
             return {}
         unknown = sorted(set(activations) - set(self.layers))
@@ -591,7 +680,15 @@ class GenerateAndTest:
         for spec in self.layers.values():
             if spec.activation is not None:
                 counts[id(spec.activation)] = counts.get(id(spec.activation), 0) + 1
+        lstms: dict[int, list[RecurrentUnits]] = {}
+        for spec in self.layers.values():
+            if isinstance(spec, RecurrentUnits):
+                lstms.setdefault(id(spec.layer), []).append(spec)
+        for cells in lstms.values():
+            self._handles.append(cells[0].layer.register_forward_hook(self._sequence_recorder(cells)))
         for name, spec in self.layers.items():
+            if isinstance(spec, RecurrentUnits):
+                continue
             act = spec.activation
             if act is not None and counts[id(act)] == 1:
                 self._handles.append(act.register_forward_hook(self._recorder(name)))
@@ -607,7 +704,63 @@ class GenerateAndTest:
             handle.remove()
         self._handles = []
         self._stored = {}
+        self._sequences = {}
+        self._mask = None
         self._depth = 0
+
+    def set_sequence_mask(self, mask: Optional[th.Tensor]) -> None:
+        """Start a new minibatch for the LSTM hooks: drop the sequences recorded so far and use ``mask`` (sb3-contrib's
+        ``rollout_data.mask``: ``(n_seq * max_len,)``, sequence-major, > 0 on real steps, 0 on padding) to select the
+        real steps of the sequences recorded next; ``None``: every step counts."""
+        self._sequences = {}
+        self._mask = None if mask is None else (mask.detach().reshape(-1) > 1e-8)
+
+    def _sequence_recorder(self, cells: list[RecurrentUnits]) -> Callable[..., None]:
+        """Forward hook on an ``nn.LSTM`` (time-major ``(L, N, in)`` input, as sb3-contrib calls it): record each
+        layer's output sequence for ``cells`` (the top layer's is the LSTM output; lower layers are recomputed
+        from the same input and initial states, :func:`sb3_plastic.recurrent.lstm_layer_outputs`). A call of
+        several steps is a whole minibatch forward and replaces what was recorded; one-step calls (sb3-contrib
+        steps through a sequence in which an episode starts) are appended."""
+
+        def hook(module: nn.Module, inputs: Any, output: Any) -> None:
+            self._depth = 0
+            if not (module.training and th.is_grad_enabled()):
+                return
+            seq = output[0] if isinstance(output, tuple) else output
+            if seq.dim() == 2:  # unbatched (L, H)
+                seq = seq.unsqueeze(1)
+            per_layer = {module.num_layers - 1: seq.detach()}
+            if any(not c.top for c in cells):
+                x = inputs[0] if inputs[0].dim() == 3 else inputs[0].unsqueeze(1)
+                states = inputs[1] if len(inputs) > 1 else None
+                if states is not None and states[0].dim() == 2:
+                    states = (states[0].unsqueeze(1), states[1].unsqueeze(1))
+                per_layer.update(enumerate(lstm_layer_outputs(module, x, states)[:-1]))
+            for c in cells:
+                h = per_layer[c.index]
+                recorded = self._sequences.get(c.name)
+                if h.shape[0] > 1 or not recorded or recorded[0].shape[1] != h.shape[1]:
+                    self._sequences[c.name] = [h]
+                else:
+                    recorded.append(h)
+
+        return hook
+
+    def _pop_sequences(self) -> dict[str, th.Tensor]:
+        """The recorded LSTM outputs per cell layer as ``(valid steps, H)``, with the padding mask applied when its
+        size fits ``steps * sequences``; clears the record and the mask."""
+        out = {}
+        for name, parts in self._sequences.items():
+            h = th.cat(parts) if len(parts) > 1 else parts[0]  # (L, N, H)
+            mask = self._mask
+            if mask is not None and mask.numel() == h.shape[0] * h.shape[1]:
+                # the mask is sequence-major (N, L); the LSTM output time-major (L, N)
+                h = h[mask.to(h.device).view(h.shape[1], h.shape[0]).T]
+            if h.numel():
+                out[name] = h.reshape(-1, h.shape[-1])
+        self._sequences = {}
+        self._mask = None
+        return out
 
     def _recorder(self, name: str, apply: Optional[nn.Module] = None) -> Callable[..., None]:
         def hook(module: nn.Module, inputs: Any, output: th.Tensor) -> None:
@@ -649,7 +802,9 @@ class ContinualBackprop(PlasticCallback):
 
     Each network found by :func:`~sb3_plastic.common.surgery.find_networks` (PPO/A2C: ``policy``; DQN:
     ``q_net``; QR-DQN: ``quantile_net``; SAC/TQC: ``actor`` and ``critic``) gets a :class:`GenerateAndTest`
-    over its hidden Linear / Conv2d layers (output heads are never replaced). SB3 callbacks never run inside
+    over its hidden Linear / Conv2d layers (output heads are never replaced) and, for RecurrentPPO, the cells
+    of its LSTM layers (:mod:`sb3_plastic.recurrent`; during training the callback wraps the rollout buffer's
+    ``_get_samples`` to hand each minibatch's padding mask to the LSTM hooks). SB3 callbacks never run inside
     ``train()``, so at training start the callback installs forward hooks on the activations and a
     step-post hook on each network's optimizer; generate-and-test runs after every optimizer step on the
     activations of the minibatch that produced it. Only training-mode, grad-enabled forwards are recorded
@@ -698,6 +853,8 @@ class ContinualBackprop(PlasticCallback):
             self.utility,
         ) = check_cbp_args(replacement_rate, maturity_threshold, decay_rate, utility)
         self.engines: dict[str, GenerateAndTest] = {}
+        #: (rollout buffer, its own ``_get_samples`` attribute before ours or None, our wrapper) while installed
+        self._watch: Optional[tuple[Any, Any, Callable[..., Any]]] = None
 
     @property
     def enabled(self) -> bool:
@@ -710,9 +867,10 @@ class ContinualBackprop(PlasticCallback):
         if not self.enabled:
             return
         init, gain = resolve_init(self.model)
+        recurrent_init = recurrent_init_scheme(self.model)
         for spec in self.networks:
-            layers = []
-            for layer in spec.hidden_layers():
+            layers: list[UnitLayer] = []
+            for layer in [*spec.hidden_layers(), *spec.recurrent_units()]:
                 problem = layer_problem(layer)
                 if problem is None:
                     layers.append(layer)
@@ -731,10 +889,45 @@ class ContinualBackprop(PlasticCallback):
                 init_gain=gain,
                 state=self.state.setdefault(spec.name, {}),
                 after_step=self._logger_for(spec.name),
+                recurrent_init=recurrent_init,
             )
             engine.attach()
             self.engines[spec.name] = engine
+        self._watch_minibatches()
         self._record_counts()
+
+    def _watch_minibatches(self) -> None:
+        """For LSTM cells: wrap the rollout buffer's ``_get_samples`` (sb3-contrib's ``RecurrentRolloutBuffer``
+        builds each padded minibatch there) so that every minibatch hands its padding mask
+        (``rollout_data.mask``) to the engines before ``train()`` runs the policy on it
+        (:meth:`GenerateAndTest.set_sequence_mask`). Removed at training end."""
+        engines = [e for e in self.engines.values() if any(isinstance(s, RecurrentUnits) for s in e.layers.values())]
+        buffer = getattr(self.model, "rollout_buffer", None)
+        if not engines or buffer is None or not callable(getattr(buffer, "_get_samples", None)):
+            return
+        inner = buffer._get_samples
+        previous = vars(buffer).get("_get_samples")
+
+        def get_samples(*args: Any, **kwargs: Any) -> Any:
+            samples = inner(*args, **kwargs)
+            mask = getattr(samples, "mask", None)
+            for engine in engines:
+                engine.set_sequence_mask(mask if isinstance(mask, th.Tensor) else None)
+            return samples
+
+        buffer._get_samples = get_samples
+        self._watch = (buffer, previous, get_samples)
+
+    def _unwatch_minibatches(self) -> None:
+        if self._watch is None:
+            return
+        buffer, previous, ours = self._watch
+        self._watch = None
+        if vars(buffer).get("_get_samples") is ours:
+            if previous is None:
+                del buffer._get_samples
+            else:
+                buffer._get_samples = previous
 
     def _on_training_end(self) -> None:
         self._record_counts()
@@ -743,6 +936,7 @@ class ContinualBackprop(PlasticCallback):
         self._detach()
 
     def _detach(self) -> None:
+        self._unwatch_minibatches()
         for engine in self.engines.values():
             engine.detach()
         self.engines = {}

@@ -22,7 +22,9 @@ follows it (CrossQ: ``Linear -> ReLU -> BatchRenorm``) a dead unit is still dead
 a constant), and a recycled unit's features of that layer get their initial statistics.
 Under MaxMin (GroupSort-2) a unit is a sorted pair of features (each
 output of the pair depends on both pre-activations); a pair is dormant only if *both* of its features
-are dormant, and then both rows are recycled.
+are dormant, and then both rows are recycled. The cells of an LSTM (RecurrentPPO) are units too, scored on
+their output for probe observations taken as first steps from zero states and recycled as
+:mod:`sb3_plastic.recurrent` defines (:func:`redo_recurrent_`).
 
 The module offers the pieces without RL (:func:`neuron_scores`, :func:`dormant_units`,
 :func:`probe_activity`, :func:`redo_reset_`, :func:`redo_layers_`) and :class:`ReDo`, an SB3
@@ -45,9 +47,16 @@ from stable_baselines3.common.utils import obs_as_tensor
 from torch import nn
 
 from sb3_plastic.callbacks.base import PlasticCallback
-from sb3_plastic.common.surgery import HiddenLayer, NetworkSpec, reset_norm_features_
+from sb3_plastic.common.surgery import (
+    HiddenLayer,
+    NetworkSpec,
+    RecurrentUnits,
+    recurrent_units_problem,
+    reset_lstm_cells_,
+    reset_norm_features_,
+)
 from sb3_plastic.optim import reset_optimizer_state
-from sb3_plastic.recurrent import lstm_first_step
+from sb3_plastic.recurrent import lstm_first_step, lstm_first_step_layers, recurrent_init_scheme
 
 #: ``layer -> (fresh_weight, fresh_bias)``: a new draw from a layer's initialiser; the layer is untouched.
 LayerInit = Callable[[nn.Module], tuple[th.Tensor, Optional[th.Tensor]]]
@@ -334,6 +343,53 @@ def redo_layers_(
     return results
 
 
+@th.no_grad()
+def recurrent_probe_activity(policy: Any, cells: Sequence[RecurrentUnits], observations: Any) -> list[th.Tensor]:
+    """Per-cell mean ``|h|`` of each LSTM cell layer of sb3-contrib's recurrent policy on probe observations, each
+    seen as the first step of an episode (zero states, :func:`sb3_plastic.recurrent.lstm_first_step_layers`), as
+    the ReDo probe of the rest of the policy does. ``lstm_critic`` reads the value features, other LSTMs the
+    policy features."""
+    outputs: dict[int, list[th.Tensor]] = {}
+    out = []
+    for spec in cells:
+        lstm = spec.layer
+        if id(lstm) not in outputs:
+            critic = lstm is getattr(policy, "lstm_critic", None)
+            extractor = policy.vf_features_extractor if critic else policy.pi_features_extractor
+            features = BaseModel.extract_features(policy, observations, extractor)
+            outputs[id(lstm)] = lstm_first_step_layers(lstm, features)
+        out.append(outputs[id(lstm)][spec.index].abs().float().mean(dim=0))
+    return out
+
+
+def redo_recurrent_(
+    model: BaseAlgorithm,
+    spec: NetworkSpec,
+    observations: Any,
+    tau: float = 0.025,
+    optimizers: Iterable[Optional[th.optim.Optimizer]] = (),
+) -> list[ReDoLayerResult]:
+    """One ReDo step on the LSTM cells of a recurrent policy's network (:meth:`NetworkSpec.recurrent_units`):
+    scores from :func:`recurrent_probe_activity`, dormant cells replaced by
+    :func:`~sb3_plastic.common.surgery.reset_lstm_cells_` (fresh gate rows from the LSTM's initialiser,
+    :func:`sb3_plastic.recurrent.recurrent_init_scheme`; zero biases, zero outgoing columns, zeroed moments; no
+    bias absorption, as ReDo does for every layer). LSTMs whose cells cannot be replaced are skipped."""
+    tau = _validate_tau(tau)
+    cells = [u for u in spec.recurrent_units() if recurrent_units_problem(u) is None]
+    if not cells:
+        return []
+    init, gain = recurrent_init_scheme(model)
+    activity = recurrent_probe_activity(model.policy, cells, observations)
+    results = []
+    for units, mean_abs in zip(cells, activity):
+        dormant = _units_from_scores(scores_from_activity(mean_abs), tau, 1)
+        n_dormant = int(dormant.sum())
+        if n_dormant:
+            reset_lstm_cells_(units, dormant, optimizers, init, gain)
+        results.append(ReDoLayerResult(units.name, units.n_units, n_dormant, n_dormant / max(units.n_units, 1)))
+    return results
+
+
 # ---------------------------------------------------------------------------------------------------
 # The callback
 # ---------------------------------------------------------------------------------------------------
@@ -394,7 +450,7 @@ class ReDo(PlasticCallback):
     :func:`redo_reset_`): fresh incoming weights from the initialiser the model used
     (:func:`model_layer_init`), zero bias, zero outgoing weights, zeroed optimizer moments of exactly
     those entries. Output heads are excluded; under MaxMin a sorted pair is one unit (dormant only if
-    both features are).
+    both features are); LSTM cells of a recurrent policy are units (:func:`redo_recurrent_`).
 
     * Off-policy (DQN, QR-DQN, SAC, TQC): checked in ``_on_step``; the probe is
       ``replay_buffer.sample(probe_size)`` (observations, and its actions for the critics).
@@ -512,6 +568,8 @@ class ReDo(PlasticCallback):
             forward = network_probe(self.model, spec, observations, actions)
             for result in redo_layers_(spec.hidden_layers(), forward, self.tau, optimizers, self._init):
                 out.append((spec.name, result))
+            if spec.recurrent:  # the LSTM cells (upstream of the layers above: their resets do not change the scores)
+                out += [(spec.name, r) for r in redo_recurrent_(self.model, spec, observations, self.tau, optimizers)]
         layer_resets = self.state.setdefault("layer_resets", {})
         total_units = sum(r.n_units for _, r in out)
         total_dormant = sum(r.n_dormant for _, r in out)

@@ -96,6 +96,150 @@ class HiddenLayer:
 
 
 @dataclass
+class RecurrentUnits:
+    """The cells of one layer of an ``nn.LSTM``: the units Continual Backprop and ReDo replace in a recurrent
+    layer (see :mod:`sb3_plastic.recurrent`).
+
+    Cell ``j`` of layer ``index`` owns rows ``j, H+j, 2H+j, 3H+j`` (one per gate) of ``weight_ih_l{index}``,
+    ``weight_hh_l{index}`` and of both biases; its output ``h_j`` is read by column ``j`` of
+    ``weight_hh_l{index}`` (the recurrence), by column ``j`` of ``weight_ih_l{index+1}`` below the top layer, and
+    by column ``j`` of every :attr:`consumers` layer (the Linear layers reading the LSTM output) at the top.
+
+    :param name: key of the layer's state, ``"<lstm name>.l<index>"`` (``"lstm_actor.l0"``).
+    :param layer: the ``nn.LSTM``.
+    :param index: the layer of the LSTM (0 = the one reading the input).
+    :param consumers: Linear layers reading the LSTM output (only for the top layer; empty below it).
+    """
+
+    name: str
+    layer: nn.Module
+    index: int = 0
+    consumers: list[Consumer] = field(default_factory=list)
+    #: no activation module or normalisation: the gates are inside the LSTM (fields shared with HiddenLayer)
+    activation: Optional[nn.Module] = None
+    norm: Optional[nn.Module] = None
+    norm_after_activation: bool = True
+
+    @property
+    def group_size(self) -> int:
+        return 1
+
+    @property
+    def n_features(self) -> int:
+        return int(self.layer.hidden_size)
+
+    @property
+    def n_units(self) -> int:
+        return self.n_features
+
+    @property
+    def top(self) -> bool:
+        """Whether this is the LSTM's last layer (the one whose output leaves the LSTM)."""
+        return self.index == self.layer.num_layers - 1
+
+    def param(self, kind: str, index: Optional[int] = None) -> Optional[nn.Parameter]:
+        """``weight_ih`` / ``weight_hh`` / ``bias_ih`` / ``bias_hh`` of layer ``index`` (default: this layer)."""
+        return getattr(self.layer, f"{kind}_l{self.index if index is None else index}", None)
+
+    def gate_rows(self, units: th.Tensor) -> th.Tensor:
+        """Rows of the stacked gate matrices owned by ``units``: ``j + g*H`` for the four gates ``g``."""
+        h = self.n_features
+        units = units.long().view(1, -1)
+        return (units + h * th.arange(4, device=units.device).view(-1, 1)).flatten()
+
+    def outgoing(self) -> list[tuple[th.Tensor, Optional[th.Tensor]]]:
+        """``(weight, bias absorbing the mean contribution)`` of every matrix reading ``h`` through its columns
+        ``0..H-1``: the consumers (with their biases), the next LSTM layer's ``weight_ih`` (with its
+        ``bias_ih``) and this layer's ``weight_hh`` (no bias: see :mod:`sb3_plastic.recurrent`)."""
+        out: list[tuple[th.Tensor, Optional[th.Tensor]]] = [(c.layer.weight, c.layer.bias) for c in self.consumers]
+        if not self.top:
+            out.append((self.param("weight_ih", self.index + 1), self.param("bias_ih", self.index + 1)))
+        out.append((self.param("weight_hh"), None))
+        return out
+
+    def incoming(self) -> list[th.Tensor]:
+        """The weight matrices whose rows :meth:`gate_rows` a cell owns (``weight_ih``, ``weight_hh``)."""
+        return [self.param("weight_ih"), self.param("weight_hh")]
+
+    def biases(self) -> list[th.Tensor]:
+        """The cell's bias vectors (``bias_ih``, ``bias_hh``; none for ``bias=False``)."""
+        return [b for b in (self.param("bias_ih"), self.param("bias_hh")) if b is not None]
+
+
+def recurrent_units_problem(units: RecurrentUnits) -> Optional[str]:
+    """Why the cells of ``units`` cannot be replaced (``None`` when they can): only unidirectional ``nn.LSTM``
+    layers without projection, read through exactly ``H`` input columns by Linear consumers."""
+    lstm = units.layer
+    if not isinstance(lstm, nn.LSTM):
+        return f"{units.name!r} is a {type(lstm).__name__}; cell replacement is defined for nn.LSTM"
+    if lstm.bidirectional or lstm.proj_size > 0 or lstm.batch_first:
+        return f"{units.name!r}: bidirectional, projected or batch_first LSTMs are not supported"
+    for consumer in units.consumers:
+        nxt = consumer.layer
+        if not isinstance(nxt, nn.Linear) or consumer.offset != 0 or nxt.in_features != lstm.hidden_size:
+            return f"{units.name!r} feeds {type(nxt).__name__} that does not read exactly its {lstm.hidden_size} outputs"
+    return None
+
+
+@th.no_grad()
+def reset_lstm_cells_(
+    units: RecurrentUnits,
+    cells: th.Tensor,
+    optimizers: Iterable[Optional[th.optim.Optimizer]] = (),
+    init: str = "default",
+    gain: float = 1.0,
+    mean_activation: Optional[th.Tensor] = None,
+) -> th.Tensor:
+    """Replace LSTM cells in place (Continual Backprop, ReDo; definition in :mod:`sb3_plastic.recurrent`).
+
+    For each cell ``j``: with ``mean_activation`` (``f``, one value per cell), every reader with a bias absorbs
+    the cell's mean contribution, ``b += W[:, j] * f_j`` (the consumers' biases, ``bias_ih`` of the next LSTM
+    layer; not the recurrence); rows ``j, H+j, 2H+j, 3H+j`` of ``weight_ih`` and ``weight_hh`` are drawn afresh
+    (:func:`sb3_plastic.recurrent.fresh_gate_rows` with ``init`` / ``gain``), those rows of ``bias_ih`` and
+    ``bias_hh`` set to zero; column ``j`` of every reader (consumers, next layer's ``weight_ih``, this layer's
+    ``weight_hh``, all ``4H`` rows) set to zero, last, so the fresh rows leave no recurrent input from a replaced
+    cell. The optimizer moments of exactly those rows / columns / entries are zeroed (step counts kept) in every
+    optimizer of ``optimizers`` holding the tensor.
+
+    :param cells: cell indices, or a boolean mask over the ``H`` cells.
+    :return: the cell indices replaced.
+    """
+    from sb3_plastic.optim import reset_optimizer_state
+    from sb3_plastic.recurrent import fresh_gate_rows
+
+    weight_ih = units.param("weight_ih")
+    device = weight_ih.device
+    cells = th.as_tensor(cells, device=device)
+    cells = (cells.nonzero().flatten() if cells.dtype == th.bool else cells).long().flatten()
+    if cells.numel() == 0:
+        return cells
+    opts = list({id(o): o for o in optimizers if o is not None}.values())
+
+    def reset_moments(param: th.Tensor, index: th.Tensor, dim: int) -> None:
+        for opt in opts:
+            if any(param is p for group in opt.param_groups for p in group["params"]):
+                reset_optimizer_state(opt, param, index, dim)
+
+    outgoing = units.outgoing()
+    if mean_activation is not None:
+        f = mean_activation.reshape(-1).to(device=device, dtype=th.float32)
+        for weight, bias in outgoing:
+            if bias is not None:
+                bias.add_((weight[:, cells].float() @ f).to(bias.dtype))
+    rows = units.gate_rows(cells)
+    for weight in units.incoming():
+        weight[rows] = fresh_gate_rows(weight, cells, init, gain)
+        reset_moments(weight, rows, 0)
+    for bias in units.biases():
+        bias[rows] = 0.0
+        reset_moments(bias, rows, 0)
+    for weight, _ in outgoing:
+        weight.index_fill_(1, cells.to(weight.device), 0.0)
+        reset_moments(weight, cells, 1)
+    return cells
+
+
+@dataclass
 class NetworkSpec:
     """One online network of a model."""
 
@@ -111,9 +255,23 @@ class NetworkSpec:
     #: recurrent layers (``nn.LSTM``, ...) of the network; they are in no path (see :mod:`sb3_plastic.recurrent`)
     recurrent: list[nn.Module] = field(default_factory=list)
     #: Linear / Conv2d layers outside the paths: those feeding a recurrent layer (a features extractor in front
-    #: of an LSTM). They are weight layers (FIRE, Shrink & Perturb, diagnostics) but never hidden layers of unit
-    #: resets, whose outgoing weights would be the recurrent layer's input columns.
+    #: of an LSTM). They are weight layers (FIRE, Shrink & Perturb, diagnostics) but not (yet) hidden layers of
+    #: unit resets: their outgoing weights are the recurrent layer's input columns (:mod:`sb3_plastic.recurrent`).
     extra_layers: list[nn.Module] = field(default_factory=list)
+    #: layers reading each recurrent layer's output, by ``id(recurrent layer)`` (the first layer after it)
+    recurrent_consumers: dict[int, list[nn.Module]] = field(default_factory=dict)
+
+    def recurrent_units(self) -> list[RecurrentUnits]:
+        """The cells of every layer of every recurrent layer, as :class:`RecurrentUnits` (Continual Backprop,
+        ReDo); the top layer of each LSTM lists the layers reading its output as consumers."""
+        out = []
+        for module in self.recurrent:
+            name = self.layer_names.get(id(module), "?")
+            readers = [Consumer(m) for m in self.recurrent_consumers.get(id(module), [])]
+            for index in range(int(module.num_layers)):
+                top = index == module.num_layers - 1
+                out.append(RecurrentUnits(f"{name}.l{index}", module, index, list(readers) if top else []))
+        return out
 
     def weight_layers(self) -> list[nn.Module]:
         """Every Linear / Conv2d of the network, each once: :attr:`extra_layers` first, then in path order
@@ -349,7 +507,9 @@ def find_networks(model: BaseAlgorithm) -> list[NetworkSpec]:
     RecurrentPPO (sb3-contrib's LSTM policies): the LSTMs go to :attr:`NetworkSpec.recurrent`, the features
     extractor's layers (which feed them) to :attr:`NetworkSpec.extra_layers`; the paths start after the LSTM:
     ``mlp_extractor.policy_net -> action_net`` and ``[critic ->] mlp_extractor.value_net -> value_net``
-    (``critic``: the Linear sb3-contrib uses instead of a critic LSTM). See :mod:`sb3_plastic.recurrent`.
+    (``critic``: the Linear sb3-contrib uses instead of a critic LSTM). The cells of every LSTM layer are units
+    too (:meth:`NetworkSpec.recurrent_units`), read by the first layer after the LSTM
+    (:attr:`NetworkSpec.recurrent_consumers`). See :mod:`sb3_plastic.recurrent`.
 
     Limitation: with SAC/TQC's ``share_features_extractor=True`` (off by default) the shared extractor
     belongs to the actor, and its last layer lists only the actor's first layer as consumer, not the
@@ -420,9 +580,26 @@ def _recurrent_actor_critic_spec(policy: nn.Module) -> NetworkSpec:
         vf_tail = [critic, *vf_tail]
     extractors = {id(m): m for m in (policy.pi_features_extractor, policy.vf_features_extractor)}
     extra = [layer for m in extractors.values() for layer in layers_of(m)]
-    recurrent = [m for m in (policy.lstm_actor, getattr(policy, "lstm_critic", None)) if isinstance(m, nn.RNNBase)]
+    lstm_critic = getattr(policy, "lstm_critic", None)
+    recurrent = [m for m in (policy.lstm_actor, lstm_critic) if isinstance(m, nn.RNNBase)]
+    # the first layer after each LSTM: sb3-contrib's evaluate_actions feeds lstm_actor's output to the policy MLP
+    # (and, with shared_lstm, detached to the value MLP), lstm_critic's to the value MLP
+    value_first = [*layers_of(policy.mlp_extractor.value_net), policy.value_net][0]
+    readers = {id(policy.lstm_actor): [pi_tail[0]]}
+    if isinstance(lstm_critic, nn.RNNBase):
+        readers[id(lstm_critic)] = [value_first]
+    elif getattr(policy, "shared_lstm", False):
+        readers[id(policy.lstm_actor)].append(value_first)
     return NetworkSpec(
-        "policy", policy, policy.optimizer, None, [pi_tail, vf_tail], _names(policy), recurrent=recurrent, extra_layers=extra
+        "policy",
+        policy,
+        policy.optimizer,
+        None,
+        [pi_tail, vf_tail],
+        _names(policy),
+        recurrent=recurrent,
+        extra_layers=extra,
+        recurrent_consumers=readers,
     )
 
 
