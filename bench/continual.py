@@ -401,6 +401,7 @@ def report(out: str, setting_name: str, setting: Setting, methods: list[str], di
             "plasticity/policy/weight_norm",
             "plasticity/policy/*/effective_rank",
             "continual/end_of_task_reward",
+            "train/entropy_loss",
         ]
         paths = [os.path.join(out, "tb", m) for m in methods if os.path.isdir(os.path.join(out, "tb", m))]
         for written in plot_runs(paths, os.path.join(out, "plots"), metrics=metrics, switch_every=setting.task_timesteps):

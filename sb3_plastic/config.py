@@ -22,6 +22,25 @@ LAYER_SELECTIONS = ("hidden", "all")
 EQUAL_BETA = 0.99
 
 
+#: ``isometry_interval="auto"``: resolved from the minibatch size by :func:`auto_isometry_interval`.
+AUTO = "auto"
+#: Samples per isometry step that ``"auto"`` aims at (``k * batch_size``).
+AUTO_INTERVAL_SAMPLES = 1024
+#: Largest interval ``"auto"`` picks.
+AUTO_INTERVAL_MAX = 64
+
+
+def auto_isometry_interval(batch_size: int) -> int:
+    """The isometry interval ``"auto"`` gives for a minibatch of ``batch_size``: ``ceil(1024 / batch_size)``
+    clipped to [1, 64], so the isometry step runs once per ~1024 minibatch samples.
+
+    :raises ValueError: for a ``batch_size`` that is not a positive integer.
+    """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer to resolve isometry_interval='auto', got {batch_size!r}")
+    return max(1, min(AUTO_INTERVAL_MAX, -(-AUTO_INTERVAL_SAMPLES // batch_size)))
+
+
 @dataclass
 class IsometryConfig:
     """Plastic network and optimizer settings.
@@ -41,10 +60,14 @@ class IsometryConfig:
         dims), or a list of ``fnmatch`` patterns over the policy's parameter names
         (e.g. ``["features_extractor.*", "mlp_extractor.*"]``).
     :param isometry_interval: apply the isometry step every ``k`` updates with ``k`` times the step size
-        (:class:`sb3_plastic.AdamO`). Default 4: the step costs two matrix products of each weight's size, more
-        than a small minibatch's own forward/backward pass for wide layers, and the pull is so slow
-        (``lr * lambda`` per update) that ``k = 4`` differs from the exact per-update method (``k = 1``) by
-        terms of order ``(4 * lr * lambda)^2`` (~1e-8 at the defaults). See bench/README.md for the cost.
+        (:class:`sb3_plastic.AdamO`). The step costs two matrix products of each weight's size per update, so
+        relative to a minibatch's own forward/backward pass its cost grows as the batch shrinks (cost ratio per
+        layer ~ ``in_features / (k * batch_size)``), while the pull is so slow (``lr * lambda`` per update) that
+        a larger ``k`` differs from the exact per-update method (``k = 1``) only by terms of order
+        ``(k * lr * lambda)^2``. ``"auto"`` (the algorithms' default) resolves to
+        :func:`auto_isometry_interval` of the algorithm's ``batch_size``: ``ceil(1024 / batch_size)`` clipped to
+        [1, 64] (PPO / SAC with batch 256: 4; DQN with batch 32: 32), which keeps the isometry step's share of
+        ``train()`` about the same whatever the batch size. See bench/README.md for the cost.
     :param optimizer: ``"adamo"`` (:class:`sb3_plastic.AdamO`), ``"adam"`` (``torch.optim.Adam``, as SB3) or
         ``"adam_equal_betas"`` (Adam with beta1 = beta2 = 0.99, Dohare et al. 2024). With ``"adam"`` and
         ``"adam_equal_betas"`` the penalty can only be ``"coupled"`` or ``"off"``.
@@ -57,7 +80,7 @@ class IsometryConfig:
     isometry_scale: float = 1.0
     isometry_mode: str = "decoupled"
     isometry_layers: Union[str, list[str]] = "hidden"
-    isometry_interval: int = 4
+    isometry_interval: Union[int, str] = 4
     optimizer: str = "adamo"
     orthogonal_init: Optional[bool] = None
 
@@ -98,8 +121,8 @@ class IsometryConfig:
         else:
             self.isometry_layers = list(layers)
         interval = self.isometry_interval
-        if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
-            raise ValueError(f"isometry_interval must be an int >= 1, got {interval!r}")
+        if interval != AUTO and (isinstance(interval, bool) or not isinstance(interval, int) or interval < 1):
+            raise ValueError(f"isometry_interval must be an int >= 1 or {AUTO!r}, got {interval!r}")
         if self.orthogonal_init not in (None, True, False):
             raise ValueError(f"orthogonal_init must be True, False or None, got {self.orthogonal_init!r}")
 

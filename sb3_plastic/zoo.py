@@ -5,7 +5,9 @@ checkpoints, ``-tb``, ``-optimize``, ``--storage``/``--study-name``, ``--trial-i
 Before handing over, :func:`register`
 
 * adds every plastic algorithm exported by :mod:`sb3_plastic` (``PlasticPPO`` -> ``plastic_ppo``,
-  ``PlasticDQN`` -> ``plastic_dqn``, ``PlasticSAC`` -> ``plastic_sac``, ``PlasticQRDQN`` -> ``plastic_qrdqn``;
+  ``PlasticDQN`` -> ``plastic_dqn``, ``PlasticSAC`` -> ``plastic_sac``, ``PlasticQRDQN`` -> ``plastic_qrdqn``,
+  ``PlasticTQC`` -> ``plastic_tqc``,
+  ``PlasticCrossQ`` -> ``plastic_crossq``, ``PlasticRecurrentPPO`` -> ``plastic_ppo_lstm`` (rl_zoo3's ``ppo_lstm``);
   ``PlasticMaskablePPO`` -> ``plastic_ppo_mask``, after upstream rl-zoo's ``ppo_mask``, as rl_zoo3 2.9.2 has no
   MaskablePPO: :data:`EXTRA_BASE_ZOO_NAMES`) to rl_zoo3's algorithm table ``ALGOS``, the way the ``sbx`` project's
   ``train_sbx.py`` does. The table is one ``dict`` that ``rl_zoo3``, ``rl_zoo3.utils``, ``.train``,

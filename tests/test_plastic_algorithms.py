@@ -164,11 +164,29 @@ def test_optimizer_choices_and_modes():
     adamo_off = PlasticPPO("MlpPolicy", "CartPole-v1", isometry_mode="off", **PPO_FAST)
     assert all(g["isometry_coef"] == 0.0 for g in adamo_off.policy.optimizer.param_groups)
     assert adamo_off.policy.optimizer.param_groups[0]["eps"] == 1e-5  # SB3's PPO epsilon
-    assert adamo_off.policy.optimizer.param_groups[0]["isometry_interval"] == 4  # the plastic default
+    # "auto" (the default): ceil(1024 / batch_size) clipped to [1, 64]
+    assert adamo_off.policy.optimizer.param_groups[0]["isometry_interval"] == 32  # PPO_FAST's batch of 32
+    assert adamo_off.isometry_config.isometry_interval == 32
+    for cls, kwargs, expected in [
+        (PlasticPPO, {}, 16),  # SB3's PPO batch_size default: 64
+        (PlasticPPO, dict(batch_size=256), 4),
+        (PlasticPPO, dict(batch_size=100), 11),
+        (PlasticPPO, dict(batch_size=4096), 1),
+        (PlasticPPO, dict(batch_size=8, n_steps=8), 64),  # clipped
+        (PlasticDQN, {}, 32),  # SB3's DQN batch_size default: 32
+        (PlasticSAC, {}, 4),  # 256
+    ]:
+        env = "Pendulum-v1" if cls is PlasticSAC else "CartPole-v1"
+        model = cls("MlpPolicy", env, buffer_size=1000, **kwargs) if cls is not PlasticPPO else cls("MlpPolicy", env, **kwargs)
+        optimizers = [model.actor.optimizer, model.critic.optimizer] if cls is PlasticSAC else [model.policy.optimizer]
+        groups = [g for opt in optimizers for g in opt.param_groups if g.get("isometry_coef", 0) > 0]
+        assert groups and all(g["isometry_interval"] == expected for g in groups), (cls, kwargs)
     exact = PlasticPPO("MlpPolicy", "CartPole-v1", isometry_interval=1, **PPO_FAST)
     assert all(g["isometry_interval"] == 1 for g in exact.policy.optimizer.param_groups)
-    with pytest.raises(ValueError, match="isometry_interval must be an int >= 1, got 0"):
+    with pytest.raises(ValueError, match="isometry_interval must be an int >= 1 or 'auto', got 0"):
         PlasticPPO("MlpPolicy", "CartPole-v1", isometry_interval=0)
+    with pytest.raises(ValueError, match="isometry_interval must be an int >= 1 or 'auto', got 'fast'"):
+        PlasticPPO("MlpPolicy", "CartPole-v1", isometry_interval="fast")
 
 
 def test_minatar_small_cnn_with_maxmin():

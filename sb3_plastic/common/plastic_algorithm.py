@@ -15,7 +15,7 @@ from typing import Any, Optional, Union
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.callbacks import BaseCallback, CallbackList, ConvertCallback
 
-from sb3_plastic.config import ISOMETRY_KEYS, IsometryConfig
+from sb3_plastic.config import AUTO, ISOMETRY_KEYS, IsometryConfig, auto_isometry_interval
 from sb3_plastic.policies import PlasticPolicyMixin
 
 
@@ -46,7 +46,8 @@ class PlasticAlgorithmMixin:
     :param isometry_scale: target scale ``s`` of ``W^T W``.
     :param isometry_mode: ``"decoupled"`` (AdamO), ``"coupled"`` or ``"off"``.
     :param isometry_layers: ``"hidden"``, ``"all"`` or a list of fnmatch patterns.
-    :param isometry_interval: apply the isometry step every ``k`` updates (``k`` times larger).
+    :param isometry_interval: apply the isometry step every ``k`` updates (``k`` times larger); ``"auto"``
+        (default): ``ceil(1024 / batch_size)`` clipped to [1, 64] (:func:`~sb3_plastic.config.auto_isometry_interval`).
     :param optimizer: ``"adamo"``, ``"adam"`` or ``"adam_equal_betas"``.
     :param orthogonal_init: orthogonal hidden layers (default: only with MaxMin).
     :param kwargs: SB3's keyword arguments, unchanged, and the intervention keywords: the fields of
@@ -71,7 +72,7 @@ class PlasticAlgorithmMixin:
         isometry_scale: float = 1.0,
         isometry_mode: str = "decoupled",
         isometry_layers: Union[str, list[str]] = "hidden",
-        isometry_interval: int = 4,
+        isometry_interval: Union[int, str] = AUTO,
         optimizer: str = "adamo",
         orthogonal_init: Optional[bool] = None,
         **kwargs: Any,
@@ -102,6 +103,10 @@ class PlasticAlgorithmMixin:
                 f"{misplaced} must be top-level keywords of {type(self).__name__}, not entries of policy_kwargs"
             )
         self._check_plastic_policy(policy)
+        if config.isometry_interval == AUTO:
+            batch_size = bound.arguments.get("batch_size", _default(base_init, "batch_size"))
+            interval = auto_isometry_interval(batch_size) if batch_size is not None else 4
+            config = dataclasses.replace(config, isometry_interval=interval)
         policy_kwargs.update(config.to_kwargs())
         bound.arguments["policy_kwargs"] = policy_kwargs
         self.isometry_config = config
@@ -166,6 +171,14 @@ class PlasticAlgorithmMixin:
                 f"{type(self).__name__} needs a plastic policy, got {policy!r}; use one of "
                 f"{sorted(self.policy_aliases)} or a subclass of sb3_plastic.policies.PlasticPolicyMixin"
             )
+
+
+def _default(function: Any, name: str) -> Any:
+    """Default value of parameter ``name`` of ``function`` (``None`` if it has none)."""
+    parameter = inspect.signature(function).parameters.get(name)
+    if parameter is None or parameter.default is inspect.Parameter.empty:
+        return None
+    return parameter.default
 
 
 def is_plastic(model: BaseAlgorithm) -> bool:
