@@ -313,8 +313,8 @@ register(Entry(
 ))
 register(Entry(
     name="ppo-cnn-relu-k4",
-    description="as ppo-cnn-relu with isometry_interval=4 (the isometry step every 4th update, 4x as large; the "
-    "plastic algorithms' default)",
+    description="as ppo-cnn-relu with isometry_interval=4 (the isometry step every 4th update, 4x as large; what the "
+    "default isometry_interval='auto' resolves to for batch 256)",
     baseline=ppo_atari(PPO),
     candidate=ppo_atari(PlasticPPO, activation="relu", isometry_coef=1e-3, isometry_interval=4),
     steps=PPO_STEPS,
@@ -332,8 +332,8 @@ register(Entry(
 ))
 register(Entry(
     name="ppo-cnn-maxmin",
-    description="PlasticPPO CnnPolicy maxmin (orthogonal init), AdamO+isometry 1e-3 (isometry_interval=4, the default) "
-    "vs PPO CnnPolicy, Breakout; no target: the MaxMin activation's own cost comes on top of AdamO's",
+    description="PlasticPPO CnnPolicy maxmin (orthogonal init), AdamO+isometry 1e-3 (default isometry_interval='auto': "
+    "4 for batch 256) vs PPO CnnPolicy, Breakout; no target: the MaxMin activation's own cost comes on top of AdamO's",
     baseline=ppo_atari(PPO),
     candidate=ppo_atari(PlasticPPO, activation="maxmin", isometry_coef=1e-3, isometry_mode="decoupled"),
     steps=PPO_STEPS,
@@ -405,12 +405,13 @@ def dqn_mlp_monitor(ctx: Context) -> BaseCallback:
 
 register(Entry(
     name="dqn-mlp-relu",
-    description="PlasticDQN MlpPolicy [256,256] relu, AdamO+isometry 1e-3 (isometry_interval=4, the default) vs DQN, "
-    "CartPole-v1 (zoo hyperparameters)",
+    description="PlasticDQN MlpPolicy [256,256] relu, AdamO+isometry 1e-3 (default isometry_interval='auto': 16 for "
+    "batch 64) vs DQN, CartPole-v1 (zoo hyperparameters)",
     baseline=dqn_cartpole(DQN),
     candidate=dqn_cartpole(PlasticDQN, activation="relu", isometry_coef=1e-3),
     steps=DQN_MLP_STEPS,
-    target=0.95,    in_quick=False,
+    target=0.95,
+    in_quick=False,
 ))
 register(Entry(
     name="dqn-mlp-cbp",
@@ -477,9 +478,19 @@ register(Entry(
 register(Entry(
     name="dqn-cnn-relu-k4",
     description="as dqn-cnn-relu with isometry_interval=4 (the isometry step every 4th update, 4x as large; the "
-    "default)",
+    "fixed default before 'auto')",
     baseline=dqn_atari(DQN),
     candidate=dqn_atari(PlasticDQN, activation="relu", isometry_coef=1e-3, isometry_interval=4),
+    steps=DQN_CNN_STEPS,
+    target=0.95,
+    in_quick=False,
+))
+register(Entry(
+    name="dqn-cnn-relu-auto",
+    description="as dqn-cnn-relu with the default isometry_interval='auto' (32 for batch 32: the isometry step every "
+    "32nd update, 32x as large)",
+    baseline=dqn_atari(DQN),
+    candidate=dqn_atari(PlasticDQN, activation="relu", isometry_coef=1e-3),
     steps=DQN_CNN_STEPS,
     target=0.95,
     in_quick=False,
@@ -512,8 +523,8 @@ SAC_STEPS = {"quick": Steps(120, 100), "full": Steps(200, 500)}
 
 register(Entry(
     name="sac-mlp-relu",
-    description="PlasticSAC MlpPolicy [256,256] relu, AdamO+isometry 1e-3 (isometry_interval=4, the default) vs SAC, "
-    "Pendulum-v1",
+    description="PlasticSAC MlpPolicy [256,256] relu, AdamO+isometry 1e-3 (default isometry_interval='auto': 4 for "
+    "batch 256) vs SAC, Pendulum-v1",
     baseline=sac_pendulum(SAC),
     candidate=sac_pendulum(PlasticSAC, activation="relu", isometry_coef=1e-3),
     steps=SAC_STEPS,
@@ -871,7 +882,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.list:
         for e in REGISTRY.values():
             tgt = f"target {_target_text(e)}" if e.target is not None else "no target"
-            print(f"{e.name:16s} {e.kind:5s} {'quick+full' if e.in_quick else 'full only':10s} {tgt:15s} {e.description}")
+            print(f"{e.name:18s} {e.kind:5s} {'quick+full' if e.in_quick else 'full only':10s} {tgt:15s} {e.description}")
         return 0
     mode = "quick" if args.quick else "full"
     repeats = args.repeats if args.repeats is not None else (3 if args.quick else 5)

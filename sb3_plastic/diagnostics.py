@@ -61,6 +61,16 @@ from sb3_plastic.recurrent import recurrent_weights
 #: ``delta`` of srank: the singular values kept cover ``1 - delta`` of their sum (Kumar et al., 2021).
 SRANK_DELTA = 0.01
 
+#: Largest relative change of the effective rank that the Gram-matrix singular values
+#: (:func:`feature_singular_values`) may cause, by the error bound of :func:`_gram_ranks_are_resolved`, before
+#: ``svdvals`` is used instead. The measured change is far smaller (~2e-7 on NatureCNN features, as much as rounding
+#: the features to float32 precision changes the effective rank computed with ``svdvals``: 2-5e-7).
+GRAM_ERANK_RTOL = 1e-4
+
+#: :func:`weight_spectrum` takes ``sigma_min`` from the Gram eigenvalues when their rounding (``d``, see
+#: :func:`_gram_eigenvalues`) moves it by at most this relative amount (``d / (2 lambda_min)``), else uses ``svdvals``.
+GRAM_SIGMA_RTOL = 1e-7
+
 #: Largest number of float entries of a Jacobian block materialised at once by the NTK / gradient code.
 MAX_JACOBIAN_ELEMENTS = 2**23
 
@@ -116,6 +126,78 @@ def singular_values(matrix: th.Tensor) -> th.Tensor:
     return th.linalg.svdvals(feature_matrix(matrix))
 
 
+def _gram_eigenvalues(x: th.Tensor) -> tuple[th.Tensor, float]:
+    """Eigenvalues (ascending, float64) of the smaller Gram matrix of ``x`` (``x x^T`` or ``x^T x``), i.e. the squared
+    singular values of ``x`` (as many as ``min(N, F)``), and the rounding-error level ``d`` of those eigenvalues:
+    ``n * eps64 * lambda_max`` with ``n`` the Gram's size (a conservative scale of ``eigvalsh``'s backward error and
+    of the Gram product's rounding; measured errors were ~0.1 ``eps64 * lambda_max``)."""
+    x = x.double()
+    gram = x @ x.T if x.shape[0] <= x.shape[1] else x.T @ x
+    lam = th.linalg.eigvalsh(gram)
+    lam_max = float(lam[-1]) if lam.numel() else 0.0
+    return lam, gram.shape[0] * th.finfo(th.float64).eps * max(lam_max, 0.0)
+
+
+def _gram_ranks_are_resolved(sigma: th.Tensor, lam: th.Tensor, d: float, delta: float) -> bool:
+    """Whether srank and effective rank computed from ``sigma = sqrt(max(lam, 0))`` (descending) are those of the exact
+    singular values, given eigenvalue errors up to ``d``.
+
+    A singular value with ``lam_i > 2 d`` is resolved: its error is at most ``d / sqrt(lam_i - d)`` (``|sqrt a - sqrt b| =
+    |a - b| / (sqrt a + sqrt b)``). The others are not: the true value may be anything in ``[0, sqrt(lam_i + d)]``.
+    These errors may change the srank only if a cumulative share lies within their total, relative to the sum,
+    of ``1 - delta``; the effective rank's entropy ``H`` moves by at most ``-p log p`` per unresolved
+    value (``p`` its largest possible share, ``-p log p`` increasing for ``p < 1/e``) plus ``(|log p_i| + 1)`` times the
+    share error of each resolved one. The Gram values are used when the srank cannot change and the bound on ``H``
+    (= the relative change of ``exp(H)``) is below :data:`GRAM_ERANK_RTOL`.
+    """
+    total = float(sigma.sum())
+    if total <= 0:
+        return d <= 0  # all-zero within rounding: exact only if the matrix is exactly zero
+    lam_desc = th.flip(lam, (0,)).clamp(min=0)
+    resolved = lam_desc > 2 * d
+    err = th.where(resolved, d / th.sqrt((lam_desc - d).clamp(min=d)), th.sqrt(lam_desc + d))
+    total_err = float(err.sum())
+    if total_err >= 0.5 * total:
+        return False
+    # srank: shares c_k = S_k / S move by at most 2 E / (S - E)
+    margin = 2 * total_err / (total - total_err) + 1e-12
+    covered = th.cumsum(sigma, 0) / total
+    if bool(((covered - (1.0 - delta)).abs() <= margin).any()):
+        return False
+    # effective rank: |dH| <= sum over unresolved of -p log p (p <= upper / (S - E)) + sum over resolved of
+    # (|log p_i| + 1) * |dp_i| with |dp_i| <= (e_i + p_i E) / (S - E)
+    low = total - total_err
+    bound = 0.0
+    upper = ((sigma + err)[~resolved] / low).clamp(max=1 / math.e)
+    upper = upper[upper > 0]
+    bound += float(-(upper * upper.log()).sum())
+    p = sigma[resolved] / total
+    dp = (err[resolved] + p * total_err) / low
+    bound += float(((p.log().abs() + 1) * dp).sum())
+    return bound <= GRAM_ERANK_RTOL
+
+
+def feature_singular_values(features: th.Tensor, delta: float = SRANK_DELTA) -> th.Tensor:
+    """Singular values (descending, float64) of a feature matrix ``(N, F)`` (or ``(N, C, H, W)``, flattened), fast:
+    from the eigenvalues of its smaller float64 Gram matrix (negative round-off clamped to 0, square roots), with
+    :func:`torch.linalg.svdvals` as the fallback when the Gram's rounding could change the srank (at ``delta``) or
+    the effective rank by more than :data:`GRAM_ERANK_RTOL` (relative; see :func:`_gram_ranks_are_resolved`).
+
+    The Gram values agree with ``svdvals`` to ~1e-8 of ``sigma_max``, so singular values below that are not
+    resolved; srank and effective rank only need the values relative to their sum, and the fallback catches the
+    spectra where unresolved values could carry enough of it to matter. On NatureCNN features (256 x 12 800) this
+    is 2.5-10x faster than ``svdvals``; use :func:`singular_values` for the exact small singular values.
+    """
+    x = feature_matrix(features)
+    if min(x.shape) == 0:
+        return th.linalg.svdvals(x)
+    lam, d = _gram_eigenvalues(x)
+    sigma = th.flip(lam, (0,)).clamp(min=0).sqrt()
+    if _gram_ranks_are_resolved(sigma, lam, d, delta):
+        return sigma
+    return th.linalg.svdvals(x)
+
+
 def srank_from_singular_values(sigma: th.Tensor, delta: float = SRANK_DELTA) -> int:
     """``min{k : sum_{i<=k} sigma_i >= (1 - delta) sum_i sigma_i}`` (Kumar et al., 2021); 0 if all are 0."""
     if not 0 <= delta < 1:
@@ -143,12 +225,12 @@ def effective_rank_from_values(values: th.Tensor) -> float:
 def srank(features: th.Tensor, delta: float = SRANK_DELTA) -> int:
     """srank of a feature matrix ``(N, F)`` (or ``(N, C, H, W)``, flattened): the number of singular values
     covering ``1 - delta`` of their sum (Kumar et al., 2021, "Implicit Under-Parameterization")."""
-    return srank_from_singular_values(singular_values(features), delta)
+    return srank_from_singular_values(feature_singular_values(features, delta), delta)
 
 
 def effective_rank(features: th.Tensor) -> float:
     """Effective rank ``exp(H(sigma / sum sigma))`` of a feature matrix (Roy & Vetterli, 2007)."""
-    return effective_rank_from_values(singular_values(features))
+    return effective_rank_from_values(feature_singular_values(features))
 
 
 def feature_norm(features: th.Tensor) -> float:
@@ -189,9 +271,18 @@ def network_norms(
 
 def weight_spectrum(weight: th.Tensor) -> dict[str, float]:
     """``sigma_max``, ``sigma_min`` and ``cond = sigma_max / sigma_min`` of the matrix view of a weight
-    (a conv kernel ``(out, in, kh, kw)`` is viewed as ``(out, in*kh*kw)``); ``cond`` is capped at :data:`COND_CAP`."""
-    s = th.linalg.svdvals(as_matrix(weight.detach()).double())
-    s_max, s_min = float(s.max()), float(s.min())
+    (a conv kernel ``(out, in, kh, kw)`` is viewed as ``(out, in*kh*kw)``); ``cond`` is capped at :data:`COND_CAP`.
+
+    Computed from the eigenvalues of the smaller float64 Gram matrix when that resolves ``sigma_min`` to
+    :data:`GRAM_SIGMA_RTOL` (condition numbers up to ~1e3-1e4), else (ill-conditioned or singular) with ``svdvals``."""
+    w = as_matrix(weight.detach()).double()
+    lam, d = _gram_eigenvalues(w) if w.numel() else (w.new_zeros(0), 0.0)
+    if lam.numel() and float(lam[0]) > 0 and d <= 2 * GRAM_SIGMA_RTOL * float(lam[0]):
+        # well conditioned: sigma = sqrt(lambda) of the Gram, sigma_min within GRAM_SIGMA_RTOL (relative)
+        s_max, s_min = math.sqrt(float(lam[-1])), math.sqrt(float(lam[0]))
+    else:
+        s = th.linalg.svdvals(w)
+        s_max, s_min = float(s.max()), float(s.min())
     return {"sigma_max": s_max, "sigma_min": s_min, "cond": capped_ratio(s_max, s_min)}
 
 
@@ -367,10 +458,20 @@ def capture_features(layers: Sequence[HiddenLayer], forward: Callable[[], Any]) 
 
     The activation after each layer is re-applied to the layer output, as in
     :func:`sb3_plastic.callbacks.redo.probe_activity`. A layer run several times is concatenated along the
-    batch; a layer ``forward`` never reaches gives ``None``.
+    batch, except that an output equal to one already captured for that layer is kept once (PPO's shared feature
+    extractor runs twice on the same batch, for the action and for the value: stacking a copy would only scale every
+    singular value by ``sqrt(2)``, leave each per-unit mean unchanged and double the cost of the rank diagnostics);
+    a layer ``forward`` never reaches gives ``None``.
     """
     outs = _capture([h.layer for h in layers], forward, lambda i, out: _post_activation(layers[i], out).detach())
-    return [th.cat(o, dim=0) if o else None for o in outs]
+    kept: list[list[th.Tensor]] = []
+    for o in outs:
+        unique: list[th.Tensor] = []
+        for t in o:
+            if not any(u.shape == t.shape and th.equal(u, t) for u in unique):
+                unique.append(t)
+        kept.append(unique)
+    return [th.cat(o, dim=0) if o else None for o in kept]
 
 
 def probe_forward(
@@ -468,7 +569,7 @@ def network_diagnostics(
             continue
         d = dormant_fraction(h, tau, layer.group_size)
         z = zero_fraction(h, layer.group_size)
-        sigma = singular_values(h)
+        sigma = feature_singular_values(h)
         out[f"{layer.name}/dormant_fraction"] = d
         out[f"{layer.name}/zero_fraction"] = z
         out[f"{layer.name}/srank"] = float(srank_from_singular_values(sigma))

@@ -11,15 +11,18 @@ from stable_baselines3 import DQN
 from torch import nn
 
 from sb3_plastic import MaxMin, PlasticDQN
-from sb3_plastic.common.surgery import find_networks
+from sb3_plastic.common.surgery import HiddenLayer, find_networks
 from sb3_plastic.diagnostics import (
     COND_CAP,
+    capture_features,
     dfi,
     distance_from_init,
     dormant_fraction,
     effective_rank,
+    effective_rank_from_values,
     empirical_ntk,
     feature_norm,
+    feature_singular_values,
     gradient_norm,
     kernel_stats,
     module_function,
@@ -29,6 +32,7 @@ from sb3_plastic.diagnostics import (
     output_gradient_norm,
     spec_parameters,
     srank,
+    srank_from_singular_values,
     weight_norm,
     weight_spectrum,
     zero_fraction,
@@ -122,6 +126,79 @@ def test_srank_and_effective_rank_of_features_with_known_singular_values():
     # degenerate cases
     assert srank(th.zeros(8, 4)) == 0 and effective_rank(th.zeros(8, 4)) == 0.0
     assert effective_rank(with_singular_values([3.0, 3.0, 3.0], 10, 6)) == pytest.approx(3.0)
+
+
+def random_features(kind: str, seed: int) -> th.Tensor:
+    """Float32 feature-like matrices: tall / wide ReLU features, low-rank, rank-deficient with repeated rows."""
+    g = th.Generator().manual_seed(seed)
+    if kind == "tall":
+        return th.relu(th.randn(300, 40, generator=g))
+    if kind == "wide":
+        return th.relu(th.randn(64, 900, generator=g) + 0.3)
+    if kind == "low-rank":  # rank 7 (floating zeros beyond)
+        return th.randn(120, 7, generator=g) @ th.randn(7, 200, generator=g)
+    if kind == "repeated-rows":  # a probe batch with repeated observations: rank 20 of 100 rows
+        return th.relu(th.randn(20, 500, generator=g)).repeat(5, 1)
+    if kind == "decaying":  # singular values 1 ... 1e-6, geometric
+        return with_singular_values([10.0 ** (-6 * i / 49) for i in range(50)], 80, 60).float()
+    raise ValueError(kind)
+
+
+@pytest.mark.parametrize("kind", ["tall", "wide", "low-rank", "repeated-rows", "decaying"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_fast_feature_singular_values_match_svdvals(kind, seed):
+    """The Gram-matrix singular values give the srank and effective rank of float64 ``svdvals``, and values within
+    ~1e-8 of sigma_max."""
+    h = random_features(kind, seed)
+    exact = th.linalg.svdvals(h.double())
+    fast = feature_singular_values(h)
+    assert fast.dtype == th.float64 and fast.shape == exact.shape
+    assert th.all(fast[:-1] >= fast[1:])
+    assert th.allclose(fast, exact, rtol=0, atol=1e-7 * float(exact[0]))
+    for delta in (0.01, 0.1):
+        assert srank_from_singular_values(fast, delta) == srank_from_singular_values(exact, delta)
+        assert srank(h, delta) == srank_from_singular_values(exact, delta)
+    assert effective_rank_from_values(fast) == pytest.approx(effective_rank_from_values(exact), rel=1e-6)
+    assert effective_rank(h) == pytest.approx(effective_rank_from_values(exact), rel=1e-6)
+
+
+def test_fast_feature_singular_values_fall_back_when_tiny_values_matter():
+    """Many singular values below the Gram's resolution (~1e-8 sigma_max): the plain Gram recipe loses them and misses
+    the effective rank, the fallback to svdvals keeps it exact."""
+    s = [1.0] + [1e-9] * 300
+    h = with_singular_values(s, 400, 320)
+    exact = th.linalg.svdvals(h)
+    gram = th.linalg.eigvalsh(h.T @ h).clamp(min=0).sqrt().flip(0)
+    naive, true = effective_rank_from_values(gram), effective_rank_from_values(exact)
+    assert abs(naive / true - 1) > 1e-6  # the Gram values alone would be off (this case tests the fallback)
+    assert effective_rank(h) == pytest.approx(true, rel=1e-9)
+    assert th.allclose(feature_singular_values(h), exact)
+    # a cumulative share at 1 - delta up to rounding (99 of 100 equal values): decided as svdvals decides it
+    tie = with_singular_values([1.0] * 99 + [0.999999999], 150, 120)
+    assert srank(tie) == srank_from_singular_values(th.linalg.svdvals(tie))
+
+
+@pytest.mark.parametrize("shape", [(64, 576), (512, 3136), (300, 40), (1, 50)])
+def test_weight_spectrum_matches_svdvals(shape):
+    g = th.Generator().manual_seed(3)
+    w = th.randn(*shape, generator=g) / math.sqrt(shape[1])
+    s = th.linalg.svdvals(w.double())
+    spectrum = weight_spectrum(w)
+    assert spectrum["sigma_max"] == pytest.approx(float(s[0]), rel=1e-9)
+    assert spectrum["sigma_min"] == pytest.approx(float(s[-1]), rel=1e-7)
+    # ill-conditioned (cond 1e6): svdvals, exact sigma_min
+    bad = with_singular_values([1.0, 1e-3, 1e-6], 3, 5)
+    assert weight_spectrum(bad)["sigma_min"] == pytest.approx(1e-6, rel=1e-7)
+    assert weight_spectrum(bad)["cond"] == pytest.approx(1e6, rel=1e-7)
+
+
+def test_capture_features_keeps_a_repeated_identical_output_once():
+    layer = nn.Linear(3, 4)
+    hidden = HiddenLayer(name="l", layer=layer, activation=nn.ReLU())
+    x, y = th.randn(5, 3), th.randn(2, 3)
+    (h,) = capture_features([hidden], lambda: (layer(x), layer(x), layer(y)))
+    assert h.shape == (7, 4)  # x once, then y
+    assert th.allclose(h, th.relu(layer(th.cat([x, y]))).detach())
 
 
 def test_feature_norm_is_the_mean_per_sample_norm():

@@ -20,9 +20,10 @@ from sb3_plastic.callbacks.redo import ReDo, _validate_positive_int, _validate_t
 from sb3_plastic.diagnostics import MAX_JACOBIAN_ELEMENTS, network_diagnostics, spec_parameters
 
 #: Default period in environment steps. A diagnostics pass costs about as much as 15-35 environment steps of
-#: training for SB3's default MLP agents (PPO / DQN on CartPole, SAC on Pendulum) and ~100 for PPO with
-#: NatureCNN on 84x84 images, i.e. < 1 % (MLP) and ~2 % (CNN) of training time at this period
-#: (``bench/monitor_overhead.py``); ``max_overhead`` caps the share for anything more expensive.
+#: training for SB3's default MLP agents (PPO / DQN on CartPole, SAC on Pendulum) and ~250 for PPO with
+#: NatureCNN on 84x84 images (0.6 s at ~400 fps, one CPU thread), i.e. < 1 % (MLP) and ~5 % (CNN) of training
+#: time at this period (``bench/overhead.py``, bench/README.md); ``max_overhead`` (2 %) caps the share for
+#: anything more expensive, the CNN included.
 DEFAULT_EVERY = 5_000
 
 
