@@ -475,3 +475,27 @@ def test_configs() -> None:
         ShrinkPerturbConfig(shrink_factor=0)
     with pytest.raises(ValueError, match=r"Unknown shrink_perturb 'yes'"):
         ShrinkPerturbConfig(shrink_perturb="yes")
+
+
+@pytest.mark.parametrize("algo", ["ppo", "dqn"])
+def test_redo_that_finds_no_dormant_unit_leaves_the_run_unchanged(algo):
+    """ReDo's probe draws from numpy's global generator with its state restored: a ReDo that recycles nothing
+    (tanh units are never dormant at a tiny tau) leaves the trajectory bit-identical to a run without it."""
+    from stable_baselines3 import DQN, PPO
+
+    def make():
+        if algo == "ppo":
+            return PPO("MlpPolicy", "CartPole-v1", n_steps=64, batch_size=32, n_epochs=2, seed=3)
+        return DQN(
+            "MlpPolicy", "CartPole-v1", learning_starts=50, buffer_size=1000, batch_size=16, train_freq=4, seed=3,
+            policy_kwargs=dict(net_arch=[32, 32], activation_fn=th.nn.Tanh),
+        )
+
+    plain = make()  # (built and trained before the other: construction seeds the global generators)
+    plain.learn(320)
+    redo = ReDo(period=1, tau=1e-6, probe_size=32)
+    probed = make()
+    probed.learn(320, callback=redo)
+    assert redo.state["events"] > 0 and sum(redo.state["layer_resets"].values()) == 0
+    for a, b in zip(plain.policy.parameters(), probed.policy.parameters()):
+        assert th.equal(a, b)

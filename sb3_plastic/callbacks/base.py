@@ -2,11 +2,29 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any, Optional
 
+import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback
 
 from sb3_plastic.common.surgery import NetworkSpec, find_networks, model_state
+
+
+@contextlib.contextmanager
+def preserved_numpy_rng() -> Iterator[None]:
+    """Run the block with numpy's global random state saved and restored afterwards.
+
+    Probe batches are drawn with numpy's global generator (SB3's buffers sample with it); restoring it means a
+    callback that only looks (or finds nothing to reset) leaves the run on the trajectory it would follow
+    without the callback.
+    """
+    state = np.random.get_state()
+    try:
+        yield
+    finally:
+        np.random.set_state(state)
 
 
 class PlasticCallback(BaseCallback):

@@ -15,7 +15,7 @@ import numpy as np
 import torch as th
 from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 
-from sb3_plastic.callbacks.base import PlasticCallback
+from sb3_plastic.callbacks.base import PlasticCallback, preserved_numpy_rng
 from sb3_plastic.callbacks.redo import ReDo, _validate_positive_int, _validate_tau
 from sb3_plastic.diagnostics import MAX_JACOBIAN_ELEMENTS, network_diagnostics, spec_parameters
 
@@ -178,8 +178,7 @@ class PlasticityMonitor(PlasticCallback):
 
     # ------------------------------------------------------------------ probe
     def _draw_probe(self) -> Optional[tuple[Any, Optional[th.Tensor]]]:
-        rng_state = np.random.get_state()
-        try:
+        with preserved_numpy_rng():
             if self._on_policy:
                 return ReDo._rollout_probe(self)  # type: ignore[arg-type]  # needs .model and .probe_size
             buffer = getattr(self.model, "replay_buffer", None)
@@ -191,8 +190,6 @@ class PlasticityMonitor(PlasticCallback):
             idx = np.random.choice(n_rows, size=self.probe_size, replace=False)
             data = buffer._get_samples(idx, env=getattr(self.model, "_vec_normalize_env", None))
             return data.observations, data.actions
-        finally:
-            np.random.set_state(rng_state)
 
     # ------------------------------------------------------------------ the pass
     def run(self) -> dict[str, float]:

@@ -46,7 +46,7 @@ from stable_baselines3.common.policies import BaseModel
 from stable_baselines3.common.utils import obs_as_tensor
 from torch import nn
 
-from sb3_plastic.callbacks.base import PlasticCallback
+from sb3_plastic.callbacks.base import PlasticCallback, preserved_numpy_rng
 from sb3_plastic.common.surgery import (
     HiddenLayer,
     NetworkSpec,
@@ -539,7 +539,8 @@ class ReDo(PlasticCallback):
         buffer = getattr(self.model, "replay_buffer", None)
         if buffer is None or buffer.size() == 0:
             return None
-        data = buffer.sample(self.probe_size, env=getattr(self.model, "_vec_normalize_env", None))
+        with preserved_numpy_rng():  # the run's own sampling stays as without ReDo
+            data = buffer.sample(self.probe_size, env=getattr(self.model, "_vec_normalize_env", None))
         return data.observations, data.actions
 
     def _rollout_probe(self) -> Optional[tuple[Any, Optional[th.Tensor]]]:
@@ -547,7 +548,8 @@ class ReDo(PlasticCallback):
         if buffer is None or not (buffer.full or buffer.pos > 0):
             return None
         n_rows = (buffer.buffer_size if buffer.full else buffer.pos) * buffer.n_envs
-        idx = np.random.choice(n_rows, size=min(self.probe_size, n_rows), replace=False)
+        with preserved_numpy_rng():  # the run's own sampling stays as without ReDo
+            idx = np.random.choice(n_rows, size=min(self.probe_size, n_rows), replace=False)
 
         def take(arr: np.ndarray) -> np.ndarray:
             flat = arr[: n_rows // buffer.n_envs].reshape(n_rows, *arr.shape[2:])
