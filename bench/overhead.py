@@ -414,6 +414,15 @@ register(Entry(
     in_quick=False,
 ))
 register(Entry(
+    name="dqn-mlp-aa",
+    description="A/A control: PlasticDQN relu with isometry_mode='off', optimizer='adam' (the same computation as "
+    "DQN) vs DQN, CartPole-v1; its spread and offset are the noise floor of dqn-mlp-relu",
+    baseline=dqn_cartpole(DQN),
+    candidate=dqn_cartpole(PlasticDQN, activation="relu", isometry_mode="off", optimizer="adam"),
+    steps=DQN_MLP_STEPS,
+    in_quick=False,
+))
+register(Entry(
     name="dqn-mlp-cbp",
     description="DQN MlpPolicy [256,256] + ContinualBackprop(1e-4, maturity 10) vs DQN, CartPole-v1",
     baseline=dqn_cartpole(DQN),
