@@ -53,8 +53,14 @@ from torch import nn
 from torch.func import functional_call, jvp, vjp, vmap
 from torch.func import grad as func_grad
 
-from sb3_plastic.callbacks.redo import _post_activation, _validate_tau, dormant_units, network_probe
-from sb3_plastic.common.surgery import HiddenLayer, NetworkSpec
+from sb3_plastic.callbacks.redo import (
+    _post_activation,
+    _validate_tau,
+    dormant_units,
+    network_probe,
+    recurrent_probe_outputs,
+)
+from sb3_plastic.common.surgery import HiddenLayer, NetworkSpec, recurrent_units_problem
 from sb3_plastic.isometry import as_matrix, deviation_from_isometry
 from sb3_plastic.recurrent import recurrent_weights
 
@@ -543,7 +549,10 @@ def network_diagnostics(
     """All diagnostics of one network of a model on a probe batch, as ``{"<layer>/<metric>" or "<metric>": value}``.
 
     Per hidden layer (on the probe batch): ``dormant_fraction``, ``zero_fraction``, ``srank``,
-    ``effective_rank``, ``feature_norm``. Per weight layer (heads included): ``weight_norm``,
+    ``effective_rank``, ``feature_norm``; likewise per LSTM layer of a recurrent policy (``<lstm>.l<index>``, on
+    the cells' outputs ``h`` at the first step from zero states, as ReDo scores them,
+    :func:`sb3_plastic.callbacks.redo.recurrent_probe_outputs`), counted in the network-level fractions.
+    Per weight layer (heads included): ``weight_norm``,
     ``dist_from_init`` (with ``initial``), ``dfi``, ``sigma_max``, ``sigma_min``, ``cond``; per recurrent weight
     matrix (``<lstm>.weight_ih_l0``, ...): ``weight_norm``, ``dist_from_init``, ``dfi`` (summed over its gate
     blocks, :mod:`sb3_plastic.recurrent`). Network-level:
@@ -561,8 +570,13 @@ def network_diagnostics(
     tau = _validate_tau(tau)
     out: dict[str, float] = {}
     forward = probe_forward(model, spec, observations, actions)
-    hidden = spec.hidden_layers()
-    features = capture_features(hidden, forward)
+    hidden: list[Any] = spec.hidden_layers()
+    features: list[Optional[th.Tensor]] = capture_features(hidden, forward)
+    if spec.recurrent and spec.name == "policy":  # LSTM cells: first-step outputs from zero states
+        cells = [u for u in spec.recurrent_units() if recurrent_units_problem(u) is None]
+        if cells:
+            hidden += cells
+            features += recurrent_probe_outputs(model.policy, cells, observations)
     n_units = n_dormant = n_dead = 0.0
     for layer, h in zip(hidden, features):
         if h is None:

@@ -57,10 +57,17 @@ maps; nothing in the gate structure asks for that). The definitions used by sb3_
   ReDo score of ``h_j`` on the probe batch, each probe observation as the first step of an episode from zero
   states (:func:`lstm_first_step_layers`), as the rest of the recurrent policy is probed.
 
-  The layers *in front of* the LSTM (a features extractor's Linear / Conv layers, whose outgoing weights are
-  ``weight_ih_l0`` columns, through a flatten for a CNN) are still left out of unit resets
-  (:attr:`sb3_plastic.common.surgery.NetworkSpec.extra_layers`); the MLP layers after the LSTM are replaced
-  as in any actor-critic policy. :func:`sb3_plastic.common.surgery.find_networks` says which layers are which
+  The layers *in front of* the LSTM (a features extractor's Linear / Conv layers) are hidden layers like any
+  other (:attr:`sb3_plastic.common.surgery.NetworkSpec.extractor_paths`): the outgoing weights of the extractor's
+  last layer are columns of ``weight_ih_l0`` (all ``4H`` rows, every gate block) of each LSTM reading it
+  (``lstm_actor``; ``lstm_critic`` when it reads the same features), through the NCHW flatten for a CNN
+  (channel ``c`` owns columns ``c*P .. c*P+P-1``, ``P = H*W``), read through a
+  :class:`~sb3_plastic.common.surgery.Consumer` of ``weight_ih_l0`` / ``bias_ih_l0``. A replaced unit gets
+  fresh incoming weights and a zero bias, those columns are zeroed (moments too), Continual Backprop absorbs
+  the mean contribution into ``bias_ih_l0`` (``b += W_ih[:, cols] @ f``, exact at every step: the input term
+  sits outside the gate nonlinearities like a Linear consumer's) and its utility uses ``|W_ih|`` over those
+  columns. The MLP layers after the LSTM are replaced as in any actor-critic policy.
+  :func:`sb3_plastic.common.surgery.find_networks` says which layers are which
   (:meth:`~sb3_plastic.common.surgery.NetworkSpec.recurrent_units` for the cells). Only unidirectional
   ``nn.LSTM`` layers without projection are supported (sb3-contrib builds nothing else); GRUs are skipped.
 """

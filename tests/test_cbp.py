@@ -529,3 +529,103 @@ def test_config():
     assert type(sampled.replacement_rate) is float and type(sampled.maturity_threshold) is int
     with pytest.raises(ValueError, match="maturity_threshold must be an integer >= 0.*True"):
         ContinualBackpropConfig(maturity_threshold=True)
+
+
+# ------------------------------------------------------------------ shared features extractor (SAC / TQC / TD3)
+def shared_extractor_sac(cls=SAC, steps=80, **kwargs):
+    """An off-policy actor-critic whose actor and critics read ONE PlasticMLP features extractor, trained
+    ``steps`` steps so that both optimizers have moments everywhere."""
+    from sb3_plastic.networks import PlasticMLP
+
+    policy_kwargs = dict(
+        net_arch=[8],
+        share_features_extractor=True,
+        features_extractor_class=PlasticMLP,
+        features_extractor_kwargs=dict(net_arch=(8, 6)),
+    )
+    model = cls("MlpPolicy", "Pendulum-v1", learning_starts=40, batch_size=16, policy_kwargs=policy_kwargs, **kwargs)
+    model.learn(steps)
+    return model
+
+
+def test_shared_extractor_units_reach_every_critic():
+    from sb3_plastic.common.surgery import find_networks
+
+    model = shared_extractor_sac(SAC, seed=0)
+    policy = model.policy
+    actor, critic = policy.actor, policy.critic
+    assert critic.features_extractor is actor.features_extractor
+    actor_spec, critic_spec = find_networks(model)
+    # the critic target follows the shared extractor through SB3's polyak update of critic.parameters()
+    names = [n for n, _ in critic.named_parameters()]
+    assert names == [n for n, _ in policy.critic_target.named_parameters()]
+    assert any(n.startswith("features_extractor.") for n in names)
+    ext_last = actor.features_extractor.mlp[3]
+    critic_firsts = [q[0] for q in critic.q_networks]
+    hidden = {h.name: h for h in actor_spec.hidden_layers()}
+    last = hidden["actor.features_extractor.mlp.3"]
+    assert [c.layer for c in last.consumers] == [actor.latent_pi[0], *critic_firsts]
+    assert all(c.offset == 0 and c.columns_per_unit == 1 for c in last.consumers)
+    assert [c.layer for c in hidden["actor.features_extractor.mlp.1"].consumers] == [ext_last]
+    assert actor_spec.optimizers() == [actor.optimizer, critic.optimizer]
+    assert not any(h.layer is ext_last for h in critic_spec.hidden_layers())  # the actor's optimizer trains it
+
+    opts = (actor.optimizer, critic.optimizer)
+    gnt = GenerateAndTest([last], actor.optimizer, decay_rate=ETA, other_optimizers=[critic.optimizer])
+    consumers = [c.layer for c in last.consumers]
+    # utility: mean |W_out| over every outgoing weight of every consumer (actor + both critics)
+    hs = known_activations(2, width=6)
+    gnt.update({last.name: hs[0]})
+    out = sum(w.weight[:, :6].abs().sum(0) for w in consumers)
+    rows = sum(w.weight.shape[0] for w in consumers)
+    th.testing.assert_close(gnt.state[last.name]["utility"], (1 - ETA) * out / rows * hs[0].abs().mean(0))
+    gnt.update({last.name: hs[1]})
+    f_hat = ((1 - ETA) * ETA * hs[0].mean(0) + (1 - ETA) * hs[1].mean(0)) / (1 - ETA**2)
+
+    j, others = 2, [0, 1, 3, 4, 5]
+    before = {id(p): p.detach().clone() for p in policy.parameters()}
+    moments = {
+        (id(o), id(p)): {k: v.clone() for k, v in o.state[p].items() if isinstance(v, th.Tensor)}
+        for o in opts
+        for p in o.state
+    }
+    target_before = [p.detach().clone() for p in policy.critic_target.parameters()]
+    gnt.replace(last.name, th.tensor([j]))
+    for layer in consumers:
+        w_old, b_old = before[id(layer.weight)], before[id(layer.bias)]
+        assert th.all(layer.weight[:, j] == 0)
+        keep = [c for c in range(layer.in_features) if c != j]
+        assert th.equal(layer.weight[:, keep], w_old[:, keep])
+        th.testing.assert_close(layer.bias, b_old + w_old[:, j] * f_hat[j])  # bias absorption in every consumer
+    assert ext_last.bias[j] == 0 and not th.equal(ext_last.weight[j], before[id(ext_last.weight)][j])
+    assert th.equal(ext_last.weight[others], before[id(ext_last.weight)][others])
+    touched = {id(ext_last.weight): (0, j), id(ext_last.bias): (0, j)}
+    touched.update({id(layer.weight): (1, j) for layer in consumers})
+    for p in policy.parameters():
+        if id(p) not in touched and id(p) not in {id(layer.bias) for layer in consumers}:
+            assert th.equal(p, before[id(p)])
+    for o in opts:
+        for p in o.state:
+            for key, old in moments[(id(o), id(p))].items():
+                new = o.state[p][key]
+                if key == "step" or id(p) not in touched:
+                    assert th.equal(new, old), key
+                    continue
+                dim, index = touched[id(p)]
+                assert th.all(new.select(dim, index) == 0), key
+                keep = [i for i in range(new.shape[dim]) if i != index]
+                assert th.equal(new.index_select(dim, th.tensor(keep)), old.index_select(dim, th.tensor(keep))), key
+    # the critic target is left to polyak averaging (as for the non-shared case)
+    assert all(th.equal(a, b) for a, b in zip(policy.critic_target.parameters(), target_before))
+    # every consumer was reached: the moments of column j are zero in the critic's optimizer
+    assert all(th.all(critic.optimizer.state[q.weight]["exp_avg"][:, j] == 0) for q in critic_firsts)
+
+
+@pytest.mark.parametrize("cls", [SAC, TQC])
+def test_shared_extractor_continual_backprop_learns(cls):
+    model = shared_extractor_sac(cls, steps=0, seed=0)
+    cb = ContinualBackprop(replacement_rate=0.2, maturity_threshold=3)
+    model.learn(120, callback=cb, log_interval=None)
+    counts = cb.counts()
+    assert counts.get("actor/actor.features_extractor.mlp.3", 0) > 0, counts
+    assert all(th.isfinite(p).all() for p in model.policy.parameters())

@@ -10,6 +10,7 @@ from plastic_asserts import assert_intervention_ran, assert_same_adam_moments, a
 from sb3_contrib import RecurrentPPO
 from sb3_contrib.common.recurrent.policies import RecurrentActorCriticPolicy
 from stable_baselines3.common.envs import FakeImageEnv
+from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
 
 from sb3_plastic import (
     FIRE,
@@ -24,6 +25,8 @@ from sb3_plastic.callbacks.cbp import ContinualBackprop, GenerateAndTest
 from sb3_plastic.callbacks.fire import newton_schulz_polar
 from sb3_plastic.callbacks.shrink_perturb import ShrinkPerturb, shrink_perturb_recurrent_
 from sb3_plastic.common.surgery import find_networks
+from sb3_plastic.diagnostics import network_diagnostics
+from sb3_plastic.networks import PlasticMLP
 from sb3_plastic.optim import MAX_ISOMETRY_STEP, AdamO
 from sb3_plastic.recurrent import (
     fresh_gate_rows,
@@ -210,7 +213,8 @@ def test_fire_keyword_trains_and_fires_once():
 
 def test_find_networks_lists_lstm_cells():
     """Every LSTM layer is a layer of units (cells) for Continual Backprop and ReDo; the top layer's readers are the
-    first layers after the LSTM; the features extractor stays out of unit resets but is a weight layer."""
+    first layers after the LSTM; the features extractor's layers are weight layers and hidden layers read by the
+    LSTMs' weight_ih_l0."""
     mlp = PlasticRecurrentPPO("MlpLstmPolicy", "CartPole-v1", policy_kwargs=small(enable_critic_lstm=False), **FAST)
     (spec,) = find_networks(mlp)
     assert [h.name for h in spec.hidden_layers()] == ["mlp_extractor.policy_net.0", "critic", "mlp_extractor.value_net.0"]
@@ -232,7 +236,13 @@ def test_find_networks_lists_lstm_cells():
     (spec,) = find_networks(cnn)
     extractor = [m for m in cnn.policy.features_extractor.modules() if isinstance(m, (th.nn.Linear, th.nn.Conv2d))]
     assert spec.extra_layers == extractor and all(any(m is x for x in spec.weight_layers()) for m in extractor)
-    assert spec.hidden_layers() == []  # CnnLstmPolicy has no MLP between the LSTM and the heads
+    # no MLP between the LSTM and the heads: the hidden layers are the extractor's, the last one read by both LSTMs
+    hidden = spec.hidden_layers()
+    assert [h.layer for h in hidden] == extractor
+    assert [(c.layer, c.weight_name, c.bias_name) for c in hidden[-1].consumers] == [
+        (cnn.policy.lstm_actor, "weight_ih_l0", "bias_ih_l0"),
+        (cnn.policy.lstm_critic, "weight_ih_l0", "bias_ih_l0"),
+    ]
     actor, critic = spec.recurrent_units()
     assert [c.layer for c in actor.consumers] == [cnn.policy.action_net]
     assert [c.layer for c in critic.consumers] == [cnn.policy.value_net]
@@ -299,13 +309,7 @@ def test_forced_lstm_cell_replacement(policy_kwargs, extra, name):
         h_vf = _first_step_with(critic, obs, cells.index if lstm is critic else None, j, f_j)
         values_expected = policy.value_net(policy.mlp_extractor.forward_critic(h_vf))
 
-    params = {id(p): n for n, p in policy.named_parameters()}
-    before = {n: p.detach().clone() for n, p in policy.named_parameters()}
-    moments = {
-        n: {k: v.clone() if isinstance(v, th.Tensor) else v for k, v in opt.state[p].items()}
-        for n, p in policy.named_parameters()
-        if p in opt.state
-    }
+    params, before, moments = _snapshot(policy, opt)
     rows = th.tensor([j, H + j, 2 * H + j, 3 * H + j])
     readers = [c.layer for c in cells.consumers]
     touched: dict[str, th.Tensor] = {}  # parameter name -> mask of the entries the replacement may write
@@ -357,23 +361,7 @@ def test_forced_lstm_cell_replacement(policy_kwargs, extra, name):
     absorbing = {params[id(r.bias)] for r in readers}
     if not cells.top:
         absorbing.add(params[id(cells.param("bias_ih", cells.index + 1))])
-    # everything else bit-identical
-    for n in before:
-        if n in absorbing:
-            continue
-        keep = ~touched[n] if n in touched else th.ones_like(before[n], dtype=th.bool)
-        assert th.equal(after[n][keep], before[n][keep]), n
-    # optimizer moments: exactly the touched entries zeroed, step counts kept
-    for n, state in moments.items():
-        p = dict(policy.named_parameters())[n]
-        for key, old in state.items():
-            new = opt.state[p][key]
-            if not isinstance(old, th.Tensor) or old.shape != p.shape:
-                assert (th.equal(new, old) if isinstance(old, th.Tensor) else new == old), (n, key)
-                continue
-            mask = touched.get(n, th.zeros_like(p, dtype=th.bool))
-            assert th.equal(new[mask], th.zeros(int(mask.sum()))), (n, key)
-            assert th.equal(new[~mask], old[~mask]), (n, key)
+    _assert_only_touched_changed(policy, opt, before, after, touched, absorbing, moments)
     assert int(engine.state[name]["replaced"]) == 1 and int(engine.state[name]["age"][j]) == 0
     # the network at the first step from zero states: as the old network with h_j replaced by its mean f_j
     with th.no_grad():
@@ -627,3 +615,171 @@ def test_continual_shrink_perturb_reaches_the_lstm():
             assert 5e-4 < float(delta.std()) < 2e-3, name
     finally:
         callback._on_training_end()
+
+
+class _TinyConv(BaseFeaturesExtractor):
+    """A CNN extractor whose conv output is the LSTM input (no Linear after the flatten): 4 channels of 3 x 3."""
+
+    def __init__(self, observation_space):
+        super().__init__(observation_space, features_dim=36)
+        self.cnn = th.nn.Sequential(th.nn.Conv2d(1, 4, kernel_size=12, stride=12), th.nn.ReLU(), th.nn.Flatten())
+
+    def forward(self, observations):
+        return self.cnn(observations)
+
+
+@pytest.mark.parametrize("kind", ["mlp", "cnn"])
+def test_forced_extractor_unit_replacement(kind):
+    """A unit of the features extractor in front of the LSTM: fresh incoming weights, zero bias, zero columns of every
+    reader (weight_ih_l0 of each LSTM in all 4 gate blocks, a critic Linear; the channel's P = H*W flatten columns for
+    a CNN), mean contribution absorbed into bias_ih_l0 / the Linear bias, all else bit-identical, moments of exactly
+    the touched entries zeroed."""
+    if kind == "mlp":
+        kwargs = small(features_extractor_class=PlasticMLP, features_extractor_kwargs=dict(net_arch=(12, 10)))
+        model = PlasticRecurrentPPO("MlpLstmPolicy", "CartPole-v1", policy_kwargs=kwargs, **FAST)
+        n_pos, j = 1, 3
+    else:
+        kwargs = dict(lstm_hidden_size=H, features_extractor_class=_TinyConv, enable_critic_lstm=False)
+        model = PlasticRecurrentPPO("CnnLstmPolicy", image_env(), policy_kwargs=kwargs, **FAST)
+        n_pos, j = 9, 2
+    model.learn(64)  # optimizer moments exist
+    policy, opt = model.policy, model.policy.optimizer
+    (spec,) = find_networks(model)
+    hidden = spec.hidden_layers()
+    extractor_layers = [m for m in policy.features_extractor.modules() if isinstance(m, (th.nn.Linear, th.nn.Conv2d))]
+    last = next(h for h in hidden if h.layer is extractor_layers[-1])
+    lstm_readers = [c for c in last.consumers if isinstance(c.layer, th.nn.LSTM)]
+    expected_readers = [policy.lstm_actor] + ([policy.lstm_critic] if kind == "mlp" else [policy.critic])
+    assert [c.layer for c in last.consumers] == expected_readers
+    assert all(c.columns_per_unit == n_pos for c in last.consumers) and lstm_readers
+    engine = GenerateAndTest([last], opt, replacement_rate=0.0, decay_rate=0.9)
+    rng = np.random.default_rng(0)
+    shape = (7, last.n_features) if kind == "mlp" else (7, 4, 3, 3)
+    batches = [th.as_tensor(rng.uniform(0, 2, size=shape), dtype=th.float32) for _ in range(3)]
+    for h in batches:
+        engine.step({last.name: h})
+    # independent bias-corrected running mean of channel / feature j, per position
+    eta = 0.9
+    means = [h.mean(dim=0).reshape(h.shape[1], -1)[j] for h in batches]
+    f = sum((1 - eta) * eta ** (len(means) - 1 - t) * m for t, m in enumerate(means)) / (1 - eta ** len(means))
+    assert f.shape == (n_pos,)
+
+    params, before, moments = _snapshot(policy, opt)
+    cols = th.arange(j * n_pos, (j + 1) * n_pos)
+    touched: dict[str, th.Tensor] = {}
+    layer = last.layer
+    for param in (layer.weight, layer.bias):
+        touched.setdefault(params[id(param)], th.zeros_like(param, dtype=th.bool))[j] = True
+    for c in last.consumers:
+        touched.setdefault(params[id(c.weight)], th.zeros_like(c.weight, dtype=th.bool))[:, cols] = True
+
+    engine.replace(last.name, th.tensor([j]))
+
+    after = {n: p.detach() for n, p in policy.named_parameters()}
+    w_name = params[id(layer.weight)]
+    assert (after[w_name][j] != before[w_name][j]).all()  # fresh incoming weights
+    assert th.equal(layer.bias.detach()[j], th.tensor(0.0))
+    absorbing = set()
+    for c in last.consumers:
+        w_old = before[params[id(c.weight)]]
+        assert th.equal(c.weight.detach()[:, cols], th.zeros(w_old.shape[0], n_pos))  # every row: all 4 gate blocks
+        if isinstance(c.layer, th.nn.LSTM):
+            assert w_old.shape[0] == 4 * H and c.bias is c.layer.bias_ih_l0
+        b_name = params[id(c.bias)]
+        absorbing.add(b_name)
+        expected = before[b_name] + w_old[:, cols] @ f
+        assert th.allclose(c.bias.detach(), expected, atol=1e-6, rtol=0), b_name
+    _assert_only_touched_changed(policy, opt, before, after, touched, absorbing, moments)
+    for lstm in [c.layer for c in lstm_readers]:  # bias_hh and the recurrent weights untouched
+        assert th.equal(lstm.bias_hh_l0, before[params[id(lstm.bias_hh_l0)]])
+
+
+def test_cbp_keyword_replaces_extractor_units_of_cnn_lstm():
+    model = PlasticRecurrentPPO(
+        "CnnLstmPolicy",
+        image_env(),
+        policy_kwargs=dict(lstm_hidden_size=H),
+        replacement_rate=0.05,
+        maturity_threshold=2,
+        **FAST,
+    )
+    model.learn(128)
+    entries = {
+        layer: int(entry["replaced"])
+        for key in model.plastic_state.keys()
+        if "cbp" in key.lower() or "continual" in key.lower()
+        for layer, entry in model.plastic_state[key].get("policy", {}).items()
+    }
+    assert entries, list(model.plastic_state.keys())
+    extractor = {k: v for k, v in entries.items() if k.startswith("features_extractor.")}
+    assert "features_extractor.linear.0" in extractor and "features_extractor.cnn.0" in extractor
+    assert sum(extractor.values()) > 0, entries
+    for p in model.policy.parameters():
+        assert th.isfinite(p).all()
+
+
+def test_diagnostics_cover_lstm_cells():
+    model = PlasticRecurrentPPO("MlpLstmPolicy", "CartPole-v1", policy_kwargs=small(), **FAST)
+    model.learn(64)
+    (spec,) = find_networks(model)
+    obs = th.as_tensor(np.random.default_rng(1).normal(size=(40, 4)), dtype=th.float32)
+    tau = 0.5
+    values = network_diagnostics(model, spec, obs, tau=tau, ntk_size=0)
+    n_units = n_dormant = 0.0
+    for name in ("lstm_actor", "lstm_critic"):
+        with th.no_grad():
+            h = _first_step_with(getattr(model.policy, name), obs)
+        score = h.abs().mean(dim=0) / (h.abs().mean() + 1e-9)
+        d = float((score <= tau).float().mean())
+        assert values[f"{name}.l0/dormant_fraction"] == pytest.approx(d)
+        assert values[f"{name}.l0/zero_fraction"] == float((h == 0).all(dim=0).float().mean())
+        assert values[f"{name}.l0/feature_norm"] == pytest.approx(float(h.norm(dim=1).mean()), rel=1e-5)
+        s = th.linalg.svdvals(h.double())
+        p = s / s.sum()
+        assert values[f"{name}.l0/effective_rank"] == pytest.approx(float(th.exp(-(p * th.log(p)).sum())), rel=1e-4)
+        assert 1 <= values[f"{name}.l0/srank"] <= H
+        n_units += H
+        n_dormant += d * H
+    for hidden in spec.hidden_layers():
+        n_units += hidden.n_units
+        n_dormant += values[f"{hidden.name}/dormant_fraction"] * hidden.n_units
+    assert values["dormant_fraction"] == pytest.approx(n_dormant / n_units)
+    monitor = PlasticityMonitor(every=32, ntk_probe_size=0, max_overhead=None)
+    model.learn(32, callback=monitor, reset_num_timesteps=False)
+    reported = monitor.run()
+    for name in ("lstm_actor.l0", "lstm_critic.l0"):
+        for metric in ("dormant_fraction", "zero_fraction", "srank", "effective_rank", "feature_norm"):
+            assert math.isfinite(reported[f"plasticity/policy/{name}/{metric}"])
+
+
+def _assert_only_touched_changed(policy, opt, before, after, touched, absorbing, moments) -> None:
+    """Every parameter entry outside ``touched`` (and the bias-absorbing tensors) is bit-identical, and the
+    optimizer moments are zero on exactly the touched entries and unchanged elsewhere (step counts kept)."""
+    for n in before:
+        if n in absorbing:
+            continue
+        keep = ~touched[n] if n in touched else th.ones_like(before[n], dtype=th.bool)
+        assert th.equal(after[n][keep], before[n][keep]), n
+    named = dict(policy.named_parameters())
+    for n, state in moments.items():
+        p = named[n]
+        for key, old in state.items():
+            new = opt.state[p][key]
+            if not isinstance(old, th.Tensor) or old.shape != p.shape:
+                assert (th.equal(new, old) if isinstance(old, th.Tensor) else new == old), (n, key)
+                continue
+            mask = touched.get(n, th.zeros_like(p, dtype=th.bool))
+            assert th.equal(new[mask], th.zeros(int(mask.sum()))), (n, key)
+            assert th.equal(new[~mask], old[~mask]), (n, key)
+
+
+def _snapshot(policy, opt):
+    """(parameter id -> name, name -> copy of the parameter, name -> copy of its optimizer state)."""
+    params = {id(p): n for n, p in policy.named_parameters()}
+    before = {n: p.detach().clone() for n, p in policy.named_parameters()}
+    moments = {
+        n: {k: v.clone() if isinstance(v, th.Tensor) else v for k, v in opt.state[p].items()}
+        for n, p in policy.named_parameters()
+        if p in opt.state
+    }
+    return params, before, moments

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch as th
 from sb3_contrib import QRDQN, TQC
-from stable_baselines3 import DQN, PPO, SAC
+from stable_baselines3 import DQN, PPO, SAC, TD3
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.logger import configure
 from torch import nn
@@ -499,3 +499,63 @@ def test_redo_that_finds_no_dormant_unit_leaves_the_run_unchanged(algo):
     assert redo.state["events"] > 0 and sum(redo.state["layer_resets"].values()) == 0
     for a, b in zip(plain.policy.parameters(), probed.policy.parameters()):
         assert th.equal(a, b)
+
+
+# ------------------------------------------------------------------ shared features extractor (SAC / TD3)
+def _shared_extractor_model(cls, steps: int = 80):
+    from sb3_plastic.networks import PlasticMLP
+
+    policy_kwargs = dict(
+        net_arch=[8],
+        share_features_extractor=True,
+        features_extractor_class=PlasticMLP,
+        features_extractor_kwargs=dict(net_arch=(8, 6)),
+    )
+    model = cls("MlpPolicy", "Pendulum-v1", learning_starts=40, batch_size=16, policy_kwargs=policy_kwargs, seed=0)
+    model.learn(steps)
+    return model
+
+
+def test_redo_shared_extractor_resets_every_critic_reader() -> None:
+    model = _shared_extractor_model(SAC)
+    actor, critic = model.policy.actor, model.policy.critic
+    actor_spec, critic_spec = find_networks(model)
+    last = {h.name: h for h in actor_spec.hidden_layers()}["actor.features_extractor.mlp.3"]
+    readers = [actor.latent_pi[0], *(q[0] for q in critic.q_networks)]
+    assert [c.layer for c in last.consumers] == readers
+    opts = [actor_spec.optimizer, critic_spec.optimizer]
+    before = {id(p): p.detach().clone() for p in model.policy.parameters()}
+    moments = {(id(o), id(p)): {k: v.clone() for k, v in o.state[p].items()} for o in opts for p in o.state}
+    j = 4
+    redo_reset_(last, th.tensor([j]), opts)
+    touched = {id(last.layer.weight): 0, id(last.layer.bias): 0, **{id(r.weight): 1 for r in readers}}
+    for p in model.policy.parameters():
+        dim = touched.get(id(p))
+        if dim is None:
+            assert th.equal(p, before[id(p)])
+            continue
+        keep = th.tensor([i for i in range(p.shape[dim]) if i != j])
+        assert th.equal(p.index_select(dim, keep), before[id(p)].index_select(dim, keep))
+        if dim == 1:
+            assert th.all(p[:, j] == 0)
+    assert last.layer.bias[j] == 0
+    for o in opts:
+        for p in o.state:
+            for key, old in moments[(id(o), id(p))].items():
+                new, dim = o.state[p][key], touched.get(id(p))
+                if key == "step" or dim is None:
+                    assert th.equal(new, old)
+                    continue
+                keep = th.tensor([i for i in range(new.shape[dim]) if i != j])
+                assert th.all(new.select(dim, j) == 0)
+                assert th.equal(new.index_select(dim, keep), old.index_select(dim, keep))
+
+
+@pytest.mark.parametrize("cls", [SAC, TD3])
+def test_redo_shared_extractor_learns(cls) -> None:
+    model = _shared_extractor_model(cls, steps=0)
+    redo = ReDo(period=20, tau=0.5, probe_size=16)
+    model.learn(120, callback=redo)
+    assert redo.state["events"] >= 2
+    assert "actor/actor.features_extractor.mlp.3" in redo.state["layer_resets"]
+    assert _all_finite(model)

@@ -199,10 +199,12 @@ def layer_problem(spec: UnitLayer) -> Optional[str]:
             if nxt.groups != 1:
                 return f"layer {spec.name!r} feeds a grouped convolution (not supported)"
             needed, has = consumer.offset + spec.n_features, nxt.in_channels
-        elif isinstance(nxt, nn.Linear):
-            needed, has = consumer.offset + spec.n_features * consumer.columns_per_unit, nxt.in_features
+        elif isinstance(nxt, nn.Linear) or (isinstance(nxt, nn.RNNBase) and consumer.weight_name == "weight_ih_l0"):
+            if isinstance(nxt, nn.RNNBase) and (nxt.bidirectional or nxt.batch_first):
+                return f"layer {spec.name!r} feeds a bidirectional or batch_first {type(nxt).__name__} (not supported)"
+            needed, has = consumer.offset + spec.n_features * consumer.columns_per_unit, consumer.weight.shape[1]
         else:
-            return f"layer {spec.name!r} feeds a {type(nxt).__name__}; expected Linear or Conv2d"
+            return f"layer {spec.name!r} feeds a {type(nxt).__name__}; expected Linear, Conv2d or an LSTM's input"
         if has < needed:
             return (
                 f"layer {spec.name!r} ({spec.n_features} features) cannot feed {type(nxt).__name__} with {has} inputs "
@@ -246,12 +248,12 @@ class _LayerInfo:
         n = spec.n_features
         out_count = 0
         for consumer in spec.consumers:
-            w = consumer.layer.weight
+            w = consumer.weight
             out_count += w.shape[0] * (w.shape[2] * w.shape[3] if w.dim() == 4 else consumer.columns_per_unit)
         whole = None
         if len(spec.consumers) == 1:
             consumer = spec.consumers[0]
-            w = consumer.layer.weight
+            w = consumer.weight
             per_unit = 1 if w.dim() == 4 else consumer.columns_per_unit
             if consumer.offset == 0 and w.shape[1] == n * per_unit:
                 whole = w
@@ -291,7 +293,8 @@ class GenerateAndTest:
 
     :param layers: hidden layers and LSTM cell layers; their ``name`` keys the state (must be unique).
     :param optimizer: optimizer of the layers (its moments of touched rows / columns are zeroed on
-        replacement); ``None`` for no optimizer state to reset. Parameters it does not hold are skipped.
+        replacement; :meth:`attach` hooks its steps); ``None`` for no optimizer state to reset. Parameters it
+        does not hold are skipped.
     :param replacement_rate: ``rho``, fraction of eligible units replaced per step (fractions accumulate).
     :param maturity_threshold: units with ``age > maturity_threshold`` steps are eligible.
     :param decay_rate: ``eta`` of the running utility and mean activation.
@@ -306,6 +309,8 @@ class GenerateAndTest:
     :param after_step: called with ``{layer name: replaced unit indices}`` after every :meth:`step`.
     :param recurrent_init: ``(init, gain)`` of new LSTM cells (:func:`sb3_plastic.recurrent.fresh_gate_rows`;
         the model's is :func:`sb3_plastic.recurrent.recurrent_init_scheme`).
+    :param other_optimizers: further optimizers whose moments of touched entries are zeroed (those training
+        consumers in another network: the critic's, for an actor's shared features extractor); not hooked.
     """
 
     def __init__(
@@ -321,6 +326,7 @@ class GenerateAndTest:
         state: Optional[dict[str, dict[str, th.Tensor]]] = None,
         after_step: Optional[Callable[[dict[str, th.Tensor]], None]] = None,
         recurrent_init: tuple[str, float] = ("default", 1.0),
+        other_optimizers: Sequence[th.optim.Optimizer] = (),
     ) -> None:
         (
             self.replacement_rate,
@@ -351,7 +357,14 @@ class GenerateAndTest:
         self._mask: Optional[th.Tensor] = None
         self.state: dict[str, dict[str, th.Tensor]] = {} if state is None else state
         self.after_step = after_step
-        self._optimized = set() if optimizer is None else {id(p) for group in optimizer.param_groups for p in group["params"]}
+        #: every optimizer whose moments a replacement zeroes (``optimizer`` first), each once
+        self.optimizers = list({id(o): o for o in (optimizer, *other_optimizers) if o is not None}.values())
+        #: the optimizers holding each parameter, by ``id(param)``
+        self._optimized: dict[int, list[th.optim.Optimizer]] = {}
+        for opt in self.optimizers:
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    self._optimized.setdefault(id(p), []).append(opt)
         self._info = {spec.name: _LayerInfo.of(spec) for spec in layers}
         self._stored: dict[str, th.Tensor] = {}
         self._handles: list[RemovableHandle] = []
@@ -429,7 +442,7 @@ class GenerateAndTest:
             return w.abs().view(w.shape[0], n, -1).sum(dim=(0, 2)), info.out_count
         total = th.zeros(n, device=info.weight.device)
         for consumer in self.layers[name].consumers:
-            w = consumer.layer.weight
+            w = consumer.weight
             start = consumer.offset
             if isinstance(consumer.layer, nn.Conv2d):
                 total += w[:, start : start + n].abs().sum(dim=(0, 2, 3)).to(total.device)
@@ -558,32 +571,34 @@ class GenerateAndTest:
                 gain, shift = norm_affine(norm)
                 f_hat = gain[feats].to(f_hat.device)[:, None] * f_hat + shift[feats].to(f_hat.device)[:, None]
             for consumer in spec.consumers:
-                nxt = consumer.layer
-                if isinstance(nxt, nn.Conv2d):
+                # a Linear / Conv2d, or an LSTM reading a features extractor (weight_ih_l0 / bias_ih_l0: every gate
+                # block's columns; the absorption is exact at every step, the input term is outside the gates)
+                w_next, b_next = consumer.weight, consumer.bias
+                if isinstance(consumer.layer, nn.Conv2d):
                     cols = feats + consumer.offset
-                    if nxt.bias is not None:
+                    if b_next is not None:
                         # a constant input map f_bar on channel c adds sum_taps W[k, c] * f_bar to every output
                         # position (exact where no zero padding is involved)
-                        taps = nxt.weight[:, cols].sum(dim=(2, 3))
-                        nxt.bias.add_((taps.float() @ f_hat.mean(dim=1)).to(nxt.bias.dtype))
+                        taps = w_next[:, cols].sum(dim=(2, 3))
+                        b_next.add_((taps.float() @ f_hat.mean(dim=1)).to(b_next.dtype))
                 else:
                     p = consumer.columns_per_unit
                     cols = consumer.columns(feats)
-                    if nxt.bias is not None:
+                    if b_next is not None:
                         if f_hat.shape[1] == p:
                             f_cols = f_hat.reshape(-1)  # per column: channel c, position q -> column c*P + q
                         else:
                             f_cols = f_hat.mean(dim=1).repeat_interleave(p)
-                        nxt.bias.add_((nxt.weight[:, cols].float() @ f_cols).to(nxt.bias.dtype))
-                nxt.weight.index_fill_(1, cols, 0.0)
-                self._reset_moments(nxt.weight, cols, dim=1)
+                        b_next.add_((w_next[:, cols].float() @ f_cols).to(b_next.dtype))
+                w_next.index_fill_(1, cols, 0.0)
+                self._reset_moments(w_next, cols, dim=1)
             layer.weight[feats] = fresh_incoming_weights(layer.weight, feats, self.init, self.init_gain)
             self._reset_moments(layer.weight, feats, dim=0)
             if layer.bias is not None:
                 layer.bias[feats] = 0.0
                 self._reset_moments(layer.bias, feats, dim=0)
             if norm is not None:  # the fresh unit starts with the norm's initial statistics
-                reset_norm_features_(norm, feats, [self.optimizer] if self.optimizer is not None else [])
+                reset_norm_features_(norm, feats, self.optimizers)
             entry["age"][units.cpu()] = 0
             entry["utility"][units] = 0.0
             if "mean_activation" in entry:
@@ -599,7 +614,7 @@ class GenerateAndTest:
         with th.no_grad():
             f_hat = self.bias_corrected_mean_activation(spec.name)[units, 0] if "mean_activation" in entry else None
             init, gain = self.recurrent_init
-            reset_lstm_cells_(spec, units, [self.optimizer], init, gain, f_hat)
+            reset_lstm_cells_(spec, units, self.optimizers, init, gain, f_hat)
             entry["age"][units.cpu()] = 0
             entry["utility"][units] = 0.0
             if "mean_activation" in entry:
@@ -617,11 +632,11 @@ class GenerateAndTest:
         with th.no_grad():
             for consumer in spec.consumers:
                 cols = feats + consumer.offset if isinstance(consumer.layer, nn.Conv2d) else consumer.columns(feats)
-                consumer.layer.weight.index_fill_(1, cols, 0.0)
+                consumer.weight.index_fill_(1, cols, 0.0)
 
     def _reset_moments(self, param: th.Tensor, index: th.Tensor, dim: int) -> None:
-        if self.optimizer is not None and id(param) in self._optimized:
-            reset_optimizer_state(self.optimizer, param, index, dim)
+        for opt in self._optimized.get(id(param), ()):
+            reset_optimizer_state(opt, param, index, dim)
 
     def step(self, activations: Optional[Mapping[str, th.Tensor]] = None) -> dict[str, th.Tensor]:
         """One generate-and-test step (call it after each optimizer step).
@@ -815,7 +830,11 @@ class ContinualBackprop(PlasticCallback):
     forward on the replay actions (the last training-mode, grad-enabled critic forward before that step);
     at the actor's step the actor activations are those of the actor forward on the replay observations
     (the next-observation forward runs without grad and is not recorded). Target networks are not touched:
-    they follow the online network through SB3's own (polyak or periodic) updates.
+    they follow the online network through SB3's own (polyak or periodic) updates. With
+    ``share_features_extractor=True`` the shared extractor's units belong to the actor (recorded at the actor's
+    forward, replaced after the actor's step); their outgoing weights are the actor's first layer and every
+    q-network's first layer of the critic (utility over all of them, bias absorption and zeroing in each,
+    moments zeroed in the critic's optimizer too).
 
     New units get incoming weights from the layer's own initialiser (:func:`resolve_init`,
     :func:`fresh_incoming_weights`): orthogonal rows for orthogonally initialised layers (MaxMin / plastic
@@ -890,6 +909,7 @@ class ContinualBackprop(PlasticCallback):
                 state=self.state.setdefault(spec.name, {}),
                 after_step=self._logger_for(spec.name),
                 recurrent_init=recurrent_init,
+                other_optimizers=spec.optimizers()[1:],
             )
             engine.attach()
             self.engines[spec.name] = engine

@@ -298,9 +298,9 @@ def redo_reset_(
         layer.bias[features] = 0.0
         _reset_moments(optimizers, layer.bias, features, 0)
     for consumer in hidden.consumers:
-        cols = consumer.columns(features).to(consumer.layer.weight.device)
-        consumer.layer.weight.index_fill_(1, cols, 0.0)
-        _reset_moments(optimizers, consumer.layer.weight, cols, 1)
+        cols = consumer.columns(features).to(consumer.weight.device)
+        consumer.weight.index_fill_(1, cols, 0.0)  # an LSTM reading the extractor: weight_ih_l0, every gate block
+        _reset_moments(optimizers, consumer.weight, cols, 1)
     if hidden.norm is not None:  # CrossQ's BatchRenorm: the recycled unit starts with the initial statistics
         reset_norm_features_(hidden.norm, features, optimizers)
     return features
@@ -344,11 +344,12 @@ def redo_layers_(
 
 
 @th.no_grad()
-def recurrent_probe_activity(policy: Any, cells: Sequence[RecurrentUnits], observations: Any) -> list[th.Tensor]:
-    """Per-cell mean ``|h|`` of each LSTM cell layer of sb3-contrib's recurrent policy on probe observations, each
-    seen as the first step of an episode (zero states, :func:`sb3_plastic.recurrent.lstm_first_step_layers`), as
-    the ReDo probe of the rest of the policy does. ``lstm_critic`` reads the value features, other LSTMs the
-    policy features."""
+@th.no_grad()
+def recurrent_probe_outputs(policy: Any, cells: Sequence[RecurrentUnits], observations: Any) -> list[th.Tensor]:
+    """First-step outputs ``h`` ``(N, H)`` of each LSTM cell layer of sb3-contrib's recurrent policy on probe
+    observations, each seen as the first step of an episode (zero states,
+    :func:`sb3_plastic.recurrent.lstm_first_step_layers`), as the ReDo probe of the rest of the policy does.
+    ``lstm_critic`` reads the value features, other LSTMs the policy features."""
     outputs: dict[int, list[th.Tensor]] = {}
     out = []
     for spec in cells:
@@ -358,8 +359,13 @@ def recurrent_probe_activity(policy: Any, cells: Sequence[RecurrentUnits], obser
             extractor = policy.vf_features_extractor if critic else policy.pi_features_extractor
             features = BaseModel.extract_features(policy, observations, extractor)
             outputs[id(lstm)] = lstm_first_step_layers(lstm, features)
-        out.append(outputs[id(lstm)][spec.index].abs().float().mean(dim=0))
+        out.append(outputs[id(lstm)][spec.index])
     return out
+
+
+def recurrent_probe_activity(policy: Any, cells: Sequence[RecurrentUnits], observations: Any) -> list[th.Tensor]:
+    """Per-cell mean ``|h|`` of each LSTM cell layer on probe observations (:func:`recurrent_probe_outputs`)."""
+    return [h.abs().float().mean(dim=0) for h in recurrent_probe_outputs(policy, cells, observations)]
 
 
 def redo_recurrent_(
@@ -368,18 +374,23 @@ def redo_recurrent_(
     observations: Any,
     tau: float = 0.025,
     optimizers: Iterable[Optional[th.optim.Optimizer]] = (),
+    activity: Optional[Sequence[th.Tensor]] = None,
 ) -> list[ReDoLayerResult]:
     """One ReDo step on the LSTM cells of a recurrent policy's network (:meth:`NetworkSpec.recurrent_units`):
     scores from :func:`recurrent_probe_activity`, dormant cells replaced by
     :func:`~sb3_plastic.common.surgery.reset_lstm_cells_` (fresh gate rows from the LSTM's initialiser,
     :func:`sb3_plastic.recurrent.recurrent_init_scheme`; zero biases, zero outgoing columns, zeroed moments; no
-    bias absorption, as ReDo does for every layer). LSTMs whose cells cannot be replaced are skipped."""
+    bias absorption, as ReDo does for every layer). LSTMs whose cells cannot be replaced are skipped.
+
+    :param activity: the cells' scores computed beforehand (:func:`recurrent_probe_activity` over the replaceable
+        cell layers, in order), so that a step scores every layer before any reset (:meth:`ReDo.recycle`)."""
     tau = _validate_tau(tau)
     cells = [u for u in spec.recurrent_units() if recurrent_units_problem(u) is None]
     if not cells:
         return []
     init, gain = recurrent_init_scheme(model)
-    activity = recurrent_probe_activity(model.policy, cells, observations)
+    if activity is None:
+        activity = recurrent_probe_activity(model.policy, cells, observations)
     results = []
     for units, mean_abs in zip(cells, activity):
         dormant = _units_from_scores(scores_from_activity(mean_abs), tau, 1)
@@ -405,7 +416,8 @@ def network_probe(
     """The forward computation of one of the model's networks on probe data (no sampling, no side effects).
 
     ``policy`` (PPO / A2C): action distribution and value; ``q_net`` / ``quantile_net``: the network;
-    ``actor`` (SAC / TQC): the action distribution parameters; ``critic``: Q-values of ``actions``.
+    ``actor`` (SAC / TQC): the action distribution parameters (TD3 / DDPG: the actions); ``critic``: Q-values
+    of ``actions``.
     A recurrent policy (RecurrentPPO) sees each probe observation as the first step of an episode (zero LSTM
     states): the probe is a batch of single observations, not sequences.
     """
@@ -414,7 +426,7 @@ def network_probe(
         return lambda: _recurrent_policy_probe(policy, observations)
     if spec.name == "policy":
         return lambda: (policy.get_distribution(observations), policy.predict_values(observations))
-    if spec.name == "actor":
+    if spec.name == "actor" and hasattr(spec.module, "get_action_dist_params"):  # SAC / TQC / CrossQ
         return lambda: spec.module.get_action_dist_params(observations)
     if spec.name == "critic":
         if actions is None:
@@ -568,10 +580,17 @@ class ReDo(PlasticCallback):
         out: list[tuple[str, ReDoLayerResult]] = []
         for spec in self.networks:
             forward = network_probe(self.model, spec, observations, actions)
+            cell_activity = None
+            if spec.recurrent:  # score the LSTM cells first: the extractor's resets below change the LSTM's input
+                cells = [u for u in spec.recurrent_units() if recurrent_units_problem(u) is None]
+                cell_activity = recurrent_probe_activity(self.model.policy, cells, observations) if cells else []
             for result in redo_layers_(spec.hidden_layers(), forward, self.tau, optimizers, self._init):
                 out.append((spec.name, result))
-            if spec.recurrent:  # the LSTM cells (upstream of the layers above: their resets do not change the scores)
-                out += [(spec.name, r) for r in redo_recurrent_(self.model, spec, observations, self.tau, optimizers)]
+            if spec.recurrent:
+                out += [
+                    (spec.name, r)
+                    for r in redo_recurrent_(self.model, spec, observations, self.tau, optimizers, cell_activity)
+                ]
         layer_resets = self.state.setdefault("layer_resets", {})
         total_units = sum(r.n_units for _, r in out)
         total_dormant = sum(r.n_dormant for _, r in out)

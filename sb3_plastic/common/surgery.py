@@ -53,11 +53,28 @@ class Consumer:
         when a conv feeds a Linear through an NCHW flatten (channel ``c`` owns columns ``c*P .. c*P+P-1``).
     :param offset: index of the producer's first column in ``layer``'s input (SAC critics concatenate
         features and actions: features come first, so 0).
+    :param weight_name: the attribute of ``layer`` holding the matrix whose columns read the producer
+        (``"weight"``; ``"weight_ih_l0"`` for an ``nn.LSTM`` reading a features extractor: every gate block's
+        columns, all ``4H`` rows).
+    :param bias_name: the attribute of ``layer`` holding the bias that absorbs a removed unit's mean
+        contribution (``"bias"``; ``"bias_ih_l0"`` for an LSTM; ``None`` attribute: no absorption).
     """
 
     layer: nn.Module
     columns_per_unit: int = 1
     offset: int = 0
+    weight_name: str = "weight"
+    bias_name: str = "bias"
+
+    @property
+    def weight(self) -> th.Tensor:
+        """The matrix reading the producer through its input columns (:meth:`columns`)."""
+        return getattr(self.layer, self.weight_name)
+
+    @property
+    def bias(self) -> Optional[th.Tensor]:
+        """The bias of :attr:`weight`'s outputs, or ``None``."""
+        return getattr(self.layer, self.bias_name, None)
 
     def columns(self, units: th.Tensor) -> th.Tensor:
         """Input-column indices of ``layer`` fed by the producer's ``units``."""
@@ -255,11 +272,23 @@ class NetworkSpec:
     #: recurrent layers (``nn.LSTM``, ...) of the network; they are in no path (see :mod:`sb3_plastic.recurrent`)
     recurrent: list[nn.Module] = field(default_factory=list)
     #: Linear / Conv2d layers outside the paths: those feeding a recurrent layer (a features extractor in front
-    #: of an LSTM). They are weight layers (FIRE, Shrink & Perturb, diagnostics) but not (yet) hidden layers of
-    #: unit resets: their outgoing weights are the recurrent layer's input columns (:mod:`sb3_plastic.recurrent`).
+    #: of an LSTM). They are weight layers (FIRE, Shrink & Perturb, diagnostics) and, through
+    #: :attr:`extractor_paths`, hidden layers of unit resets whose outgoing weights are the LSTM's
+    #: ``weight_ih_l0`` input columns (:mod:`sb3_plastic.recurrent`).
     extra_layers: list[nn.Module] = field(default_factory=list)
     #: layers reading each recurrent layer's output, by ``id(recurrent layer)`` (the first layer after it)
     recurrent_consumers: dict[int, list[nn.Module]] = field(default_factory=dict)
+    #: paths through a features extractor in front of a recurrent layer, each ending at the module reading the
+    #: extractor output (an ``nn.LSTM``, read through ``weight_ih_l0`` / ``bias_ih_l0``, or sb3-contrib's critic
+    #: Linear): they give the extractor's layers their consumers in :meth:`hidden_layers` (no head: the last
+    #: element is not a head and is not itself made a hidden layer by these paths)
+    extractor_paths: list[list[nn.Module]] = field(default_factory=list)
+    #: consumers in *other* networks of a hidden layer, by ``id(producer)``: SAC / TQC / TD3 / CrossQ with
+    #: ``share_features_extractor=True``, where every q-network's first layer of the critic reads the actor's
+    #: features extractor. :meth:`hidden_layers` lists them after the network's own consumers.
+    external_consumers: dict[int, list[Consumer]] = field(default_factory=dict)
+    #: optimizers training the :attr:`external_consumers` (the critic's): a unit reset zeroes their moments too
+    external_optimizers: list[th.optim.Optimizer] = field(default_factory=list)
 
     def recurrent_units(self) -> list[RecurrentUnits]:
         """The cells of every layer of every recurrent layer, as :class:`RecurrentUnits` (Continual Backprop,
@@ -292,7 +321,7 @@ class NetworkSpec:
         norms = _norm_after(self.module)
         head_ids = {id(h) for h in self.heads()}
         hidden: dict[int, HiddenLayer] = {}
-        for path in self.paths:
+        for path in [*self.extractor_paths, *self.paths]:
             for layer, nxt in itertools.pairwise(path):
                 if id(layer) in head_ids:
                     continue
@@ -306,8 +335,24 @@ class NetworkSpec:
                 per_unit = 1
                 if isinstance(layer, nn.Conv2d) and isinstance(nxt, nn.Linear):
                     per_unit = nxt.in_features // layer.out_channels
-                spec.consumers.append(Consumer(nxt, per_unit, self.edge_offsets.get((id(layer), id(nxt)), 0)))
+                elif isinstance(layer, nn.Conv2d) and isinstance(nxt, nn.RNNBase):
+                    per_unit = nxt.input_size // layer.out_channels
+                offset = self.edge_offsets.get((id(layer), id(nxt)), 0)
+                if isinstance(nxt, nn.RNNBase):  # an LSTM reading the extractor: its layer-0 input matrix
+                    spec.consumers.append(Consumer(nxt, per_unit, offset, "weight_ih_l0", "bias_ih_l0"))
+                else:
+                    spec.consumers.append(Consumer(nxt, per_unit, offset))
+        for key, extra in self.external_consumers.items():
+            if key in hidden:
+                own = hidden[key].consumers
+                own.extend(c for c in extra if not any(c.layer is o.layer for o in own))
         return list(hidden.values())
+
+    def optimizers(self) -> list[th.optim.Optimizer]:
+        """The optimizers holding parameters that a unit reset of this network touches: its own, then
+        :attr:`external_optimizers` (each once)."""
+        found = [o for o in (self.optimizer, *self.external_optimizers) if o is not None]
+        return list({id(o): o for o in found}.values())
 
     def parameters(self) -> list[nn.Parameter]:
         """Parameters trained by this network's optimizer (all of the module's if it has none)."""
@@ -505,15 +550,20 @@ def find_networks(model: BaseAlgorithm) -> list[NetworkSpec]:
     (and their plastic versions), with Box or Dict observations.
 
     RecurrentPPO (sb3-contrib's LSTM policies): the LSTMs go to :attr:`NetworkSpec.recurrent`, the features
-    extractor's layers (which feed them) to :attr:`NetworkSpec.extra_layers`; the paths start after the LSTM:
+    extractor's layers (which feed them) to :attr:`NetworkSpec.extra_layers` and, with the LSTM (or the critic
+    Linear) reading them, to :attr:`NetworkSpec.extractor_paths` (hidden layers whose consumer is the LSTM's
+    ``weight_ih_l0``, with the conv -> flatten column mapping); the paths start after the LSTM:
     ``mlp_extractor.policy_net -> action_net`` and ``[critic ->] mlp_extractor.value_net -> value_net``
     (``critic``: the Linear sb3-contrib uses instead of a critic LSTM). The cells of every LSTM layer are units
     too (:meth:`NetworkSpec.recurrent_units`), read by the first layer after the LSTM
     (:attr:`NetworkSpec.recurrent_consumers`). See :mod:`sb3_plastic.recurrent`.
 
-    Limitation: with SAC/TQC's ``share_features_extractor=True`` (off by default) the shared extractor
-    belongs to the actor, and its last layer lists only the actor's first layer as consumer, not the
-    critics' first layers.
+    Actor-critic policies with ``share_features_extractor=True`` (off by default): the shared extractor belongs
+    to the actor (SB3 trains it with the actor's optimizer), and its last layer's consumers are the actor's
+    first layer and the first layer of every q-network of the critic (:attr:`NetworkSpec.external_consumers`;
+    the critic's optimizer is in :attr:`NetworkSpec.external_optimizers`, see :meth:`NetworkSpec.optimizers`).
+    The critic target keeps its own copy of the extractor and follows the shared one through SB3's polyak
+    update of ``critic.parameters()`` (which include it), as for every other critic weight.
 
     :raises TypeError: for a policy whose structure is not known.
     """
@@ -556,8 +606,12 @@ def find_networks(model: BaseAlgorithm) -> list[NetworkSpec]:
         actor_paths = _extractor_paths(actor.features_extractor, tails, off)
         critic_tails = [layers_of(q_net) for q_net in critic.q_networks]
         critic_paths = critic_tails if shared else _extractor_paths(critic.features_extractor, critic_tails, off)
+        actor_names = _names_with_prefix(actor, "actor")
+        actor_spec = NetworkSpec("actor", actor, actor.optimizer, actor_target, actor_paths, actor_names, off)
+        if shared:
+            _add_shared_extractor_readers(actor_spec, critic_tails, critic.optimizer)
         return [
-            NetworkSpec("actor", actor, actor.optimizer, actor_target, actor_paths, _names_with_prefix(actor, "actor"), off),
+            actor_spec,
             NetworkSpec(
                 "critic",
                 critic,
@@ -569,6 +623,33 @@ def find_networks(model: BaseAlgorithm) -> list[NetworkSpec]:
             ),
         ]
     raise TypeError(f"sb3_plastic does not know the network structure of {type(policy).__name__}")
+
+
+def _add_shared_extractor_readers(
+    actor_spec: NetworkSpec, critic_tails: list[list[nn.Module]], critic_optimizer: Optional[th.optim.Optimizer]
+) -> None:
+    """``share_features_extractor=True`` (SAC, TQC, TD3, CrossQ): the actor's features extractor is also read
+    by the first layer of every q-network of the critic. Its last layer(s) get those layers as
+    :attr:`NetworkSpec.external_consumers` of the actor (same column mapping as the actor's own first layer:
+    the critic concatenates ``[features, actions]``, features first, so the offset is the one of the actor's
+    reader), and the critic's optimizer joins :attr:`NetworkSpec.external_optimizers` (SB3 trains the shared
+    extractor with the actor's optimizer only; the critic's optimizer holds the q-networks' first layers)."""
+    firsts = [t[0] for t in critic_tails if t]
+    if not firsts:
+        return
+    found = False
+    for hidden in actor_spec.hidden_layers():
+        if not hidden.consumers or not any(h is hidden.layer for h in layers_of(actor_spec.module.features_extractor)):
+            continue
+        # the actor's reader of an extractor output layer is outside the extractor (latent_pi / mu)
+        own = [c for c in hidden.consumers if not any(c.layer is m for m in layers_of(actor_spec.module.features_extractor))]
+        if not own:
+            continue
+        ref = own[0]
+        actor_spec.external_consumers[id(hidden.layer)] = [Consumer(q, ref.columns_per_unit, ref.offset) for q in firsts]
+        found = True
+    if found and critic_optimizer is not None:
+        actor_spec.external_optimizers.append(critic_optimizer)
 
 
 def _recurrent_actor_critic_spec(policy: nn.Module) -> NetworkSpec:
@@ -590,6 +671,13 @@ def _recurrent_actor_critic_spec(policy: nn.Module) -> NetworkSpec:
         readers[id(lstm_critic)] = [value_first]
     elif getattr(policy, "shared_lstm", False):
         readers[id(policy.lstm_actor)].append(value_first)
+    # in front of the LSTMs: lstm_actor reads the policy features; the value features go to lstm_critic or to the
+    # critic Linear (with shared_lstm they are not used)
+    off: dict[tuple[int, int], int] = {}
+    entries = _extractor_paths(policy.pi_features_extractor, [[policy.lstm_actor]], off)
+    vf_reader = lstm_critic if isinstance(lstm_critic, nn.RNNBase) else critic if isinstance(critic, LAYER_TYPES) else None
+    if vf_reader is not None:
+        entries += _extractor_paths(policy.vf_features_extractor, [[vf_reader]], off)
     return NetworkSpec(
         "policy",
         policy,
@@ -597,9 +685,11 @@ def _recurrent_actor_critic_spec(policy: nn.Module) -> NetworkSpec:
         None,
         [pi_tail, vf_tail],
         _names(policy),
+        off,
         recurrent=recurrent,
         extra_layers=extra,
         recurrent_consumers=readers,
+        extractor_paths=[path for path in entries if len(path) > 1],
     )
 
 
