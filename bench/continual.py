@@ -361,8 +361,9 @@ def print_table(summary: dict[str, Any], setting_name: str) -> None:
 def plot_end_of_task(summary: dict[str, Any], path: str, title: str) -> str:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
-    fig = Figure(figsize=(9, 5))
+    fig = Figure(figsize=(11, 5))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
     for method, s in summary.items():
@@ -371,10 +372,11 @@ def plot_end_of_task(summary: dict[str, Any], path: str, title: str) -> str:
         (line,) = ax.plot(x, y, marker="o", markersize=3, label=f"{method} ({len(s['seeds'])} seeds)")
         ax.fill_between(x, s["end_reward_min"], s["end_reward_max"], color=line.get_color(), alpha=0.15)
     ax.set_xlabel("task")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel(f"reward per env step, last {TAIL:.0%} of the task")
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     return path
