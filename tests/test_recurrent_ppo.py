@@ -23,6 +23,7 @@ from sb3_plastic import (
 )
 from sb3_plastic.callbacks.cbp import ContinualBackprop, GenerateAndTest
 from sb3_plastic.callbacks.fire import newton_schulz_polar
+from sb3_plastic.callbacks.redo import redo_reset_
 from sb3_plastic.callbacks.shrink_perturb import ShrinkPerturb, shrink_perturb_recurrent_
 from sb3_plastic.common.surgery import find_networks
 from sb3_plastic.diagnostics import network_diagnostics
@@ -783,3 +784,135 @@ def _snapshot(policy, opt):
         if p in opt.state
     }
     return params, before, moments
+
+
+def _extractor_reset_model(kind, **extra):
+    """A PlasticRecurrentPPO whose features extractor feeds the LSTM(s), trained a little (moments exist), with the
+    hidden layer of the extractor's last layer, the number of columns per unit and a unit index."""
+    if kind == "mlp":
+        kwargs = small(features_extractor_class=PlasticMLP, features_extractor_kwargs=dict(net_arch=(12, 10)), **extra)
+        model = PlasticRecurrentPPO("MlpLstmPolicy", "CartPole-v1", policy_kwargs=kwargs, **FAST)
+        n_pos, j = 1, 3
+    else:
+        kwargs = dict(lstm_hidden_size=H, features_extractor_class=_TinyConv, enable_critic_lstm=False, **extra)
+        model = PlasticRecurrentPPO("CnnLstmPolicy", image_env(), policy_kwargs=kwargs, **FAST)
+        n_pos, j = 9, 2
+    model.learn(64)
+    (spec,) = find_networks(model)
+    layers = [m for m in model.policy.pi_features_extractor.modules() if isinstance(m, (th.nn.Linear, th.nn.Conv2d))]
+    last = next(h for h in spec.hidden_layers() if h.layer is layers[-1])
+    return model, last, n_pos, j
+
+
+@pytest.mark.parametrize("kind", ["mlp", "cnn"])
+def test_redo_resets_extractor_unit_in_front_of_the_lstm(kind):
+    """ReDo's reset of an extractor unit: fresh incoming row, zero bias, zero columns of every reader (weight_ih_l0 of
+    each LSTM in all 4 gate blocks, the critic Linear), no bias absorption, moments of exactly those entries zeroed,
+    everything else bit-identical."""
+    model, last, n_pos, j = _extractor_reset_model(kind)
+    policy, opt = model.policy, model.policy.optimizer
+    expected_readers = [policy.lstm_actor] + ([policy.lstm_critic] if kind == "mlp" else [policy.critic])
+    assert [c.layer for c in last.consumers] == expected_readers
+    assert all(c.columns_per_unit == n_pos for c in last.consumers)
+    params, before, moments = _snapshot(policy, opt)
+    cols = th.arange(j * n_pos, (j + 1) * n_pos)
+    touched: dict[str, th.Tensor] = {}
+    for param in (last.layer.weight, last.layer.bias):
+        touched.setdefault(params[id(param)], th.zeros_like(param, dtype=th.bool))[j] = True
+    for c in last.consumers:
+        touched.setdefault(params[id(c.weight)], th.zeros_like(c.weight, dtype=th.bool))[:, cols] = True
+
+    redo_reset_(last, th.tensor([j]), [opt])
+
+    after = {n: p.detach() for n, p in policy.named_parameters()}
+    w_name = params[id(last.layer.weight)]
+    assert (after[w_name][j] != before[w_name][j]).all()
+    assert th.equal(last.layer.bias.detach()[j], th.tensor(0.0))
+    for c in last.consumers:
+        assert th.equal(c.weight.detach()[:, cols], th.zeros(c.weight.shape[0], n_pos))
+        if isinstance(c.layer, th.nn.LSTM):
+            assert c.weight is c.layer.weight_ih_l0 and c.weight.shape[0] == 4 * H
+    _assert_only_touched_changed(policy, opt, before, after, touched, set(), moments)
+
+
+def test_redo_recycle_reaches_extractor_units_in_front_of_the_lstm():
+    model, last, _, _ = _extractor_reset_model("mlp")
+    redo = ReDo(period=1, tau=1.0)  # score <= 1: the units below their layer's mean activity
+    redo.init_callback(model)
+    observations = th.as_tensor(np.random.default_rng(0).normal(size=(64, 4)), dtype=th.float32)
+    with th.no_grad():
+        h = model.policy.pi_features_extractor(observations)  # PlasticMLP's output: the last layer's activation
+    activity = h.abs().mean(dim=0)
+    dormant = (activity / (activity.mean() + 1e-9) <= 1.0).nonzero().flatten()
+    before = {id(c.layer): c.weight.detach().clone() for c in last.consumers}
+    results = {r.name: r for _, r in redo.recycle(observations)}
+    assert results[last.name].n_dormant == len(dormant) > 0
+    kept = th.ones(last.n_features, dtype=th.bool)
+    kept[dormant] = False
+    for c in last.consumers:
+        w_ih = before[id(c.layer)]
+        # the LSTM's own recycled cells (recycled after the extractor) get whole fresh gate rows; every other row
+        # of weight_ih_l0 (all 4 gate blocks) reads the recycled extractor units through zero columns only
+        cell_rows = (c.weight.detach() != w_ih)[:, kept].any(dim=1)
+        lstm_name = "lstm_actor" if c.layer is model.policy.lstm_actor else "lstm_critic"
+        assert int(cell_rows.sum()) == 4 * results[f"{lstm_name}.l0"].n_dormant
+        rows = ~cell_rows
+        assert th.equal(c.weight.detach()[rows][:, dormant], th.zeros(int(rows.sum()), len(dormant)))
+        assert th.equal(c.weight.detach()[rows][:, kept], w_ih[rows][:, kept])
+
+
+@pytest.mark.parametrize("kind", ["mlp", "cnn"])
+def test_cbp_utility_of_extractor_unit_is_pooled_over_all_readers(kind):
+    """Contribution utility of an extractor unit: mean|h_j| (batch and positions) times mean |W[:, cols_j]| pooled over
+    every reader (weight_ih_l0 of each LSTM, all 4H rows; the critic Linear), running average with bias correction."""
+    model, last, n_pos, _ = _extractor_reset_model(kind)
+    engine = GenerateAndTest([last], model.policy.optimizer, replacement_rate=0.0, decay_rate=0.9)
+    rng = np.random.default_rng(1)
+    shape = (7, last.n_features) if kind == "mlp" else (7, 4, 3, 3)
+    batches = [th.as_tensor(rng.uniform(0, 2, size=shape), dtype=th.float32) for _ in range(2)]
+    n = last.n_features
+    w_abs = sum(c.weight.detach().abs()[:, : n * n_pos].reshape(-1, n, n_pos).sum(dim=(0, 2)) for c in last.consumers)
+    w_count = sum(c.weight.shape[0] * n_pos for c in last.consumers)
+    eta, u = 0.9, th.zeros(n)
+    for t, h in enumerate(batches, start=1):
+        engine.step({last.name: h})
+        y = (w_abs / w_count) * h.reshape(h.shape[0], n, -1).abs().mean(dim=(0, 2))
+        u = eta * u + (1 - eta) * y
+        assert th.allclose(engine.bias_corrected_utility(last.name), u / (1 - eta**t), rtol=1e-5, atol=1e-7)
+    assert engine.replaced(last.name) == 0
+
+
+@pytest.mark.parametrize("critic_lstm", [True, False])
+def test_find_networks_with_separate_extractors(critic_lstm):
+    """share_features_extractor=False: the actor's extractor is read by lstm_actor only, the critic's by lstm_critic
+    (weight_ih_l0 / bias_ih_l0) or by the critic Linear; both extractors are extra layers."""
+    kwargs = small(
+        features_extractor_class=PlasticMLP,
+        features_extractor_kwargs=dict(net_arch=(12, 10)),
+        share_features_extractor=False,
+        enable_critic_lstm=critic_lstm,
+    )
+    model = PlasticRecurrentPPO("MlpLstmPolicy", "CartPole-v1", policy_kwargs=kwargs, **FAST)
+    policy = model.policy
+    assert policy.pi_features_extractor is not policy.vf_features_extractor
+    (spec,) = find_networks(model)
+    hidden = {id(h.layer): h for h in spec.hidden_layers()}
+
+    def layers(extractor):
+        return [m for m in extractor.modules() if isinstance(m, th.nn.Linear)]
+
+    pi_layers, vf_layers = layers(policy.pi_features_extractor), layers(policy.vf_features_extractor)
+    assert {id(m) for m in pi_layers + vf_layers} <= {id(m) for m in spec.extra_layers}
+    pi_last, vf_last = hidden[id(pi_layers[-1])], hidden[id(vf_layers[-1])]
+    assert [c.layer for c in pi_last.consumers] == [policy.lstm_actor]
+    assert (pi_last.consumers[0].weight_name, pi_last.consumers[0].bias_name) == ("weight_ih_l0", "bias_ih_l0")
+    (vf_reader,) = vf_last.consumers
+    if critic_lstm:
+        assert vf_reader.layer is policy.lstm_critic
+        assert vf_reader.weight is policy.lstm_critic.weight_ih_l0 and vf_reader.bias is policy.lstm_critic.bias_ih_l0
+    else:
+        assert vf_reader.layer is policy.critic and vf_reader.weight is policy.critic.weight
+    assert all(c.columns_per_unit == 1 and c.offset == 0 for c in (*pi_last.consumers, vf_reader))
+    # the first layers of each extractor feed the next layer of the same extractor
+    assert [c.layer for c in hidden[id(pi_layers[0])].consumers] == [pi_layers[1]]
+    assert [c.layer for c in hidden[id(vf_layers[0])].consumers] == [vf_layers[1]]

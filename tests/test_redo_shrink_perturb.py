@@ -12,11 +12,14 @@ import torch as th
 from sb3_contrib import QRDQN, TQC
 from stable_baselines3 import DQN, PPO, SAC, TD3
 from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.envs import FakeImageEnv
 from stable_baselines3.common.logger import configure
+from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
 from torch import nn
 
 from sb3_plastic import PlasticDQN
 from sb3_plastic.activations import MaxMin
+from sb3_plastic.callbacks.cbp import GenerateAndTest
 from sb3_plastic.callbacks.redo import (
     ReDo,
     ReDoConfig,
@@ -559,3 +562,49 @@ def test_redo_shared_extractor_learns(cls) -> None:
     assert redo.state["events"] >= 2
     assert "actor/actor.features_extractor.mlp.3" in redo.state["layer_resets"]
     assert _all_finite(model)
+
+
+class _ConvFlatten(BaseFeaturesExtractor):
+    """A CNN extractor ending in conv + flatten (no Linear): 4 channels of 3 x 3 positions, features_dim 36."""
+
+    def __init__(self, observation_space):
+        super().__init__(observation_space, features_dim=36)
+        self.cnn = nn.Sequential(nn.Conv2d(1, 4, kernel_size=12, stride=12), nn.ReLU(), nn.Flatten())
+
+    def forward(self, observations):
+        return self.cnn(observations)
+
+
+@pytest.mark.parametrize("method", ["redo", "cbp"])
+def test_critic_conv_extractor_channel_maps_to_its_columns_not_the_actions(method):
+    """SAC with share_features_extractor=False and a critic extractor ending in a conv: each q-network's first layer
+    reads cat(features, actions), so channel c owns columns c*P .. c*P+P-1 with P = features_dim / channels = 9 (not
+    in_features / channels): a reset zeroes exactly those columns and never the action columns."""
+    env = FakeImageEnv(screen_height=36, screen_width=36, n_channels=1, discrete=False)
+    kwargs = dict(features_extractor_class=_ConvFlatten, share_features_extractor=False, net_arch=[16])
+    model = SAC("CnnPolicy", env, buffer_size=64, learning_starts=8, batch_size=8, policy_kwargs=kwargs, seed=0)
+    model.learn(16)
+    critic = next(s for s in find_networks(model) if s.name == "critic")
+    conv = critic.module.features_extractor.cnn[0]
+    hidden = next(h for h in critic.hidden_layers() if h.layer is conv)
+    firsts = [q[0] for q in critic.module.q_networks]
+    assert [c.layer for c in hidden.consumers] == firsts
+    n_actions = int(np.prod(env.action_space.shape))
+    assert all(c.columns_per_unit == 9 and c.offset == 0 and c.weight.shape[1] == 36 + n_actions for c in hidden.consumers)
+    c_reset, cols = 2, th.arange(18, 27)
+    before = [q.weight.detach().clone() for q in firsts]
+    if method == "redo":
+        redo_reset_(hidden, th.tensor([c_reset]), [critic.optimizer])
+    else:
+        engine = GenerateAndTest([hidden], critic.optimizer, replacement_rate=0.0, decay_rate=0.9)
+        engine.step({hidden.name: th.rand(5, 4, 3, 3)})
+        engine.replace(hidden.name, th.tensor([c_reset]))
+    for q, old in zip(firsts, before):
+        keep = th.ones(q.weight.shape[1], dtype=th.bool)
+        keep[cols] = False
+        assert th.equal(q.weight.detach()[:, cols], th.zeros(q.weight.shape[0], 9))
+        assert th.equal(q.weight.detach()[:, keep], old[:, keep])  # the other channels and the action columns
+        assert q.weight.detach()[:, 36:].abs().sum() > 0
+        state = critic.optimizer.state[q.weight]
+        assert th.equal(state["exp_avg"][:, cols], th.zeros(q.weight.shape[0], 9))
+        assert (state["exp_avg"][:, 36:] != 0).any()

@@ -269,6 +269,10 @@ class NetworkSpec:
     #: input offset of a consumer for an edge (id(producer), id(consumer)); 0 when absent. Non-zero when a
     #: Dict-observation extractor concatenates several sub-extractors' outputs.
     edge_offsets: dict[tuple[int, int], int] = field(default_factory=dict)
+    #: output width of the (sub-)extractor whose last layer is the producer of an edge (id(producer),
+    #: id(consumer)): a conv extractor's flatten size, which gives the columns per channel when the reader reads
+    #: more than it (a critic's ``cat(features, actions)``, a Dict extractor's concat). Absent: the reader's width.
+    edge_widths: dict[tuple[int, int], int] = field(default_factory=dict)
     #: recurrent layers (``nn.LSTM``, ...) of the network; they are in no path (see :mod:`sb3_plastic.recurrent`)
     recurrent: list[nn.Module] = field(default_factory=list)
     #: Linear / Conv2d layers outside the paths: those feeding a recurrent layer (a features extractor in front
@@ -333,10 +337,9 @@ class NetworkSpec:
                 if any(c.layer is nxt for c in spec.consumers):
                     continue
                 per_unit = 1
-                if isinstance(layer, nn.Conv2d) and isinstance(nxt, nn.Linear):
-                    per_unit = nxt.in_features // layer.out_channels
-                elif isinstance(layer, nn.Conv2d) and isinstance(nxt, nn.RNNBase):
-                    per_unit = nxt.input_size // layer.out_channels
+                if isinstance(layer, nn.Conv2d) and isinstance(nxt, (nn.Linear, nn.RNNBase)):
+                    width = nxt.in_features if isinstance(nxt, nn.Linear) else nxt.input_size
+                    per_unit = self.edge_widths.get((id(layer), id(nxt)), width) // layer.out_channels
                 offset = self.edge_offsets.get((id(layer), id(nxt)), 0)
                 if isinstance(nxt, nn.RNNBase):  # an LSTM reading the extractor: its layer-0 input matrix
                     spec.consumers.append(Consumer(nxt, per_unit, offset, "weight_ih_l0", "bias_ih_l0"))
@@ -506,14 +509,26 @@ def layers_of(module: Optional[nn.Module]) -> list[nn.Module]:
 
 
 def _extractor_paths(
-    extractor: Optional[nn.Module], tails: list[list[nn.Module]], offsets: dict[tuple[int, int], int]
+    extractor: Optional[nn.Module],
+    tails: list[list[nn.Module]],
+    offsets: dict[tuple[int, int], int],
+    widths: Optional[dict[tuple[int, int], int]] = None,
 ) -> list[list[nn.Module]]:
     """Paths ``extractor layers + tail`` for each tail; a Dict-observation extractor (SB3's
     ``CombinedExtractor``: a ``ModuleDict`` ``extractors`` whose outputs are concatenated in key order)
-    gives one path per sub-extractor with layers, and records where its output starts in the concat."""
+    gives one path per sub-extractor with layers, and records where its output starts in the concat.
+    ``widths`` receives the output width of the (sub-)extractor for each edge from its last layer to a tail
+    (``features_dim``): the columns per channel of a conv read through a flatten."""
+    widths = {} if widths is None else widths
     subs = getattr(extractor, "extractors", None)
     if not isinstance(subs, nn.ModuleDict):
-        return [layers_of(extractor) + tail for tail in tails]
+        layers = layers_of(extractor)
+        width = getattr(extractor, "features_dim", None)
+        if layers and width is not None:
+            for tail in tails:
+                if tail:
+                    widths[(id(layers[-1]), id(tail[0]))] = int(width)
+        return [layers + tail for tail in tails]
     spaces = getattr(extractor, "_observation_space", None)
     paths: list[list[nn.Module]] = []
     start = 0
@@ -527,6 +542,7 @@ def _extractor_paths(
         for tail in tails:
             if layers and tail:
                 offsets[(id(layers[-1]), id(tail[0]))] = start
+                widths[(id(layers[-1]), id(tail[0]))] = int(width)
                 paths.append(layers + tail)
         start += int(width)
     paths += [tail for tail in tails if tail not in paths]
@@ -569,26 +585,29 @@ def find_networks(model: BaseAlgorithm) -> list[NetworkSpec]:
     """
     policy = model.policy
     off: dict[tuple[int, int], int] = {}
+    wid: dict[tuple[int, int], int] = {}
     if isinstance(getattr(policy, "lstm_actor", None), nn.RNNBase) and hasattr(policy, "mlp_extractor"):
         return [_recurrent_actor_critic_spec(policy)]
     if hasattr(policy, "mlp_extractor") and hasattr(policy, "action_net"):
         pi_tail = [*layers_of(policy.mlp_extractor.policy_net), policy.action_net]
         vf_tail = [*layers_of(policy.mlp_extractor.value_net), policy.value_net]
         if policy.pi_features_extractor is policy.vf_features_extractor:
-            paths = _extractor_paths(policy.pi_features_extractor, [pi_tail, vf_tail], off)
+            paths = _extractor_paths(policy.pi_features_extractor, [pi_tail, vf_tail], off, wid)
         else:
-            paths = _extractor_paths(policy.pi_features_extractor, [pi_tail], off)
-            paths += _extractor_paths(policy.vf_features_extractor, [vf_tail], off)
-        return [NetworkSpec("policy", policy, policy.optimizer, None, paths, _names(policy), off)]
+            paths = _extractor_paths(policy.pi_features_extractor, [pi_tail], off, wid)
+            paths += _extractor_paths(policy.vf_features_extractor, [vf_tail], off, wid)
+        return [NetworkSpec("policy", policy, policy.optimizer, None, paths, _names(policy), off, edge_widths=wid)]
     if hasattr(policy, "q_net") and hasattr(policy, "q_net_target"):
         q = policy.q_net
-        paths = _extractor_paths(q.features_extractor, [layers_of(q.q_net)], off)
-        return [NetworkSpec("q_net", q, policy.optimizer, policy.q_net_target, paths, _names_with_prefix(q, "q_net"), off)]
+        paths = _extractor_paths(q.features_extractor, [layers_of(q.q_net)], off, wid)
+        names = _names_with_prefix(q, "q_net")
+        return [NetworkSpec("q_net", q, policy.optimizer, policy.q_net_target, paths, names, off, edge_widths=wid)]
     if hasattr(policy, "quantile_net") and hasattr(policy, "quantile_net_target"):
         q = policy.quantile_net
-        paths = _extractor_paths(q.features_extractor, [layers_of(q.quantile_net)], off)
+        paths = _extractor_paths(q.features_extractor, [layers_of(q.quantile_net)], off, wid)
         names = _names_with_prefix(q, "quantile_net")
-        return [NetworkSpec("quantile_net", q, policy.optimizer, policy.quantile_net_target, paths, names, off)]
+        target = policy.quantile_net_target
+        return [NetworkSpec("quantile_net", q, policy.optimizer, target, paths, names, off, edge_widths=wid)]
     if hasattr(policy, "actor") and hasattr(policy, "critic"):  # CrossQ: no critic target
         actor, critic = policy.actor, policy.critic
         shared = policy.share_features_extractor
@@ -603,11 +622,11 @@ def find_networks(model: BaseAlgorithm) -> list[NetworkSpec]:
             actor_target = getattr(policy, "actor_target", None)
         else:
             raise TypeError(f"sb3_plastic does not know the actor structure of {type(policy).__name__}")
-        actor_paths = _extractor_paths(actor.features_extractor, tails, off)
+        actor_paths = _extractor_paths(actor.features_extractor, tails, off, wid)
         critic_tails = [layers_of(q_net) for q_net in critic.q_networks]
-        critic_paths = critic_tails if shared else _extractor_paths(critic.features_extractor, critic_tails, off)
+        critic_paths = critic_tails if shared else _extractor_paths(critic.features_extractor, critic_tails, off, wid)
         actor_names = _names_with_prefix(actor, "actor")
-        actor_spec = NetworkSpec("actor", actor, actor.optimizer, actor_target, actor_paths, actor_names, off)
+        actor_spec = NetworkSpec("actor", actor, actor.optimizer, actor_target, actor_paths, actor_names, off, edge_widths=wid)
         if shared:
             _add_shared_extractor_readers(actor_spec, critic_tails, critic.optimizer)
         return [
@@ -620,6 +639,7 @@ def find_networks(model: BaseAlgorithm) -> list[NetworkSpec]:
                 critic_paths,
                 _names_with_prefix(critic, "critic"),
                 off,
+                edge_widths=wid,
             ),
         ]
     raise TypeError(f"sb3_plastic does not know the network structure of {type(policy).__name__}")
@@ -674,10 +694,11 @@ def _recurrent_actor_critic_spec(policy: nn.Module) -> NetworkSpec:
     # in front of the LSTMs: lstm_actor reads the policy features; the value features go to lstm_critic or to the
     # critic Linear (with shared_lstm they are not used)
     off: dict[tuple[int, int], int] = {}
-    entries = _extractor_paths(policy.pi_features_extractor, [[policy.lstm_actor]], off)
+    wid: dict[tuple[int, int], int] = {}
+    entries = _extractor_paths(policy.pi_features_extractor, [[policy.lstm_actor]], off, wid)
     vf_reader = lstm_critic if isinstance(lstm_critic, nn.RNNBase) else critic if isinstance(critic, LAYER_TYPES) else None
     if vf_reader is not None:
-        entries += _extractor_paths(policy.vf_features_extractor, [[vf_reader]], off)
+        entries += _extractor_paths(policy.vf_features_extractor, [[vf_reader]], off, wid)
     return NetworkSpec(
         "policy",
         policy,
@@ -686,6 +707,7 @@ def _recurrent_actor_critic_spec(policy: nn.Module) -> NetworkSpec:
         [pi_tail, vf_tail],
         _names(policy),
         off,
+        edge_widths=wid,
         recurrent=recurrent,
         extra_layers=extra,
         recurrent_consumers=readers,
