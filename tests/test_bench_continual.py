@@ -65,3 +65,25 @@ def test_continual_rejects_bad_arguments(capsys):
     assert "--tasks must be >= 1, got 0" in err and "invalid choice: 'sgd'" in err
     assert "KEY a PPO keyword" in err and "'entcoef=0.1'" in err
     assert continual.parse_args(["--ppo-kwarg", "ent_coef=0.01"]).ppo_overrides == {"ent_coef": 0.01}
+
+
+def test_denormals_script_counts_and_validates(capsys):
+    spec = importlib.util.spec_from_file_location("bench_denormals", BENCH / "denormals.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    assert module.count_denormal([th.tensor([0.0, 1e-40, -1e-39, 1e-30, 1.0])]) == 2
+    threads = th.get_num_threads()
+    try:
+        module.main(["--method", "ppo", "--tasks", "1"])
+    finally:
+        th.set_num_threads(threads)
+    out = capsys.readouterr().out
+    assert "ppo, seed 0, flush_denormal=False" in out and "task 0:" in out and "denormal weights" in out
+    try:
+        module.main(["--tasks", "0"])
+    except SystemExit as exc:
+        assert exc.code == 2
+    else:
+        raise AssertionError("--tasks 0 accepted")
+    assert "--tasks must be >= 1, got 0" in capsys.readouterr().err
