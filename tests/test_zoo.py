@@ -121,8 +121,10 @@ RUNS = [
 ]
 
 
-@pytest.mark.parametrize("algo, env_id, extra", RUNS, ids=[r[0] for r in RUNS])
-def test_yaml_run_writes_model_config_and_tensorboard(tmp_path, monkeypatch, algo, env_id, extra):
+def _yaml_run(tmp_path, monkeypatch, algo: str, env_id: str, extra, keys=("isometry_coef", "activation", "fire_at")):
+    """2 000 steps of ``algo`` on ``env_id`` from ``zoo_configs/<algo>.yml`` through ``sb3-plastic train``: the model,
+    rl_zoo3's saved config (``keys`` of the yaml entry that it sets), args and TensorBoard events are written.
+    Returns (run folder, model path, the yaml entry)."""
     monkeypatch.chdir(tmp_path)
     conf = CONFIGS / f"{algo}.yml"
     _train("--algo", algo, "--env", env_id, "-conf", str(conf), "-n", "2000", "-f", "logs", "-tb", "tb", "--seed", "3", *extra)
@@ -131,12 +133,18 @@ def test_yaml_run_writes_model_config_and_tensorboard(tmp_path, monkeypatch, alg
     assert model_path.is_file()
     saved = dict(yaml.load((run / env_id / "config.yml").read_text(), Loader=yaml.UnsafeLoader))  # as rl_zoo3 reads it
     expected = yaml.safe_load(conf.read_text())[env_id]
-    for key in ("isometry_coef", "activation", "fire_at"):
+    for key in keys:
         if key in expected:
-            assert saved[key] == expected[key]
+            assert saved[key] == expected[key], key
     args = yaml.load((run / env_id / "args.yml").read_text(), Loader=yaml.UnsafeLoader)
     assert args["algo"] == algo and args["n_timesteps"] == 2000
     assert list((tmp_path / "tb" / env_id).rglob("events.out.tfevents.*"))
+    return run, model_path, expected
+
+
+@pytest.mark.parametrize("algo, env_id, extra", RUNS, ids=[r[0] for r in RUNS])
+def test_yaml_run_writes_model_config_and_tensorboard(tmp_path, monkeypatch, algo, env_id, extra):
+    run, model_path, expected = _yaml_run(tmp_path, monkeypatch, algo, env_id, extra)
     if algo == "plastic_ppo":
         assert (run / "evaluations.npz").is_file()
 
@@ -449,20 +457,7 @@ def test_qrdqn_tqc_registered_with_samplers():
 
 @pytest.mark.parametrize("algo, env_id, extra", CONTRIB_RUNS, ids=[r[0] for r in CONTRIB_RUNS])
 def test_qrdqn_tqc_yaml_run_writes_model_config_and_tensorboard(tmp_path, monkeypatch, algo, env_id, extra):
-    monkeypatch.chdir(tmp_path)
-    conf = CONFIGS / f"{algo}.yml"
-    _train("--algo", algo, "--env", env_id, "-conf", str(conf), "-n", "2000", "-f", "logs", "-tb", "tb", "--seed", "3", *extra)
-    run = tmp_path / "logs" / algo / f"{env_id}_1"
-    model_path = run / f"{env_id}.zip"
-    assert model_path.is_file()
-    saved = dict(yaml.load((run / env_id / "config.yml").read_text(), Loader=yaml.UnsafeLoader))
-    expected = yaml.safe_load(conf.read_text())[env_id]
-    for key in ("isometry_coef", "activation", "fire_at"):
-        if key in expected:
-            assert saved[key] == expected[key]
-    args = yaml.load((run / env_id / "args.yml").read_text(), Loader=yaml.UnsafeLoader)
-    assert args["algo"] == algo and args["n_timesteps"] == 2000
-    assert list((tmp_path / "tb" / env_id).rglob("events.out.tfevents.*"))
+    _, model_path, expected = _yaml_run(tmp_path, monkeypatch, algo, env_id, extra)
 
     model = _contrib_classes()[algo].load(model_path, device="cpu")
     assert model.num_timesteps >= 2000
@@ -569,19 +564,11 @@ def test_crossq_sampler_builds_the_model_and_round_trips():
 def test_crossq_yaml_run_writes_model_config_and_tensorboard(tmp_path, monkeypatch):
     from sb3_plastic import PlasticCrossQ
 
-    monkeypatch.chdir(tmp_path)
     algo, env_id = "plastic_crossq", "Pendulum-v1"
-    conf = CONFIGS / f"{algo}.yml"
     extra = ("--eval-freq", "-1", "-params", "learning_starts:1900")  # 100 updates of the [256, 256] nets
-    _train("--algo", algo, "--env", env_id, "-conf", str(conf), "-n", "2000", "-f", "logs", "-tb", "tb", "--seed", "3", *extra)
-    run = tmp_path / "logs" / algo / f"{env_id}_1"
-    model_path = run / f"{env_id}.zip"
-    assert model_path.is_file()
-    expected = yaml.safe_load(conf.read_text())[env_id]
-    saved = dict(yaml.load((run / env_id / "config.yml").read_text(), Loader=yaml.UnsafeLoader))
-    for key in ("isometry_coef", "activation", "policy_delay"):
-        assert saved[key] == expected[key]
-    assert list((tmp_path / "tb" / env_id).rglob("events.out.tfevents.*"))
+    keys = ("isometry_coef", "activation", "policy_delay")
+    _, model_path, expected = _yaml_run(tmp_path, monkeypatch, algo, env_id, extra, keys)
+    assert set(keys) <= set(expected)
 
     model = PlasticCrossQ.load(model_path, device="cpu")
     assert model.num_timesteps >= 2000 and model._n_updates > 0
@@ -816,20 +803,10 @@ def test_ppo_lstm_registered_as_plastic_ppo_lstm_with_sampler():
 def test_ppo_lstm_yaml_run_writes_model_config_and_tensorboard(tmp_path, monkeypatch):
     """2 000 steps of plastic_ppo_lstm on CartPole-v1 from zoo_configs/plastic_ppo_lstm.yml, then enjoy (LSTM states)."""
     algo, env_id = "plastic_ppo_lstm", "CartPole-v1"
-    monkeypatch.chdir(tmp_path)
-    conf = CONFIGS / f"{algo}.yml"
+    keys = ("isometry_coef", "activation", "policy_kwargs")
     extra = ["--eval-freq", "-1", "-params", "n_epochs:2"]
-    _train("--algo", algo, "--env", env_id, "-conf", str(conf), "-n", "2000", "-f", "logs", "-tb", "tb", "--seed", "3", *extra)
-    run = tmp_path / "logs" / algo / f"{env_id}_1"
-    model_path = run / f"{env_id}.zip"
-    assert model_path.is_file()
-    saved = dict(yaml.load((run / env_id / "config.yml").read_text(), Loader=yaml.UnsafeLoader))
-    expected = yaml.safe_load(conf.read_text())[env_id]
-    for key in ("isometry_coef", "activation", "policy_kwargs"):
-        assert saved[key] == expected[key]
-    args = yaml.load((run / env_id / "args.yml").read_text(), Loader=yaml.UnsafeLoader)
-    assert args["algo"] == algo and args["n_timesteps"] == 2000
-    assert list((tmp_path / "tb" / env_id).rglob("events.out.tfevents.*"))
+    _, model_path, expected = _yaml_run(tmp_path, monkeypatch, algo, env_id, extra, keys)
+    assert set(keys) <= set(expected)
 
     model = _recurrent_ppo_class().load(model_path, device="cpu")
     assert model.num_timesteps >= 2000

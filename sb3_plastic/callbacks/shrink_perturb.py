@@ -56,6 +56,14 @@ def _holds(optimizer: th.optim.Optimizer, param: th.Tensor) -> bool:
     return any(param is p for group in optimizer.param_groups for p in group["params"])
 
 
+def _reset_state(touched: Sequence[th.Tensor], optimizers: Iterable[Optional[th.optim.Optimizer]]) -> None:
+    """Drop the whole optimizer state of every touched tensor in each (distinct) optimizer that holds it."""
+    for opt in {id(o): o for o in optimizers if o is not None}.values():
+        for param in touched:
+            if _holds(opt, param):
+                reset_optimizer_state(opt, param)
+
+
 @th.no_grad()
 def shrink_perturb_(
     layers: Iterable[nn.Module],
@@ -96,10 +104,7 @@ def shrink_perturb_(
             if fresh_b is not None:
                 bias.add_(fresh_b.to(bias), alpha=perturb)
             touched.append(bias)
-    for opt in {id(o): o for o in optimizers if o is not None}.values():
-        for param in touched:
-            if _holds(opt, param):
-                reset_optimizer_state(opt, param)
+    _reset_state(touched, optimizers)
     return touched
 
 
@@ -129,10 +134,7 @@ def shrink_perturb_recurrent_(
             if name in fresh:
                 param.add_(fresh[name].to(param), alpha=perturb)
             touched.append(param)
-    for opt in {id(o): o for o in optimizers if o is not None}.values():
-        for param in touched:
-            if _holds(opt, param):
-                reset_optimizer_state(opt, param)
+    _reset_state(touched, optimizers)
     return touched
 
 
