@@ -1,7 +1,7 @@
 """sb3-plastic: Stable-Baselines3 agents that keep their ability to learn when the world changes."""
 
 from sb3_plastic.activations import MaxMin, get_activation
-from sb3_plastic.callbacks import FIRE, ContinualBackprop, PlasticityMonitor, ReDo, ShrinkPerturb
+from sb3_plastic.callbacks import FIRE, ContinualBackprop, PlasticityMonitor, ReDo, ShrinkPerturb, TaskScheduleSync
 from sb3_plastic.config import IsometryConfig
 from sb3_plastic.crossq import PlasticCrossQ
 from sb3_plastic.dqn import PlasticDQN
@@ -37,6 +37,7 @@ __all__ = [
     "PlasticityMonitor",
     "ReDo",
     "ShrinkPerturb",
+    "TaskScheduleSync",
     "dfi_per_layer",
     "get_activation",
     "isometry_penalty",

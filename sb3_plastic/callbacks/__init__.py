@@ -7,6 +7,8 @@ They work on PPO, A2C, DQN, SAC, TD3 and sb3-contrib's QR-DQN and TQC, plain or 
 * :class:`ReDo`: recycle dormant units.
 * :class:`ShrinkPerturb`: shrink and perturb the weights, at events or continually.
 * :class:`PlasticityMonitor`: plasticity diagnostics (dormant units, ranks, DfI, NTK conditioning) in TensorBoard.
+* :class:`TaskScheduleSync`: the task schedule of a piecewise-stationary env follows the model's ``num_timesteps``
+  (resuming continues the task sequence); added by the plastic algorithms, pass it yourself to plain SB3 models.
 
 Each has a config dataclass whose fields are the top-level keywords of the plastic algorithms.
 """
@@ -16,6 +18,7 @@ from sb3_plastic.callbacks.cbp import ContinualBackprop, ContinualBackpropConfig
 from sb3_plastic.callbacks.fire import FIRE, FIREConfig, fire_, newton_schulz_polar
 from sb3_plastic.callbacks.monitor import PlasticityMonitor
 from sb3_plastic.callbacks.redo import ReDo, ReDoConfig, dormant_units
+from sb3_plastic.callbacks.schedule import TaskScheduleSync
 from sb3_plastic.callbacks.shrink_perturb import ShrinkPerturb, ShrinkPerturbConfig
 
 __all__ = [
@@ -30,6 +33,7 @@ __all__ = [
     "ReDoConfig",
     "ShrinkPerturb",
     "ShrinkPerturbConfig",
+    "TaskScheduleSync",
     "dormant_units",
     "fire_",
     "newton_schulz_polar",

@@ -145,8 +145,18 @@ class PlasticAlgorithmMixin:
         return callbacks
 
     def learn(self, total_timesteps: int, callback: Any = None, *args: Any, **kwargs: Any) -> Any:
-        """SB3's ``learn``, with the keyword-enabled interventions added to ``callback``."""
+        """SB3's ``learn``, with the keyword-enabled interventions added to ``callback``.
+
+        On a piecewise-stationary env (:class:`~sb3_plastic.envs.wrappers.PiecewiseStationaryWrapper`) a
+        :class:`~sb3_plastic.callbacks.TaskScheduleSync` runs first (unless ``callback`` holds one): the task
+        schedule follows ``num_timesteps``, so ``learn(..., reset_num_timesteps=False)`` after a ``load``
+        continues the task sequence, and ``reset_num_timesteps=True`` (the default) restarts it at task 0.
+        """
+        from sb3_plastic.callbacks.schedule import TaskScheduleSync, is_piecewise_stationary
+
         extra = self.intervention_callbacks()
+        if is_piecewise_stationary(self.get_env()) and not _holds(callback, TaskScheduleSync):  # type: ignore[attr-defined]
+            extra.insert(0, TaskScheduleSync(verbose=int(getattr(self, "verbose", 0))))
         if extra:
             if callback is None:
                 user: list[BaseCallback] = []
@@ -156,7 +166,8 @@ class PlasticAlgorithmMixin:
                 user = [callback]
             else:
                 user = [ConvertCallback(callback)]
-            callback = CallbackList(user + extra)
+            sync = [c for c in extra if isinstance(c, TaskScheduleSync)]
+            callback = CallbackList(sync + user + [c for c in extra if c not in sync])
         return super().learn(total_timesteps, callback, *args, **kwargs)  # type: ignore[misc]
 
     def _check_plastic_policy(self, policy: Union[str, type]) -> None:
@@ -171,6 +182,17 @@ class PlasticAlgorithmMixin:
                 f"{type(self).__name__} needs a plastic policy, got {policy!r}; use one of "
                 f"{sorted(self.policy_aliases)} or a subclass of sb3_plastic.policies.PlasticPolicyMixin"
             )
+
+
+def _holds(callback: Any, cls: type) -> bool:
+    """Whether ``callback`` (a callback, a list of them or a ``CallbackList``, nested) holds an instance of ``cls``."""
+    if isinstance(callback, cls):
+        return True
+    if isinstance(callback, CallbackList):
+        return any(_holds(c, cls) for c in callback.callbacks)
+    if isinstance(callback, (list, tuple)):
+        return any(_holds(c, cls) for c in callback)
+    return False
 
 
 def _default(function: Any, name: str) -> Any:
