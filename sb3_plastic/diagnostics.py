@@ -43,16 +43,18 @@ matrix ``(N, F)`` with ``F = C*H*W`` for a conv layer; ``sigma_i``: its singular
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Optional
 
 import torch as th
 from stable_baselines3.common.base_class import BaseAlgorithm
 from torch import nn
-from torch.func import functional_call, jvp, vjp, vmap
 from torch.func import grad as func_grad
+from torch.func import jvp, vjp, vmap
 
+from sb3_plastic.callbacks.base import preserved_numpy_rng
 from sb3_plastic.callbacks.redo import (
     _post_activation,
     _validate_tau,
@@ -307,13 +309,84 @@ def dfi(weight: th.Tensor, scale: float = 1.0) -> float:
 # ---------------------------------------------------------------------------------------------------
 # Gradients and the empirical NTK (torch.func: nothing is accumulated into .grad)
 # ---------------------------------------------------------------------------------------------------
+class ParameterSwap:
+    """Runs code with some of a module's parameters replaced by given tensors, then puts the original
+    ``Parameter`` objects back: a functional call (as :func:`torch.func.functional_call`) that cannot leave a trace.
+
+    Each parameter is found by its name in ``module`` (as ``module.named_parameters()`` gives it) and replaced in
+    *every* place that holds that ``Parameter`` object: a submodule reachable under several names (SB3's
+    ``ActorCriticPolicy`` holds one extractor as ``features_extractor``, ``pi_features_extractor`` and
+    ``vf_features_extractor``) or a weight tied between two modules sees the new tensor wherever the computation
+    reads it. The entries of the owners' ``_parameters`` dicts are set directly and restored, last swapped first, in
+    a ``finally``. (``torch.func.functional_call`` does not restore an aliased submodule's parameters in torch 2.13:
+    after the call they stay plain tensors with ``requires_grad=False`` that no optimizer holds, which froze SB3's
+    shared feature extractors under the monitor, issue #12.) The swapped-in tensors may be those of
+    :func:`torch.func.vmap`, :func:`~torch.func.jvp` and :func:`~torch.func.vjp`. A fused ``nn.RNNBase`` (LSTM, GRU)
+    also gets its cached weight list swapped and restored.
+
+    :param module: the module whose parameters are replaced.
+    :param names: the parameter names (in ``module``) that :meth:`swap` replaces.
+    """
+
+    def __init__(self, module: nn.Module, names: Iterable[str]) -> None:
+        self.module = module
+        self.names = list(names)
+        by_id: dict[int, str] = {}
+        for name in self.names:
+            try:
+                param = module.get_parameter(name)
+            except AttributeError as error:
+                known = [n for n, _ in module.named_parameters()]
+                raise ValueError(f"{name!r} is not a parameter of the module; its parameters are {known}") from error
+            by_id[id(param)] = name
+        #: ``(owner, attribute, name)`` of every place holding one of the parameters.
+        self.slots: list[tuple[nn.Module, str, str]] = [
+            (owner, attr, by_id[id(p)])
+            for owner in module.modules()
+            for attr, p in owner._parameters.items()
+            if p is not None and id(p) in by_id
+        ]
+        self._rnns = list({id(o): o for o, _, _ in self.slots if isinstance(o, nn.RNNBase)}.values())
+
+    @contextlib.contextmanager
+    def swap(self, values: Mapping[str, th.Tensor]) -> Iterator[None]:
+        """Within the block the parameters named by ``values`` (a subset of ``names``) are ``values``' tensors."""
+        unknown = set(values) - set(self.names)
+        if unknown:
+            raise ValueError(f"parameters {sorted(unknown)} are not among those this swap was built for: {self.names}")
+        saved: list[tuple[nn.Module, str, Any]] = []
+        saved_flat: list[tuple[nn.Module, Any]] = []
+        try:
+            for owner, attr, name in self.slots:
+                if name in values:
+                    saved.append((owner, attr, owner._parameters[attr]))
+                    owner._parameters[attr] = values[name]
+            for rnn in self._rnns:
+                saved_flat.append((rnn, rnn.__dict__.get("_flat_weights")))
+                rnn.__dict__["_flat_weights"] = [getattr(rnn, n, None) for n in rnn._flat_weights_names]
+            yield
+        finally:
+            for rnn, flat in reversed(saved_flat):
+                rnn.__dict__["_flat_weights"] = flat
+            for owner, attr, original in reversed(saved):
+                owner._parameters[attr] = original
+
+
+def swapped_parameters(module: nn.Module, values: Mapping[str, th.Tensor]) -> contextlib.AbstractContextManager:
+    """``with swapped_parameters(module, {name: tensor}):`` runs the block with those parameters replaced and
+    restores the original ``Parameter`` objects afterwards (:class:`ParameterSwap`)."""
+    return ParameterSwap(module, values).swap(values)
+
+
 def module_function(module: nn.Module, *args: Any, **kwargs: Any) -> tuple[ParamFunction, dict[str, th.Tensor]]:
-    """``(fn, params)``: ``fn(params) = module(*args, **kwargs)`` through :func:`torch.func.functional_call`,
-    and a detached copy-free view of the module's trainable parameters."""
+    """``(fn, params)``: ``fn(params) = module(*args, **kwargs)`` with the module's parameters swapped for ``params``
+    (:class:`ParameterSwap`), and a detached copy-free view of the module's trainable parameters."""
     params = {name: p.detach() for name, p in module.named_parameters() if p.requires_grad}
+    swap = ParameterSwap(module, params)
 
     def fn(p: dict[str, th.Tensor]) -> th.Tensor:
-        return functional_call(module, p, args, kwargs)
+        with swap.swap(p):
+            return module(*args, **kwargs)
 
     return fn, params
 
@@ -428,18 +501,6 @@ def kernel_stats(kernel: th.Tensor) -> dict[str, float]:
 # ---------------------------------------------------------------------------------------------------
 # SB3 networks
 # ---------------------------------------------------------------------------------------------------
-class _Call(nn.Module):
-    """Wraps ``call`` (code that uses ``net``) so that :func:`torch.func.functional_call` can swap ``net``'s parameters."""
-
-    def __init__(self, net: nn.Module, call: Callable[[], Any]) -> None:
-        super().__init__()
-        self.net = net
-        self._call = call
-
-    def forward(self) -> Any:
-        return self._call()
-
-
 def _capture(layers: Sequence[nn.Module], forward: Callable[[], Any], transform: Callable[[int, th.Tensor], th.Tensor]):
     outs: list[list[th.Tensor]] = [[] for _ in layers]
 
@@ -503,29 +564,67 @@ def network_output_function(
 
     The network runs as in :func:`probe_forward` (PPO ``policy``: action distribution and value;
     ``q_net`` / ``quantile_net``; SAC/TQC ``actor``: distribution parameters; TD3 ``actor``: actions;
-    ``critic``: Q-values of ``actions``) under :func:`torch.func.functional_call`; the outputs of its head
+    ``critic``: Q-values of ``actions``) with its parameters swapped for ``fn``'s argument (:class:`ParameterSwap`,
+    which puts the original ``Parameter`` objects back); the outputs of its head
     layers (:meth:`NetworkSpec.heads`: action and value heads, every critic's head, ...) are captured by
     forward hooks, flattened per sample and concatenated in head order.
     """
     heads = spec.heads()
-    wrapper = _Call(spec.module, probe_forward(model, spec, observations, actions))
+    forward = probe_forward(model, spec, observations, actions)
     params = spec_parameters(spec)
+    swap = ParameterSwap(spec.module, params)
 
     def fn(p: dict[str, th.Tensor]) -> th.Tensor:
-        outs = _capture(
-            heads,
-            lambda: functional_call(wrapper, {f"net.{k}": v for k, v in p.items()}, ()),
-            lambda i, out: out.reshape(out.shape[0], -1),
-        )
+        with swap.swap(p):
+            outs = _capture(heads, forward, lambda i, out: out.reshape(out.shape[0], -1))
         return th.cat([o[-1] for o in outs if o], dim=1)
 
     return fn, params
 
 
-def _subset(observations: Any, n: int) -> Any:
+def _rows(observations: Any, index: th.Tensor) -> Any:
     if isinstance(observations, dict):
-        return {k: v[:n] for k, v in observations.items()}
-    return observations[:n]
+        return {k: v[index.to(v.device)] for k, v in observations.items()}
+    return observations[index.to(observations.device)]
+
+
+def unique_probe_rows(observations: Any, actions: Optional[th.Tensor] = None) -> th.Tensor:
+    """Indices (ascending) of the first occurrence of each distinct probe sample: an observation (every entry of a
+    ``Dict`` observation) and, given ``actions``, its action; samples are equal when their bytes are.
+
+    Repeated samples (repeated MinAtar / Atari frames in a rollout) give identical Jacobian rows, which make the
+    empirical NTK singular: its condition number would be "infinite" for a reason that has nothing to do with the
+    network.
+    """
+    n = _batch_size(observations)
+    tensors = list(observations.values()) if isinstance(observations, dict) else [observations]
+    if actions is not None:
+        tensors.append(actions)
+    parts = [th.as_tensor(t).detach().reshape(n, -1).contiguous() for t in tensors]
+    device = parts[0].device
+    rows = th.cat([p.to(device).view(th.uint8) if p.dtype != th.bool else p.to(device, th.uint8) for p in parts], dim=1)
+    _, inverse = th.unique(rows, dim=0, return_inverse=True)
+    first = th.full((int(inverse.max()) + 1 if n else 0,), n, dtype=th.long, device=device)
+    first.scatter_reduce_(0, inverse, th.arange(n, device=device), reduce="amin")
+    return th.sort(first).values
+
+
+@contextlib.contextmanager
+def unchanged_model(modules: Iterable[nn.Module], device: Optional[th.device] = None) -> Iterator[None]:
+    """Runs a diagnostics computation so that it changes nothing: every module in evaluation mode (no dropout,
+    batch / batch-renorm statistics read, never updated: CrossQ's BatchRenorm), each module's own ``training`` flag
+    restored afterwards; torch's (CPU and, for a CUDA ``device``, that device's) and numpy's global random states
+    saved and restored."""
+    flags = {id(m): (m, m.training) for root in modules for m in root.modules()}
+    rng_devices = [device] if device is not None and th.device(device).type == "cuda" else []
+    try:
+        with th.random.fork_rng(devices=rng_devices), preserved_numpy_rng():
+            for m, _ in flags.values():
+                m.training = False
+            yield
+    finally:
+        for m, training in flags.values():
+            m.training = training
 
 
 def _batch_size(observations: Any) -> int:
@@ -558,16 +657,39 @@ def network_diagnostics(
     blocks, :mod:`sb3_plastic.recurrent`). Network-level:
     ``dormant_fraction`` and ``zero_fraction`` over all hidden units, ``weight_norm`` and ``dist_from_init``
     over all trained parameters, ``dfi`` (sum over layers), ``grad_norm`` (:func:`output_gradient_norm` on
-    the probe batch) and, on the first ``ntk_size`` probe samples (fewer when the outputs would exceed
-    ``ntk_max_rows`` rows), ``ntk_cond``, ``ntk_erank``, ``ntk_trace`` and ``ntk_size`` (see :func:`kernel_stats`).
+    the probe batch) and, on the first ``ntk_size`` distinct probe samples (:func:`unique_probe_rows`: a repeated
+    sample would make the kernel singular; fewer when the outputs would exceed ``ntk_max_rows`` rows), ``ntk_cond``,
+    ``ntk_log10_cond`` (its base-10 logarithm, at most ``log10(COND_CAP) = 14``), ``ntk_erank``, ``ntk_trace`` and
+    ``ntk_size`` (the samples used; see :func:`kernel_stats`).
 
-    Nothing of the model is changed (no parameter, optimizer state, ``.grad`` or random number generator).
+    Nothing of the model is changed (:func:`unchanged_model`): the networks run in evaluation mode (as they act in
+    SB3's rollouts; batch-norm statistics are read, not updated) and every module's mode is restored; parameters
+    are swapped by :class:`ParameterSwap`, which puts the same ``Parameter`` objects back; no optimizer state or
+    ``.grad`` is touched (gradients come from :mod:`torch.func`); torch's and numpy's random states are restored.
 
     :param initial: initial values of the trained parameters, keyed by name in ``spec.module``
         (see :func:`spec_parameters`); ``None`` skips the distances.
     :param ntk_size: probe samples for the NTK (0 skips the NTK).
     """
     tau = _validate_tau(tau)
+    with unchanged_model([model.policy, spec.module], getattr(model, "device", None)):
+        return _network_diagnostics(
+            model, spec, observations, actions, tau, initial, ntk_size, ntk_max_rows, max_elements, dfi_scale
+        )
+
+
+def _network_diagnostics(
+    model: BaseAlgorithm,
+    spec: NetworkSpec,
+    observations: Any,
+    actions: Optional[th.Tensor],
+    tau: float,
+    initial: Optional[Mapping[str, th.Tensor]],
+    ntk_size: int,
+    ntk_max_rows: int,
+    max_elements: int,
+    dfi_scale: float,
+) -> dict[str, float]:
     out: dict[str, float] = {}
     forward = probe_forward(model, spec, observations, actions)
     hidden: list[Any] = spec.hidden_layers()
@@ -630,11 +752,14 @@ def network_diagnostics(
     if ntk_size > 0:
         with th.no_grad():
             n_outputs = fn(params).shape[1]
-        n = max(1, min(ntk_size, _batch_size(observations), ntk_max_rows // max(n_outputs, 1)))
-        sub_actions = actions[:n] if actions is not None else None
-        ntk_fn, ntk_params = network_output_function(model, spec, _subset(observations, n), sub_actions)
+        unique = unique_probe_rows(observations, actions)
+        n = max(1, min(ntk_size, unique.numel(), ntk_max_rows // max(n_outputs, 1)))
+        index = unique[:n]
+        sub_actions = _rows(actions, index) if actions is not None else None
+        ntk_fn, ntk_params = network_output_function(model, spec, _rows(observations, index), sub_actions)
         stats = kernel_stats(empirical_ntk(ntk_fn, ntk_params, max_elements))
         out["ntk_cond"] = stats["cond"]
+        out["ntk_log10_cond"] = math.log10(stats["cond"])
         out["ntk_erank"] = stats["erank"]
         out["ntk_trace"] = stats["trace"]
         out["ntk_size"] = float(n)

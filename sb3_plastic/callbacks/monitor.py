@@ -45,25 +45,33 @@ class PlasticityMonitor(PlasticCallback):
       ``feature_norm`` for hidden layers; ``weight_norm``, ``dist_from_init``, ``dfi``, ``sigma_max``,
       ``sigma_min``, ``cond`` for every weight layer (heads included);
     * ``plasticity/<net>/<metric>`` per network: ``dormant_fraction``, ``zero_fraction``, ``weight_norm``,
-      ``dist_from_init``, ``dfi``, ``grad_norm`` and the empirical NTK's ``ntk_cond``, ``ntk_erank``,
-      ``ntk_trace``, ``ntk_size`` (Jacot et al., 2018; Rosseau, Müller & Nowé, 2026);
+      ``dist_from_init``, ``dfi``, ``grad_norm`` and the empirical NTK's ``ntk_cond``, ``ntk_log10_cond``
+      (``log10`` of ``ntk_cond``: plot this one, the condition number spans many decades; 14 is the cap
+      :data:`~sb3_plastic.diagnostics.COND_CAP`, "numerically singular"), ``ntk_erank``, ``ntk_trace``, ``ntk_size``
+      (Jacot et al., 2018; Rosseau, Müller & Nowé, 2026), on the first ``ntk_probe_size`` *distinct* probe samples
+      (repeated frames, common in MinAtar and Atari rollouts, would make the kernel singular);
     * ``plasticity/return/task_<id>``: mean return of the episodes finished since the last write, per task,
       when the env puts ``info["task_id"]`` in its infos (returns come from the ``info["episode"]`` entries
       of SB3's ``Monitor`` wrapper; an episode counts for the task id of its last step);
     * ``plasticity/task_id``: env 0's task id (numeric ids as they are, others numbered by first
       appearance), written at training start and at every change, at the exact step;
-    * ``plasticity/monitor_seconds``: total wall-clock time spent in the monitor.
+    * ``plasticity/monitor_seconds``: total wall-clock time spent in the monitor;
+    * ``plasticity/skipped_passes``: passes that ``every`` asked for but ``max_overhead`` skipped (total so far),
+      written with every pass and at training end.
 
     With a ``name``, keys start with ``plasticity/<name>/`` instead.
 
     The probe batch is drawn once (``resample=False``) and reused, so changes over training come from the
     network, not from the data: on-policy, ``probe_size`` rows of the rollout buffer at the first rollout
     end (as :class:`~sb3_plastic.callbacks.redo.ReDo` draws them); off-policy, ``probe_size`` distinct
-    transitions of the replay buffer once it holds that many (its actions feed the critics). Numpy's
-    global random state is saved and restored around the draw and nothing else random is used, so a run
-    with the monitor follows the same trajectory as one without. On-policy the diagnostics run at a rollout
-    end, off-policy in ``_on_step``; they never modify parameters, optimizer state or ``.grad`` (features
-    under ``torch.no_grad``, gradients and NTK with :mod:`torch.func`).
+    transitions of the replay buffer once it holds that many (its actions feed the critics). On-policy the
+    diagnostics run at a rollout end, off-policy in ``_on_step``. A pass changes nothing, so a run with the
+    monitor is bit-identical to one without (``tests/test_monitor_side_effects.py``, every supported algorithm):
+    numpy's and torch's global random states are saved and restored; the networks run in evaluation mode (as in
+    SB3's rollouts: batch-norm statistics are read, never updated) and each module's mode is restored; the same
+    ``Parameter`` objects stay in place, trainable and in their optimizers (gradients and NTK with
+    :mod:`torch.func` on parameters swapped in and out by :class:`~sb3_plastic.diagnostics.ParameterSwap`); no
+    optimizer state or ``.grad`` is touched.
 
     Writing: the values are recorded with ``self.logger.record`` and dumped at once at the current step
     (``logger.dump(num_timesteps)``), excluded from the ``stdout`` / ``log`` formats (a table of ~100
@@ -88,6 +96,9 @@ class PlasticityMonitor(PlasticCallback):
     :param max_overhead: cap on the monitor's share of wall-clock time (``None``: no cap). After a pass that took
         ``t`` seconds, the next one also waits until ``t / max_overhead`` seconds of training have passed, so an
         expensive network (a large CNN, a fast GPU rollout) is measured less often instead of slowing training.
+        The cap overrides ``every``: each time ``every`` steps have passed since the last pass (or skipped pass)
+        and the cap holds the pass back, it counts as skipped (``plasticity/skipped_passes``, ``state["skipped"]``),
+        and the first skip raises a ``UserWarning`` with the numbers. ``max_overhead=None`` runs every pass.
     :param resample: draw a new probe batch at every pass instead of reusing the first one.
     :param name: distinguishes two monitors on one model (state key and log prefix).
     :param verbose: 1 prints one line per pass.
@@ -121,6 +132,9 @@ class PlasticityMonitor(PlasticCallback):
         self.resample = bool(resample)
         self._pass_seconds = 0.0
         self._pass_end = 0.0
+        self._schedule_step: Optional[int] = None
+        self._skipped_written: Optional[int] = None
+        self._warned_skip = False
         self._on_policy = False
         self._probe: Optional[tuple[Any, Optional[th.Tensor]]] = None
         self._last_step: Optional[int] = None
@@ -145,24 +159,55 @@ class PlasticityMonitor(PlasticCallback):
                 init[spec.name] = {k: v.detach().to("cpu", copy=True) for k, v in spec_parameters(spec).items()}
         self.state.setdefault("events", 0)
         self.state.setdefault("seconds", 0.0)
+        self.state.setdefault("skipped", 0)
         self._last_step = self.state.get("last_step")
+        self._schedule_step = self._last_step
+        self._skipped_written = None
         self._logged_task = None
         self._pass_seconds = 0.0
 
     def _on_step(self) -> bool:
         self._track_episodes()
-        if not self._on_policy and self.due:
-            self.run()
+        if not self._on_policy:
+            self._check()
         return True
 
     def _on_rollout_end(self) -> None:
-        if self._on_policy and self.due:
-            self.run()
+        if self._on_policy:
+            self._check()
 
     def _on_training_end(self) -> None:
         values = self._return_values()
+        skipped = int(self.state.get("skipped", 0))
+        if skipped != self._skipped_written:
+            values[f"{self.prefix}/skipped_passes"] = float(skipped)
+            self._skipped_written = skipped
         if values:
             self._write(values)
+
+    def _check(self) -> None:
+        """Run a pass if one is :attr:`due`; count a skipped pass when ``every`` asks for one that the
+        ``max_overhead`` cap postpones."""
+        if self.due:
+            if self.run():
+                self._schedule_step = self.num_timesteps
+            return
+        if self._schedule_step is None or self.num_timesteps - self._schedule_step < self.every:
+            return
+        # every steps have passed since the last pass (or skipped pass): only the cap holds this one back
+        self._schedule_step = self.num_timesteps
+        self.state["skipped"] = int(self.state.get("skipped", 0)) + 1
+        if not self._warned_skip:
+            self._warned_skip = True
+            waited = time.perf_counter() - self._pass_end
+            warnings.warn(
+                f"PlasticityMonitor: max_overhead={self.max_overhead} skips the pass that every={self.every} asks for "
+                f"at step {self.num_timesteps}: the last pass took {self._pass_seconds:.3g} s, so the next one waits "
+                f"for {self._pass_seconds / self.max_overhead:.3g} s of training after it ({waited:.3g} s so far). "
+                f"Skipped passes are counted in '{self.prefix}/skipped_passes'; pass max_overhead=None for a pass "
+                f"every {self.every} steps, or a larger max_overhead.",
+                stacklevel=2,
+            )
 
     @property
     def due(self) -> bool:
@@ -220,6 +265,8 @@ class PlasticityMonitor(PlasticCallback):
         self._last_step = self.num_timesteps
         self.state["last_step"] = self.num_timesteps
         self.state["events"] = int(self.state.get("events", 0)) + 1
+        self._skipped_written = int(self.state.get("skipped", 0))
+        values[f"{self.prefix}/skipped_passes"] = float(self._skipped_written)
         values[f"{self.prefix}/monitor_seconds"] = float(self.state.get("seconds", 0.0)) + time.perf_counter() - start
         self._write(values)
         self._pass_end = time.perf_counter()
@@ -231,7 +278,8 @@ class PlasticityMonitor(PlasticCallback):
                 f"NTK cond {values.get(f'{self.prefix}/{spec.name}/ntk_cond', float('nan')):.3g}"
                 for spec in self.networks
             )
-            print(f"PlasticityMonitor at step {self.num_timesteps}: {summary}")
+            skipped = f" ({self._skipped_written} passes skipped by max_overhead)" if self._skipped_written else ""
+            print(f"PlasticityMonitor at step {self.num_timesteps}: {summary}{skipped}")
         return values
 
     # ------------------------------------------------------------------ tasks and returns
