@@ -63,6 +63,7 @@ from __future__ import annotations
 import math
 import numbers
 import time
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Optional, Union
@@ -72,6 +73,7 @@ from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from torch import nn
 
 from sb3_plastic.callbacks.base import PlasticCallback
+from sb3_plastic.callbacks.schedule import expected_end_timesteps
 from sb3_plastic.common.surgery import norms_fed_by, reset_norm_, sync_target
 from sb3_plastic.isometry import as_blocks, deviation_from_isometry
 from sb3_plastic.optim import reset_optimizer_state
@@ -314,7 +316,16 @@ class FIRE(PlasticCallback):
       multiples passed within one rollout give one fire).
     * ``on_task_change``: when any env's ``info["task_id"]`` differs from the last one seen for that env
       (the first value seen only sets the baseline; the last ids are kept in the model's state, so a task
-      change between two ``learn()`` calls or across save -> load is seen too).
+      change between two ``learn()`` calls or across save -> load is seen too). A resumed run (load ->
+      ``learn(..., reset_num_timesteps=False)``) continues the task sequence
+      (:class:`~sb3_plastic.callbacks.TaskScheduleSync`, added by the plastic algorithms), so it fires where
+      the uninterrupted run fires and not at the resume; a new run (``reset_num_timesteps=True``) restarts the
+      schedule at task 0, which is a task change when the model was on another task.
+
+    A trigger that cannot act warns (``UserWarning``) instead of doing nothing silently: ``at`` due after the
+    end of the ``learn()`` call (the end is the rollout boundary at or after ``total_timesteps``), an int
+    ``at`` already passed when the run's plan is made, ``every`` with no multiple inside the call (each at
+    training start), and ``on_task_change`` when no info of the first rollout has a ``task_id`` (once).
 
     Persistent state (``self.state``, saved with the model, see :class:`PlasticCallback`): ``count``,
     ``timesteps`` (the ``num_timesteps`` of every fire), ``reasons``, ``run``, ``at_point``, ``at_done``,
@@ -364,6 +375,9 @@ class FIRE(PlasticCallback):
         self.iterations = iterations
         self.layers = layers
         self._on_policy = False
+        self._task_id_seen = False
+        self._warned_no_task_id = False
+        self._at_skipped = False
 
     # -- state -------------------------------------------------------------------------------------------
 
@@ -395,6 +409,7 @@ class FIRE(PlasticCallback):
         """Fix the trigger points of this run (see the class docstring for the semantics)."""
         s = self.state
         now = int(self.model.num_timesteps)
+        self._at_skipped = False  # an int ``at`` already passed when this run's plan is made
         new_run = now == 0 or s["run"] == 0
         if new_run:
             s["run"] += 1
@@ -408,6 +423,7 @@ class FIRE(PlasticCallback):
             elif _is_int(self.at):
                 s["at_point"] = int(self.at)
                 s["at_done"] = now >= int(self.at) and now > 0
+                self._at_skipped = s["at_done"]
             else:
                 # _total_timesteps is the absolute end of this learn() call (SB3 adds num_timesteps to it
                 # when reset_num_timesteps=False)
@@ -426,6 +442,34 @@ class FIRE(PlasticCallback):
         self._init_state()
         self._on_policy = isinstance(self.model, OnPolicyAlgorithm)
         self._plan_run()
+        self._warn_unreachable()
+        self._task_id_seen = False
+
+    def _warn_unreachable(self) -> None:
+        """Warn when a trigger set for this call cannot fire in it (``at`` past the call's end or already
+        passed, ``every`` longer than the call): such a FIRE would otherwise do nothing and say nothing."""
+        s = self.state
+        start = int(self.model.num_timesteps)
+        end = expected_end_timesteps(self.model)
+        span = f"this learn() call runs num_timesteps {start} -> {end}"
+        if s["at_point"] is not None and not s["at_done"] and s["at_point"] > end:
+            warnings.warn(
+                f"FIRE at={self.at!r} (fire_at) is due at num_timesteps {s['at_point']}, beyond the end of this run: "
+                f"{span}, so it does not fire in this call (only in a later learn(..., reset_num_timesteps=False))",
+                stacklevel=2,
+            )
+        elif self._at_skipped:
+            warnings.warn(
+                f"FIRE at={self.at!r} (fire_at) has already passed: {span}; an int at is an absolute num_timesteps "
+                f"(use a float in (0, 1) for a fraction of the call), so it does not fire in this run",
+                stacklevel=2,
+            )
+        if self.every and end // self.every <= s["every_done"]:
+            warnings.warn(
+                f"FIRE every={self.every} (fire_every) is longer than this call: {span} and the next multiple of "
+                f"{self.every} is {(s['every_done'] + 1) * self.every}, so it does not fire in this call",
+                stacklevel=2,
+            )
 
     # -- triggers ----------------------------------------------------------------------------------------
 
@@ -452,6 +496,8 @@ class FIRE(PlasticCallback):
         if not infos:
             return False
         ids = [info.get("task_id") if isinstance(info, dict) else None for info in infos]
+        if not self._task_id_seen:
+            self._task_id_seen = any(i is not None for i in ids)
         previous = self.state["task_ids"]
         changed = False
         if previous is not None and len(previous) == len(ids):
@@ -474,6 +520,18 @@ class FIRE(PlasticCallback):
     def _on_rollout_start(self) -> None:
         if self.state["pending"]:
             self._fire(list(self.state["pending"]))
+
+    def _on_rollout_end(self) -> None:
+        if self.on_task_change and not self._task_id_seen and not self._warned_no_task_id:
+            self._warned_no_task_id = True
+            steps = int(self.model.num_timesteps) - int(getattr(self.model, "_num_timesteps_at_start", 0))
+            warnings.warn(
+                f"FIRE on_task_change=True (fire_on_task_change) but no info of the training env had a 'task_id' "
+                f"in the first {steps} timesteps of this learn() call: it cannot see a task change and will not fire "
+                "on one. Use a piecewise-stationary env (sb3_plastic.envs) or put info['task_id'] in your env's step "
+                "infos",
+                stacklevel=2,
+            )
 
     def _on_training_end(self) -> None:
         if self.state["pending"]:
@@ -549,7 +607,8 @@ class FIREConfig:
         kept across save -> load -> ``learn(reset_num_timesteps=False)``); int >= 1: an absolute
         ``num_timesteps``; ``None``: off.
     :param fire_every: fire every N env steps (multiples of N on ``num_timesteps``); ``None``: off.
-    :param fire_on_task_change: fire when any env's ``info["task_id"]`` changes.
+    :param fire_on_task_change: fire when any env's ``info["task_id"]`` changes (warns when the env's infos have
+        no ``task_id``).
     :param fire_iterations: Newton–Schulz steps (reference: 10).
     :param fire_layers: ``"all"`` (every Linear / Conv2d including output heads, as the reference does; the
         default) or ``"hidden"`` (output heads untouched).
