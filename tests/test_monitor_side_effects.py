@@ -279,3 +279,51 @@ def test_same_observation_with_other_actions_is_not_a_repeat():
     actions = th.tensor([[-0.5], [0.0], [0.5], [0.0]])
     values = network_diagnostics(model, spec, obs, actions, ntk_size=4)
     assert values["ntk_size"] == 3
+
+
+# ---------------------------------------------------------------------------------------------------
+# ParameterSwap: aliased submodules and tied weights
+# ---------------------------------------------------------------------------------------------------
+class Aliased(th.nn.Module):
+    """``b`` is ``a`` (as SB3's policy holds its extractor under three names); ``d.weight`` is ``c.weight``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = th.nn.Linear(3, 3)
+        self.b = self.a
+        self.c = th.nn.Linear(3, 3, bias=False)
+        self.d = th.nn.Linear(3, 2)
+        self.d.weight = th.nn.Parameter(th.randn(2, 3))
+        self.e = th.nn.Linear(3, 2, bias=False)
+        self.e.weight = self.d.weight
+
+    def forward(self, x: th.Tensor) -> th.Tensor:
+        return self.d(th.tanh(self.c(th.tanh(self.b(self.a(x)))))) + self.e(x)
+
+
+def test_parameter_swap_differentiates_through_aliases_and_restores_the_parameters():
+    from sb3_plastic.diagnostics import gradient_norm, module_function, swapped_parameters
+
+    th.manual_seed(0)
+    net = Aliased()
+    x = th.randn(5, 3)
+    before = list(net.named_parameters(remove_duplicate=False))
+    fn, params = module_function(net, x)
+    assert set(params) == {"a.weight", "a.bias", "c.weight", "d.weight", "d.bias"}  # de-duplicated names
+    norm = gradient_norm(lambda p: fn(p).square().sum(), params)
+    net(x).square().sum().backward()  # the reference: autograd on the module itself
+    expected = math.sqrt(sum(float(p.grad.double().square().sum()) for p in net.parameters()))
+    assert norm == pytest.approx(expected, rel=1e-5)
+    after = list(net.named_parameters(remove_duplicate=False))
+    assert [n for n, _ in after] == [n for n, _ in before]
+    for (name, p), (_, q) in zip(before, after):
+        assert q is p and type(q) is th.nn.Parameter and q.requires_grad, name
+    # the swapped values are seen under every alias, and the originals come back even after an error
+    zeros = {name: th.zeros_like(p) for name, p in params.items()}
+    with pytest.raises(RuntimeError, match="inside"):
+        with swapped_parameters(net, zeros):
+            assert th.equal(net(x), th.zeros(5, 2))
+            raise RuntimeError("inside")
+    assert all(q is p for (_, p), (_, q) in zip(before, net.named_parameters(remove_duplicate=False)))
+    with pytest.raises(ValueError, match="'nope'"):
+        swapped_parameters(net, {"nope": th.zeros(1)})
