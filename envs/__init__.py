@@ -2,7 +2,10 @@
 
 The folder ``envs/`` of the repository is mapped onto the package ``sb3_plastic.envs`` (see
 ``pyproject.toml``), so installing sb3-plastic never creates a top-level module named ``envs``.
-Importing this package registers the gymnasium ids of the namespace ``sb3_plastic/`` (idempotent):
+Importing this package registers the gymnasium ids of the namespace ``sb3_plastic/`` (idempotent).
+Gymnasium 1.x loads no plugins, so without the import ``gym.make("sb3_plastic/...")`` fails with
+"Namespace sb3_plastic not found"; the module-prefixed id ``gym.make("sb3_plastic.envs:sb3_plastic/<Name>-v0")``
+(which SB3's ``make_vec_env`` passes through) imports this package first and works in a fresh interpreter:
 
 ==========================================  ===================================  ======================  ==============
 id                                          what changes                         default change_every    needs extra

@@ -14,6 +14,12 @@ Task ``k`` plays ``games[k % len(games)]`` (default Breakout, Pong, SpaceInvader
 step of each game is returned with ``truncated=True`` and the step with 0-based index
 ``k * change_every`` is the first step of game ``k``. Default ``change_every=2_500_000`` env steps
 (10M frames per game). ``info["game"]`` names the game in play.
+
+The preprocessing is done: make vector envs with SB3's ``make_vec_env("sb3_plastic/SwitchingAtari-v0", n_envs=8)``,
+not ``make_atari_env`` (its ``AtariWrapper`` would preprocess a second time) and without ``VecFrameStack``.
+Atari wrappers that need the raw ALE env (SB3's ``AtariWrapper``, gymnasium's ``AtariPreprocessing``) fail on
+it with an ``AttributeError`` that says so (:class:`PreprocessedAtariGames`). To clip rewards as
+``AtariWrapper`` does: ``make_vec_env(..., wrapper_class=stable_baselines3.common.atari_wrappers.ClipRewardEnv)``.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import gymnasium as gym
 
 from sb3_plastic.envs._deps import check_games, require
 from sb3_plastic.envs.schedule import TaskSchedule
-from sb3_plastic.envs.wrappers import GameSwitchingEnv
+from sb3_plastic.envs.wrappers import GameMux, GameSwitchingEnv
 
 #: Default games of ``SwitchingAtari-v0``, in switching order.
 ATARI_DEFAULT_GAMES = ("Breakout", "Pong", "SpaceInvaders")
@@ -91,6 +97,42 @@ def make_atari_game(
     return gym.wrappers.FrameStackObservation(env, frame_stack)
 
 
+#: Attributes of a raw ALE env that Atari preprocessing wrappers read from ``env.unwrapped``.
+RAW_ALE_ATTRIBUTES = frozenset({"ale", "get_action_meanings"})
+
+
+class PreprocessedAtariGames(GameMux):
+    """The inner env of ``sb3_plastic/SwitchingAtari-v0``: a :class:`~sb3_plastic.envs.wrappers.GameMux` of
+    preprocessed ALE games (see the module docstring).
+
+    It is what ``env.unwrapped`` returns, and it is not an ALE env: asking it for a raw-ALE attribute
+    (:data:`RAW_ALE_ATTRIBUTES`, which SB3's ``AtariWrapper`` / ``make_atari_env`` and gymnasium's
+    ``AtariPreprocessing`` read) raises an ``AttributeError`` saying that the preprocessing is already applied
+    and what to use instead. The ALE env of the game in play is ``env.unwrapped.current.unwrapped``.
+    """
+
+    def __getattr__(self, name: str) -> Any:
+        # only called for attributes that normal lookup does not find
+        if name in RAW_ALE_ATTRIBUTES:
+            raise AttributeError(
+                f"{_ENV_NAME} has no raw ALE attribute {name!r}: it already does the Atari preprocessing (each game is "
+                "ALE/<Game>-v5 with frameskip=1 in gymnasium's AtariPreprocessing: frame skip 4 with max-pooling, up to "
+                "30 no-op resets, 84x84 grey; then FrameStackObservation(4): observations (4, 84, 84) uint8), so an "
+                "Atari wrapper such as SB3's make_atari_env / AtariWrapper or gymnasium's AtariPreprocessing would "
+                f"preprocess twice. Use make_vec_env({_ENV_NAME!r}, n_envs=...) without VecFrameStack (to clip rewards: "
+                "wrapper_class=stable_baselines3.common.atari_wrappers.ClipRewardEnv). The ALE env of the game in play "
+                "is env.unwrapped.current.unwrapped."
+            )
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+
+class SwitchingAtariEnv(GameSwitchingEnv):
+    """``sb3_plastic/SwitchingAtari-v0``: a :class:`~sb3_plastic.envs.wrappers.GameSwitchingEnv` of preprocessed
+    ALE games whose inner env is a :class:`PreprocessedAtariGames` (built by :func:`make_switching_atari`)."""
+
+    mux_class = PreprocessedAtariGames
+
+
 def make_switching_atari(
     games: Union[Sequence[str], str] = ATARI_DEFAULT_GAMES,
     change_every: int = ATARI_CHANGE_EVERY,
@@ -98,7 +140,7 @@ def make_switching_atari(
     at_episode_end: bool = False,
     render_mode: Optional[str] = None,
     **game_kwargs: Any,
-) -> GameSwitchingEnv:
+) -> SwitchingAtariEnv:
     """``sb3_plastic/SwitchingAtari-v0``: cycle through ALE ``games``; ``game_kwargs`` go to :func:`make_atari_game`.
 
     :param games: ALE game names in switching order (repeats allowed; a single name is one game).
@@ -107,4 +149,4 @@ def make_switching_atari(
     games = check_games(games, canonical_atari_game, "Atari")
     TaskSchedule(change_every, task_seed, at_episode_end)
     fns = [partial(make_atari_game, game, render_mode, **game_kwargs) for game in games]
-    return GameSwitchingEnv(fns, change_every, names=games, task_seed=task_seed, at_episode_end=at_episode_end)
+    return SwitchingAtariEnv(fns, change_every, names=games, task_seed=task_seed, at_episode_end=at_episode_end)

@@ -466,6 +466,8 @@ class GameSwitchingEnv(PiecewiseStationaryWrapper):
     """
 
     switch_only_at_reset: ClassVar[bool] = True
+    #: The inner env class (a subclass of :class:`GameMux` may add env-specific behaviour, e.g. error messages).
+    mux_class: ClassVar[type[GameMux]] = GameMux
 
     def __init__(
         self,
@@ -475,7 +477,7 @@ class GameSwitchingEnv(PiecewiseStationaryWrapper):
         task_seed: int = 0,
         at_episode_end: bool = False,
     ) -> None:
-        super().__init__(GameMux(env_fns, names), change_every, task_seed, at_episode_end)
+        super().__init__(self.mux_class(env_fns, names), change_every, task_seed, at_episode_end)
 
     @property
     def games(self) -> list[str]:

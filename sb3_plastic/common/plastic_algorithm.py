@@ -9,6 +9,7 @@ policy through ``policy_kwargs`` and passes every other argument to SB3 untouche
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 from typing import Any, Optional, Union
 
@@ -61,6 +62,14 @@ class PlasticAlgorithmMixin:
 
     isometry_config: IsometryConfig
     policy_aliases: dict[str, type]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Append the plastic and intervention keywords, with meanings and defaults, to the subclass's docstring
+        (generated from the config dataclasses by :func:`plastic_keyword_docs`), so ``help(PlasticPPO)`` lists them."""
+        super().__init_subclass__(**kwargs)
+        from sb3_plastic.common.docs import with_keyword_docs
+
+        cls.__doc__ = with_keyword_docs(cls.__doc__, plastic_keyword_docs())
 
     def __init__(
         self,
@@ -201,6 +210,26 @@ def _default(function: Any, name: str) -> Any:
     if parameter is None or parameter.default is inspect.Parameter.empty:
         return None
     return parameter.default
+
+
+@functools.cache
+def plastic_keyword_docs() -> str:
+    """The ``:param`` section of every plastic and intervention keyword (meaning and default), generated from
+    the docstrings of :class:`~sb3_plastic.config.IsometryConfig` and of the intervention configs
+    (:func:`intervention_config_classes`); appended to the docstring of every plastic algorithm."""
+    from sb3_plastic.common.docs import keyword_docs
+
+    signature = inspect.signature(PlasticAlgorithmMixin.__init__).parameters
+    isometry_defaults = {name: signature[name].default for name in ISOMETRY_KEYS if name in signature}
+    titles = {"fire": "FIRE", "cbp": "Continual Backprop", "redo": "ReDo", "shrink_perturb": "Shrink & Perturb"}
+    groups: dict[str, tuple[type, Optional[dict[str, Any]]]] = {"Isometry": (IsometryConfig, isometry_defaults)}
+    for key, config_cls in intervention_config_classes().items():
+        groups[f"Intervention: {titles.get(key, key)}"] = (config_cls, None)
+    intro = (
+        "An intervention enabled by its keywords is added to the callbacks of every ``learn()`` call; it is the "
+        "same callback class users can pass themselves (:mod:`sb3_plastic.callbacks`)."
+    )
+    return keyword_docs(groups, intro)
 
 
 def is_plastic(model: BaseAlgorithm) -> bool:
