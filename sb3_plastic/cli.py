@@ -9,7 +9,7 @@ function, so more, e.g. ``train`` and ``enjoy``, can be added alongside):
 
 Examples::
 
-    sb3-plastic plot logs/ --out plots/ --switch-every 100000
+    sb3-plastic plot runs/ --out plots/ --switch-every 100000       # one curve per algorithm + differing hyperparameters
     sb3-plastic plot logs/ppo_relu logs/ppo_maxmin --metrics "plasticity/*/ntk_cond" "plasticity/policy/**/srank"
     python -m sb3_plastic plot logs/ --group-by "(ppo_[a-z]+)_seed" --out plots/
 """
@@ -62,7 +62,9 @@ def _add_plot(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         metavar="REGEX",
         help="regular expression searched in each run's path; its first group (or whole match) names the "
-        "method. Default: the name of the run directory's parent",
+        "method (an expression that matches no run is an error). Default: the algorithm plus the "
+        "hyperparameters that differ between the runs, from the run metadata sb3-plastic writes next to the "
+        "event files (sb3_plastic_run.json); runs without it: <parent dir>/<run dir> without SB3's _<n> suffix",
     )
     parser.add_argument(
         "--switch-every",
@@ -76,28 +78,38 @@ def _add_plot(subparsers: argparse._SubParsersAction) -> None:
         nargs="+",
         default=None,
         metavar="TAG",
-        help="diagnostic tags or glob patterns ('*' within one '/' level, '**' across levels); "
-        f"default: {' '.join(DEFAULT_METRICS)}",
+        help="diagnostic tags or glob patterns ('*' within one '/' level, '**' across levels); a pattern that "
+        f"matches no tag is an error. Default: those of {' '.join(DEFAULT_METRICS)} the runs log",
     )
-    parser.add_argument("--return-tag", default=RETURN_TAG, help="scalar tag of the episode return (default: %(default)s)")
+    parser.add_argument(
+        "--return-tag",
+        default=None,
+        help=f"scalar tag of the episode return; a tag no run logs is an error (default: {RETURN_TAG})",
+    )
     parser.set_defaults(func=_run_plot)
 
 
 def _run_plot(args: argparse.Namespace) -> int:
-    from sb3_plastic.plot import plot_runs
+    import warnings
+
+    from sb3_plastic.plot import PlotError, plot_runs
 
     try:
-        written = plot_runs(
-            args.runs,
-            args.out,
-            metrics=args.metrics,
-            switch_every=args.switch_every,
-            group_by=args.group_by,
-            return_tag=args.return_tag,
-        )
-    except FileNotFoundError as error:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            written = plot_runs(
+                args.runs,
+                args.out,
+                metrics=args.metrics,
+                switch_every=args.switch_every,
+                group_by=args.group_by,
+                return_tag=args.return_tag,
+            )
+    except (FileNotFoundError, PlotError) as error:
         print(f"sb3-plastic plot: error: {error}", file=sys.stderr)
         return 1
+    for warning in caught:
+        print(f"sb3-plastic plot: warning: {warning.message}", file=sys.stderr)
     if not written:
         print("sb3-plastic plot: nothing to plot (no return tag and no matching diagnostics)", file=sys.stderr)
         return 1

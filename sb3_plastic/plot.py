@@ -1,12 +1,24 @@
 """Plots of continual-RL runs from their TensorBoard event files (``sb3-plastic plot``).
 
 Runs are the directories holding TensorBoard event files (``events.out.tfevents.*``; SB3 writes one
-directory per ``learn`` call, e.g. ``logs/ppo_maxmin/PPO_1``). They are read with TensorBoard's own
+directory per ``learn`` call, e.g. ``runs/CartPole-v1/PPO_1``). They are read with TensorBoard's own
 reader (:class:`~tensorboard.backend.event_processing.event_accumulator.EventAccumulator`) and grouped
-by method: by default a run's group is the name of its parent directory (``ppo_maxmin``), so the seeds
-of a method live side by side; ``group_by`` (a regular expression searched in the run's path, first
-group if it has one) overrides this. Every curve is the mean over the group's runs with a ± one standard
-deviation band, on the union of their logged steps (each run linearly interpolated inside its own range).
+by method (:func:`assign_groups`):
+
+* runs with the metadata of :mod:`sb3_plastic.run_info` (every plastic algorithm writes it; plain SB3 models
+  with :class:`~sb3_plastic.run_info.RunInfoCallback`): the algorithm, plus the environment when the runs
+  cover several, plus the hyperparameters whose values differ between the runs of that algorithm
+  (seed-like keys excluded), e.g. ``PlasticPPO isometry_coef=0.1`` and ``PlasticPPO isometry_coef=1``;
+* runs without it: ``<parent directory>/<run directory>`` with SB3's ``_<n>`` suffix and ``seed<k>`` parts
+  removed (``CartPole-v1/PPO``, ``CartPole-v1/DQN``), so two algorithms are never one curve;
+* ``group_by``: a regular expression searched in the run's path (its first group, if it has one, else the
+  whole match); an expression that matches no run is an error, runs it does not match keep their default
+  group (with a warning).
+
+Every curve is the mean over the group's runs with a ± one standard deviation band, on the union of their
+logged steps (each run linearly interpolated inside its own range). Requests that match nothing (a
+``metrics`` pattern matching no tag, a ``return_tag`` no run logs, a ``group_by`` matching no run) raise
+:class:`PlotError`.
 
 Figures (PNG, written with matplotlib's Agg canvas, without touching pyplot's global backend):
 
@@ -17,11 +29,15 @@ Figures (PNG, written with matplotlib's Agg canvas, without touching pyplot's gl
 * ``return_per_task.png``: mean return per task (from :class:`~sb3_plastic.callbacks.monitor.PlasticityMonitor`'s
   ``plasticity/return/task_<id>``) or, without those, per task phase of ``switch_every`` steps;
 * ``metric_<tag>.png``: one per diagnostic tag matching ``metrics`` (tags or glob patterns, where ``*``
-  stays inside one ``/``-separated level and ``**`` crosses levels).
+  stays inside one ``/``-separated level and ``**`` crosses levels). Condition numbers (metrics ending in
+  ``cond``: ``ntk_cond``, a layer's ``cond`` = σmax/σmin) are drawn on a log y-axis; their ``log10`` tags
+  (``ntk_log10_cond``) on a linear axis labelled as log10; other metrics on a log axis when their positive
+  values span more than two decades.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -34,6 +50,8 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+
+from sb3_plastic.run_info import read_run_info
 
 RETURN_TAG = "rollout/ep_rew_mean"
 
@@ -68,19 +86,34 @@ METRIC_LABELS = {
     "task_id": "task id",
 }
 
+#: Metrics (last part of a tag) drawn on a log y-axis whatever their range: condition numbers.
+LOG_AXIS_SUFFIXES = ("cond",)
+#: Hyperparameters that never define a method: seeds (any key containing "seed", any case).
+SEED_LIKE = re.compile(r"seed", re.IGNORECASE)
+_SB3_RUN_SUFFIX = re.compile(r"_\d+$")
+_SEED_PART = re.compile(r"(?:^|[_\-.])seed[_\-=]?\d+", re.IGNORECASE)
+_MAX_LISTED = 40
+
 _TASK_RETURN = re.compile(r"^plasticity/(?:.+/)?return/task_(.+)$")
 _MAX_POINTS = 1000
 
 Series = tuple[np.ndarray, np.ndarray]
 
 
+class PlotError(ValueError):
+    """A plot request that cannot act: a filter (``metrics``, ``return_tag``, ``group_by``) matching nothing,
+    or a bad value. The message names the value and what exists."""
+
+
 @dataclass
 class Run:
-    """One run: a directory of TensorBoard event files and the method (group) it belongs to."""
+    """One run: a directory of TensorBoard event files, the method (group) it belongs to and its metadata
+    (:func:`sb3_plastic.run_info.read_run_info`, ``None`` without)."""
 
     path: str
     group: str
     scalars: dict[str, Series] = field(default_factory=dict)
+    info: Optional[dict] = None
 
     def series(self, tag: str) -> Optional[Series]:
         return self.scalars.get(tag)
@@ -105,14 +138,104 @@ def find_run_dirs(paths: Iterable[str]) -> list[str]:
     return sorted(found)
 
 
+def fallback_group(run_dir: str) -> str:
+    """Group of a run without metadata: ``<parent>/<run directory>`` with SB3's ``_<n>`` suffix and
+    ``seed<k>`` parts removed (``runs/CartPole-v1/PPO_1`` -> ``CartPole-v1/PPO``, ``logs/ppo_relu/seed0_1``
+    -> ``ppo_relu``)."""
+    run_dir = run_dir.rstrip(os.sep)
+    name = _SEED_PART.sub("", _SB3_RUN_SUFFIX.sub("", os.path.basename(run_dir))).strip("_-.")
+    parent = os.path.basename(os.path.dirname(run_dir))
+    return "/".join(p for p in (parent, name) if p) or run_dir
+
+
+def _compile_group_by(group_by: str) -> re.Pattern[str]:
+    try:
+        return re.compile(group_by)
+    except re.error as error:
+        raise PlotError(f"group_by {group_by!r} is not a regular expression: {error}") from None
+
+
 def group_of(run_dir: str, group_by: Optional[str] = None) -> str:
-    """The method of a run: the match of ``group_by`` in its path (its first group, if any), else the
-    name of the run directory's parent."""
+    """The method of one run from its path alone: the match of ``group_by`` in its path (its first group, if
+    any), else :func:`fallback_group`. (:func:`assign_groups` uses the runs' metadata too.)"""
     if group_by:
-        match = re.search(group_by, run_dir.replace(os.sep, "/"))
+        match = _compile_group_by(group_by).search(run_dir.replace(os.sep, "/"))
         if match:
             return match.group(1) if match.groups() else match.group(0)
-    return os.path.basename(os.path.dirname(run_dir.rstrip(os.sep))) or run_dir
+    return fallback_group(run_dir)
+
+
+def _format_value(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, (list, dict)):
+        return json.dumps(value, separators=(", ", ": "))
+    return str(value)
+
+
+_MISSING = object()
+
+
+def metadata_groups(infos: Sequence[dict]) -> list[str]:
+    """Group labels of runs from their metadata: the algorithm, the environment when the runs cover several,
+    and the hyperparameters whose values differ between the runs of the same algorithm (keys matching
+    :data:`SEED_LIKE` excluded), as ``key=value`` sorted by key."""
+    envs = {info.get("env_id") for info in infos}
+    by_algo: dict[str, list[dict]] = {}
+    for info in infos:
+        by_algo.setdefault(info["algo"], []).append(info.get("hyperparameters") or {})
+    differing: dict[str, list[str]] = {}
+    for algo, hypers in by_algo.items():
+        keys = sorted({k for h in hypers for k in h if not SEED_LIKE.search(k)})
+        differing[algo] = [k for k in keys if len({json.dumps(h.get(k, "<unset>"), sort_keys=True) for h in hypers}) > 1]
+    labels = []
+    for info in infos:
+        hyper = info.get("hyperparameters") or {}
+        parts = [info["algo"]]
+        if len(envs) > 1:
+            parts.append(str(info.get("env_id")))
+        parts += [f"{k}={_format_value(hyper.get(k, '<unset>'))}" for k in differing[info["algo"]]]
+        labels.append(" ".join(parts))
+    return labels
+
+
+def _listing(items: Sequence[str]) -> str:
+    items = list(items)
+    shown = ", ".join(items[:_MAX_LISTED])
+    return shown + (f", ... ({len(items) - _MAX_LISTED} more)" if len(items) > _MAX_LISTED else "")
+
+
+def assign_groups(runs: Sequence[Run], group_by: Optional[str] = None) -> None:
+    """Set ``run.group`` of every run (see the module docstring): from the metadata when a run has it, else
+    :func:`fallback_group`; ``group_by`` (a regular expression searched in the run's path) overrides both
+    for the runs it matches.
+
+    :raises PlotError: when ``group_by`` is not a regular expression or matches no run.
+    """
+    with_info = [r for r in runs if r.info is not None]
+    for run, label in zip(with_info, metadata_groups([r.info for r in with_info])):  # type: ignore[misc]
+        run.group = label
+    for run in runs:
+        if run.info is None:
+            run.group = fallback_group(run.path)
+    if not group_by:
+        return
+    regex = _compile_group_by(group_by)
+    unmatched = []
+    for run in runs:
+        match = regex.search(run.path.replace(os.sep, "/"))
+        if match:
+            run.group = match.group(1) if match.groups() else match.group(0)
+        else:
+            unmatched.append(run.path)
+    if len(unmatched) == len(runs):
+        raise PlotError(f"group_by {group_by!r} matches none of the {len(runs)} run paths: {_listing(unmatched)}")
+    if unmatched:
+        warnings.warn(
+            f"group_by {group_by!r} does not match {len(unmatched)} of {len(runs)} runs; they keep their default "
+            f"group: {_listing(unmatched)}",
+            stacklevel=2,
+        )
 
 
 def load_scalars(run_dir: str) -> dict[str, Series]:
@@ -131,16 +254,26 @@ def load_scalars(run_dir: str) -> dict[str, Series]:
 
 
 def load_runs(paths: Sequence[str], group_by: Optional[str] = None) -> list[Run]:
-    """Find and read every run under ``paths``.
+    """Find and read every run under ``paths`` (scalars and metadata) and group them (:func:`assign_groups`).
 
     :raises FileNotFoundError: when no TensorBoard event file is found.
+    :raises PlotError: for a ``group_by`` that is not a regular expression or matches no run, or an
+        unreadable metadata file.
     """
     dirs = find_run_dirs(paths)
     if not dirs:
         raise FileNotFoundError(
             "no TensorBoard event files (events.out.tfevents.*) found under: " + ", ".join(map(str, paths))
         )
-    return [Run(d, group_of(d, group_by), load_scalars(d)) for d in dirs]
+    runs = []
+    for d in dirs:
+        try:
+            info = read_run_info(d)
+        except ValueError as error:
+            raise PlotError(str(error)) from None
+        runs.append(Run(d, "", load_scalars(d), info))
+    assign_groups(runs, group_by)
+    return runs
 
 
 def groups(runs: Sequence[Run]) -> dict[str, list[Run]]:
@@ -215,6 +348,27 @@ def match_tags(tags: Iterable[str], patterns: Sequence[str]) -> list[str]:
     return out
 
 
+def check_metrics(tags: Iterable[str], patterns: Sequence[str]) -> list[str]:
+    """:func:`match_tags`, where every pattern must match a tag.
+
+    :raises PlotError: naming the patterns that match nothing and listing the scalar tags there are.
+    """
+    tags = sorted(set(tags))
+    missing = [p for p in patterns if not match_tags(tags, [p])]
+    if missing:
+        which = "pattern " + repr(missing[0]) + " matches" if len(missing) == 1 else f"patterns {missing} match"
+        raise PlotError(
+            f"metrics {which} no scalar tag of the runs ('*' stays within one '/' level, '**' crosses levels); "
+            f"the {len(tags)} tags are: {_listing(tags)}"
+        )
+    return match_tags(tags, patterns)
+
+
+def return_like_tags(tags: Iterable[str]) -> list[str]:
+    """Scalar tags that look like episode returns (containing ``rew`` or ``return``), sorted."""
+    return sorted({t for t in tags if re.search(r"rew|return", t, re.IGNORECASE)})
+
+
 # ---------------------------------------------------------------------------------------------------
 # Figures
 # ---------------------------------------------------------------------------------------------------
@@ -247,12 +401,19 @@ def _curves(ax: Axes, by_group: dict[str, list[Run]], tag: str) -> int:
     return drawn
 
 
-def _log_scale_if_wide(ax: Axes, by_group: dict[str, list[Run]], tag: str) -> None:
-    found = [s[1] for members in by_group.values() for r in members if (s := r.series(tag)) is not None]
-    values = np.concatenate(found) if found else np.array([])
+def y_scale(tag: str, values: np.ndarray) -> str:
+    """``"log"`` or ``"linear"``: the y-axis of a diagnostic. Condition numbers (a metric, the last part of the
+    tag, ending in one of :data:`LOG_AXIS_SUFFIXES`) get a log axis whenever they have a positive finite
+    value; a ``log10`` metric (``ntk_log10_cond``) is already logarithmic (linear axis); any other metric gets
+    a log axis when its values are all positive and span more than two decades."""
+    metric = tag.rsplit("/", 1)[-1]
+    values = np.asarray(values, dtype=np.float64)
     values = values[np.isfinite(values)]
-    if values.size and values.min() > 0 and values.max() / values.min() > (10 if tag.endswith("cond") else 100):
-        ax.set_yscale("log")
+    if "log10" in metric or values.size == 0:
+        return "linear"
+    if metric.endswith(LOG_AXIS_SUFFIXES):
+        return "log" if (values > 0).any() else "linear"
+    return "log" if values.min() > 0 and values.max() / values.min() > 100 else "linear"
 
 
 def _finish(fig: Figure, ax: Axes, path: str, legend: bool = True) -> str:
@@ -263,8 +424,11 @@ def _finish(fig: Figure, ax: Axes, path: str, legend: bool = True) -> str:
     return path
 
 
-def plot_returns(runs: Sequence[Run], out_dir: str, switches: Sequence[float], tag: str = RETURN_TAG) -> Optional[str]:
-    """``return_curve.png``: episode return vs environment steps per method, task switches marked."""
+def returns_figure(
+    runs: Sequence[Run], switches: Sequence[float] = (), tag: str = RETURN_TAG
+) -> Optional[tuple[Figure, Axes]]:
+    """The figure of the episode return vs environment steps per method (legend: ``<group> (<n> seeds)``),
+    task switches marked, not yet saved; ``None`` when no run logs ``tag``."""
     by_group = groups(runs)
     fig, ax = _figure()
     if not _curves(ax, by_group, tag):
@@ -274,7 +438,15 @@ def plot_returns(runs: Sequence[Run], out_dir: str, switches: Sequence[float], t
     ax.set_xlabel("environment steps")
     what = "mean return of the last 100 episodes" if tag == RETURN_TAG else tag
     ax.set_ylabel(f"episode return\n({what})")
-    return _finish(fig, ax, os.path.join(out_dir, "return_curve.png"))
+    return fig, ax
+
+
+def plot_returns(runs: Sequence[Run], out_dir: str, switches: Sequence[float], tag: str = RETURN_TAG) -> Optional[str]:
+    """``return_curve.png``: episode return vs environment steps per method (:func:`returns_figure`)."""
+    made = returns_figure(runs, switches, tag)
+    if made is None:
+        return None
+    return _finish(*made, os.path.join(out_dir, "return_curve.png"))
 
 
 def _task_sort_key(task: str) -> tuple[int, float, str]:
@@ -345,10 +517,18 @@ def plot_task_returns(
     return _finish(fig, ax, os.path.join(out_dir, "return_per_task.png"))
 
 
+def _metric_label(metric: str) -> str:
+    if metric in METRIC_LABELS:
+        return METRIC_LABELS[metric]
+    if "log10_" in metric:  # ntk_log10_cond: log10 of ntk_cond
+        return "log10 of the " + _metric_label(metric.replace("log10_", "", 1))
+    return metric.replace("_", " ")
+
+
 def describe_tag(tag: str) -> tuple[str, str]:
     """``(metric label, where)`` of a diagnostic tag ``plasticity/<net>[/<layer>]/<metric>``."""
     parts = tag.split("/")
-    label = METRIC_LABELS.get(parts[-1], parts[-1].replace("_", " "))
+    label = _metric_label(parts[-1])
     if parts[0] == "plasticity" and len(parts) == 4:
         return label, f"network '{parts[1]}', layer '{parts[2]}'"
     if parts[0] == "plasticity" and len(parts) == 3:
@@ -360,19 +540,30 @@ def _safe_name(tag: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", tag.replace("/", "__")).strip("_")
 
 
-def plot_metric(runs: Sequence[Run], tag: str, out_dir: str, switches: Sequence[float]) -> Optional[str]:
-    """``metric_<tag>.png``: one diagnostic vs environment steps per method."""
+def metric_figure(runs: Sequence[Run], tag: str, switches: Sequence[float] = ()) -> Optional[tuple[Figure, Axes]]:
+    """The figure of one diagnostic vs environment steps per method (y-axis scale from :func:`y_scale`), not
+    yet saved; ``None`` when no run logs ``tag``."""
     by_group = groups(runs)
     fig, ax = _figure()
     if not _curves(ax, by_group, tag):
         return None
     _mark_switches(ax, switches)
-    _log_scale_if_wide(ax, by_group, tag)
+    found = [s[1] for members in by_group.values() for r in members if (s := r.series(tag)) is not None]
+    scale = y_scale(tag, np.concatenate(found) if found else np.array([]))
+    ax.set_yscale(scale)
     label, where = describe_tag(tag)
     ax.set_title(f"{label[0].upper()}{label[1:]}: {where}\n(mean ± std over seeds; TensorBoard tag {tag})", fontsize=11)
     ax.set_xlabel("environment steps")
-    ax.set_ylabel(label)
-    return _finish(fig, ax, os.path.join(out_dir, f"metric_{_safe_name(tag)}.png"))
+    ax.set_ylabel(f"{label} (log scale)" if scale == "log" else label)
+    return fig, ax
+
+
+def plot_metric(runs: Sequence[Run], tag: str, out_dir: str, switches: Sequence[float]) -> Optional[str]:
+    """``metric_<tag>.png``: one diagnostic vs environment steps per method (:func:`metric_figure`)."""
+    made = metric_figure(runs, tag, switches)
+    if made is None:
+        return None
+    return _finish(*made, os.path.join(out_dir, f"metric_{_safe_name(tag)}.png"))
 
 
 def plot_runs(
@@ -381,27 +572,47 @@ def plot_runs(
     metrics: Optional[Sequence[str]] = None,
     switch_every: Optional[int] = None,
     group_by: Optional[str] = None,
-    return_tag: str = RETURN_TAG,
+    return_tag: Optional[str] = None,
 ) -> list[str]:
     """Read the runs under ``paths`` and write every figure into ``out_dir`` (created if needed).
 
     :param paths: run directories, or directories above them, or event files.
-    :param metrics: diagnostic tags or glob patterns (default :data:`DEFAULT_METRICS`).
+    :param metrics: diagnostic tags or glob patterns, each of which must match a tag of some run (default
+        :data:`DEFAULT_METRICS`, those the runs log).
     :param switch_every: environment steps per task; ``None`` takes the switches from ``plasticity/task_id``.
-    :param group_by: regular expression giving a run's method from its path (default: parent directory).
-    :param return_tag: scalar tag of the episode return.
+    :param group_by: regular expression giving a run's method from its path (default: the run metadata, see
+        :func:`assign_groups`).
+    :param return_tag: scalar tag of the episode return, which some run must log (default :data:`RETURN_TAG`;
+        without it the return curve is left out with a warning).
     :return: paths of the PNG files written.
     :raises FileNotFoundError: when no event file is found.
+    :raises PlotError: for a bad ``switch_every``, a ``metrics`` pattern matching no tag, a ``return_tag`` no run
+        logs, a ``group_by`` matching no run.
     """
-    if switch_every is not None and switch_every <= 0:
-        raise ValueError(f"switch_every must be > 0, got {switch_every!r}")
+    if switch_every is not None and (
+        isinstance(switch_every, bool) or not isinstance(switch_every, (int, np.integer)) or switch_every <= 0
+    ):
+        raise PlotError(f"switch_every must be a positive integer (environment steps per task), got {switch_every!r}")
     runs = load_runs(paths, group_by)
+    all_tags = sorted({t for r in runs for t in r.scalars})
+    if metrics is not None and isinstance(metrics, str):
+        metrics = [metrics]
+    tags = check_metrics(all_tags, list(metrics)) if metrics else match_tags(all_tags, list(DEFAULT_METRICS))
+    if return_tag is None:
+        return_tag = RETURN_TAG
+        if return_tag not in all_tags:
+            warnings.warn(f"no run logs the return tag {return_tag!r}: no return curve", stacklevel=2)
+    elif return_tag not in all_tags:
+        like = return_like_tags(all_tags)
+        raise PlotError(
+            f"return_tag {return_tag!r} is logged by none of the {len(runs)} runs; "
+            + (f"tags that look like returns: {_listing(like)}" if like else "no tag looks like a return (rew/return)")
+        )
     os.makedirs(out_dir, exist_ok=True)
     switches = switch_steps(runs, switch_every)
     written = [
         plot_returns(runs, out_dir, switches, return_tag),
         plot_task_returns(runs, out_dir, switch_every, return_tag),
     ]
-    tags = match_tags((t for r in runs for t in r.scalars), list(metrics) if metrics else list(DEFAULT_METRICS))
     written += [plot_metric(runs, tag, out_dir, switches) for tag in tags]
     return [w for w in written if w is not None]
