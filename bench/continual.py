@@ -406,7 +406,10 @@ def report(out: str, setting_name: str, setting: Setting, methods: list[str], di
             "train/entropy_loss",
         ]
         paths = [os.path.join(out, "tb", m) for m in methods if os.path.isdir(os.path.join(out, "tb", m))]
-        for written in plot_runs(paths, os.path.join(out, "plots"), metrics=metrics, switch_every=setting.task_timesteps):
+        plots = os.path.join(out, "plots")
+        # one curve per method folder tb/<method>/ (the plain-PPO methods differ only in their callbacks)
+        group_by = r"/tb/([^/]+)/[^/]+$"
+        for written in plot_runs(paths, plots, metrics=metrics, switch_every=setting.task_timesteps, group_by=group_by):
             print("wrote", written)
     return summary
 

@@ -230,6 +230,12 @@ def _experiment_manager_class() -> type:
         def create_callbacks(self) -> None:
             with action_mask_evaluation(self.algo):
                 super().create_callbacks()
+            import os
+
+            from sb3_plastic.run_info import RunInfoCallback
+
+            # run metadata next to the TensorBoard events (plain algorithms too), for `sb3-plastic plot`
+            self.callbacks.append(RunInfoCallback(zoo_algo=self.algo, zoo_log_dir=os.path.abspath(self.params_path)))
 
         def objective(self, trial: Any) -> float:
             import optuna

@@ -179,6 +179,15 @@ class PlasticAlgorithmMixin:
             callback = CallbackList(sync + user + [c for c in extra if c not in sync])
         return super().learn(total_timesteps, callback, *args, **kwargs)  # type: ignore[misc]
 
+    def _setup_learn(self, *args: Any, **kwargs: Any) -> Any:
+        """SB3's ``_setup_learn``; then, with the run's logger configured, the run metadata goes into its
+        TensorBoard directory (:func:`sb3_plastic.run_info.write_run_info`, read by ``sb3-plastic plot``)."""
+        from sb3_plastic.run_info import write_run_info
+
+        total_timesteps, callback = super()._setup_learn(*args, **kwargs)  # type: ignore[misc]
+        write_run_info(self, callback)  # type: ignore[arg-type]
+        return total_timesteps, callback
+
     def _check_plastic_policy(self, policy: Union[str, type]) -> None:
         if isinstance(policy, str):
             if policy not in self.policy_aliases:
