@@ -19,6 +19,7 @@ Example, a user's own permuted env, every copy of the vector env switching in lo
 from __future__ import annotations
 
 import numbers
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Optional, SupportsFloat
 
@@ -60,6 +61,9 @@ class PiecewiseStationaryWrapper(gym.Wrapper):
     Subclasses override :meth:`apply_task` (called once per task switch, before the wrapped env's
     ``step``/``reset`` of that call) and, to transform observations, :meth:`observation`.
 
+    :meth:`pin_task` fixes the task of this copy whatever its step count (an evaluation env follows the
+    training env's task this way: :class:`~sb3_plastic.callbacks.ContinualEvalCallback`).
+
     :param env: the env to make non-stationary.
     :param change_every: task length in env steps of this copy (> 0).
     :param task_seed: seed of the task sequence, the same for every copy of a vector env (>= 0).
@@ -80,6 +84,7 @@ class PiecewiseStationaryWrapper(gym.Wrapper):
         self._next_change = 0  # env_steps at which the next task is due
         self._task_info: dict[str, Any] = {}
         self._change_every = self.schedule.change_every
+        self._pinned: Optional[int] = None  # pin_task(): the task this copy runs whatever its step count
         # hot path: the bound step of the env that actually steps (GameSwitchingEnv points it at the game in
         # play), and whether observation() must run (subclasses may turn it off while it is the identity)
         self._inner_step = env.step
@@ -117,13 +122,54 @@ class PiecewiseStationaryWrapper(gym.Wrapper):
         """Env steps taken under the current task."""
         return self._env_steps - self._task_start
 
+    @property
+    def pinned_task(self) -> Optional[int]:
+        """The task set by :meth:`pin_task` (``None``: the copy follows its own step count)."""
+        return self._pinned
+
     def _switch(self, task_index: int) -> None:
+        # every switch goes through here (subclasses' inlined steps included): a pinned task overrides the due one
+        if self._pinned is not None:
+            task_index = self._pinned
         extra = self.apply_task(task_index, self.schedule.rng(task_index))
         self._task_info = dict(extra) if extra else {}
         self._extras = bool(self._task_info) or self._transform_obs
         self._task_id = task_index
         self._task_start = self._env_steps
-        self._next_change = (task_index + 1) * self.schedule.change_every
+        if self._pinned is not None:
+            self._next_change = sys.maxsize  # a pinned copy never switches on its own
+        else:
+            self._next_change = (task_index + 1) * self.schedule.change_every
+
+    def pin_task(self, task_index: Optional[int]) -> None:
+        """Run task ``task_index`` regardless of this copy's step count, until unpinned (``None``).
+
+        The pinned task takes effect where a scheduled switch would: at the next ``step()`` in immediate mode,
+        at the next ``reset()`` with ``at_episode_end=True``, and for :attr:`switch_only_at_reset` wrappers (game
+        switching) the current episode's next step is returned with ``truncated=True`` so that the next
+        ``reset()`` starts it. While pinned, ``env_steps`` keeps counting but never switches the task, a seeded
+        ``reset()`` and :meth:`set_env_steps` keep the pin, and ``info["task_id"]`` reports the pinned task.
+        ``pin_task(None)`` returns the copy to its own schedule (task ``env_steps // change_every``, applied the
+        same way). Evaluation envs are pinned to the training env's task by
+        :class:`~sb3_plastic.callbacks.ContinualEvalCallback`; with a vector env:
+        ``vec_env.env_method("pin_task", k)``.
+
+        :param task_index: the task to run (an integer >= 0), or ``None`` to unpin.
+        """
+        if task_index is not None and (
+            isinstance(task_index, bool) or not isinstance(task_index, numbers.Integral) or task_index < 0
+        ):
+            raise ValueError(f"task_index must be a non-negative integer or None, got {task_index!r}")
+        self._pinned = None if task_index is None else int(task_index)
+        if self._task_id is None:
+            return  # not started yet: the next reset() applies the pinned (or due) task
+        wanted = self._pinned if self._pinned is not None else self._env_steps // self._change_every
+        if wanted != self._task_id:
+            self._next_change = 0  # switch at the next opportunity (step in immediate mode, else reset)
+        elif self._pinned is not None:
+            self._next_change = sys.maxsize
+        else:
+            self._next_change = (self._task_id + 1) * self._change_every
 
     # ------------------------------------------------------------------ gym API
     def set_env_steps(self, env_steps: int) -> None:

@@ -1,7 +1,15 @@
 """sb3-plastic: Stable-Baselines3 agents that keep their ability to learn when the world changes."""
 
 from sb3_plastic.activations import MaxMin, get_activation
-from sb3_plastic.callbacks import FIRE, ContinualBackprop, PlasticityMonitor, ReDo, ShrinkPerturb, TaskScheduleSync
+from sb3_plastic.callbacks import (
+    FIRE,
+    ContinualBackprop,
+    ContinualEvalCallback,
+    PlasticityMonitor,
+    ReDo,
+    ShrinkPerturb,
+    TaskScheduleSync,
+)
 from sb3_plastic.config import IsometryConfig
 from sb3_plastic.crossq import PlasticCrossQ
 from sb3_plastic.dqn import PlasticDQN
@@ -21,6 +29,7 @@ __all__ = [
     "FIRE",
     "AdamO",
     "ContinualBackprop",
+    "ContinualEvalCallback",
     "IsometryConfig",
     "MaxMin",
     "PlasticCNN",

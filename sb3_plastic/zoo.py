@@ -75,6 +75,8 @@ ZOO_SET_KEYS: tuple[str, ...] = ("env", "tensorboard_log", "seed", "verbose", "d
 DEFAULT_ALGO = "plastic_ppo"
 #: A worker stops after this many failed trials in a row (a broken setup must not loop for ever).
 MAX_CONSECUTIVE_FAILURES = 10
+#: ``--monitor EVERY`` of the ``train`` call in progress (``None``: no PlasticityMonitor added).
+_MONITOR_EVERY: Optional[int] = None
 
 
 class HyperparameterError(ValueError):
@@ -228,7 +230,7 @@ def _experiment_manager_class() -> type:
             return model
 
         def create_callbacks(self) -> None:
-            with action_mask_evaluation(self.algo):
+            with action_mask_evaluation(self.algo), task_following_evaluation():
                 super().create_callbacks()
             import os
 
@@ -236,13 +238,38 @@ def _experiment_manager_class() -> type:
 
             # run metadata next to the TensorBoard events (plain algorithms too), for `sb3-plastic plot`
             self.callbacks.append(RunInfoCallback(zoo_algo=self.algo, zoo_log_dir=os.path.abspath(self.params_path)))
+            if _MONITOR_EVERY is not None:
+                if self.optimize_hyperparameters:
+                    warnings.warn(
+                        f"--monitor {_MONITOR_EVERY} does nothing with -optimize: optuna trials write no TensorBoard "
+                        "logs (rl_zoo3 builds them with tensorboard_log=None)"
+                    )
+                else:
+                    from sb3_plastic.callbacks import PlasticityMonitor
+
+                    self.callbacks.append(PlasticityMonitor(every=_MONITOR_EVERY))
 
         def objective(self, trial: Any) -> float:
+            """rl_zoo3's objective, with evaluations that follow the training task on a continual env.
+
+            On a stationary env this is rl_zoo3's objective unchanged: the mean return of the trial's last
+            evaluation. On a piecewise-stationary env (the eval env's copies are
+            :class:`~sb3_plastic.envs.PiecewiseStationaryWrapper`), every evaluation runs on the task being
+            trained at that moment (:class:`~sb3_plastic.callbacks.ContinualEvalCallback`'s mechanism) and the
+            objective is the **mean over all evaluations of the trial of each evaluation's mean return**: the
+            average performance over the run, i.e. the area under the evaluation curve divided by the number of
+            evaluations. Continual learning is about staying good on every new task, so neither the last
+            evaluation (one task, and noisy) nor the best (an easy task wins) measures it. Each evaluation's
+            mean return is still reported to optuna as the intermediate value of its evaluation index, as
+            rl_zoo3 does, so pruning works unchanged. The trial's user attribute ``objective`` names the
+            quantity returned (``"mean_over_evaluations"`` or ``"last_evaluation"``).
+            """
             import optuna
 
             try:
-                with action_mask_evaluation(self.algo):
+                with action_mask_evaluation(self.algo), task_following_evaluation() as created:
                     value = super().objective(trial)
+                value = continual_objective(created, value, trial)
             except optuna.TrialPruned:
                 self._consecutive_failures = 0
                 raise
@@ -319,6 +346,61 @@ def action_mask_evaluation(algo: str) -> Iterator[None]:
         yield
     finally:
         names["EvalCallback"], names["TrialEvalCallback"] = saved
+
+
+@contextlib.contextmanager
+def task_following_evaluation() -> Iterator[list[Any]]:
+    """While active, rl_zoo3's experiment manager builds evaluation callbacks that follow the training task on a
+    continual env: the ``EvalCallback`` (``--eval-freq``) and ``TrialEvalCallback`` (``-optimize``) it would build,
+    or the masked ones :func:`action_mask_evaluation` put in their place (enter that one first), get
+    :class:`~sb3_plastic.callbacks.continual_eval.TaskFollowingEvalMixin` in front
+    (:func:`~sb3_plastic.callbacks.continual_eval_callback_class`). On a stationary env they behave exactly as
+    the originals. As with :func:`action_mask_evaluation`, the two names in ``rl_zoo3.exp_manager`` are swapped
+    for the duration and restored afterwards.
+
+    :return: (yields) the list of the evaluation callbacks built meanwhile, in order.
+    """
+    import rl_zoo3.exp_manager
+
+    from sb3_plastic.callbacks.continual_eval import continual_eval_callback_class
+
+    names = vars(rl_zoo3.exp_manager)
+    saved = names["EvalCallback"], names["TrialEvalCallback"]
+    created: list[Any] = []
+
+    def building(base: type) -> Any:
+        cls = continual_eval_callback_class(base)
+
+        def build(*args: Any, **kwargs: Any) -> Any:
+            callback = cls(*args, **kwargs)
+            created.append(callback)
+            return callback
+
+        return build
+
+    names["EvalCallback"], names["TrialEvalCallback"] = building(saved[0]), building(saved[1])
+    try:
+        yield created
+    finally:
+        names["EvalCallback"], names["TrialEvalCallback"] = saved
+
+
+def continual_objective(created: Sequence[Any], value: float, trial: Any = None) -> float:
+    """The tuning objective of a trial whose evaluation callbacks were ``created`` (see
+    ``PlasticExperimentManager.objective``): when the trial's evaluation callback (the last one built) followed
+    the training task on a continual env, the mean over its evaluations of their mean return
+    (:meth:`~sb3_plastic.callbacks.continual_eval.TaskFollowingEvalMixin.mean_evaluation_reward`); otherwise
+    ``value``, rl_zoo3's objective (the last evaluation's mean return).
+
+    :param created: the callbacks yielded by :func:`task_following_evaluation`.
+    :param value: rl_zoo3's objective value.
+    :param trial: the optuna trial; its user attribute ``objective`` records which quantity was returned.
+    """
+    callback = created[-1] if created else None
+    continual = bool(getattr(callback, "follows_task", False))
+    if trial is not None:
+        trial.set_user_attr("objective", "mean_over_evaluations" if continual else "last_evaluation")
+    return callback.mean_evaluation_reward() if continual else value
 
 
 def ensure_study(storage: str, study_name: str, attempts: int = 8) -> None:
@@ -481,15 +563,39 @@ def train(argv: Optional[Sequence[str]] = None) -> None:
         "-n", "2000"]`` (default: ``sys.argv[1:]``).
     :raises SystemExit: (status 2) with a message naming the key when a yaml key is misspelt.
     """
-    args, env_id = _with_defaults(sys.argv[1:] if argv is None else argv, conf=True)
+    global _MONITOR_EVERY
+    args, monitor_every = _pop_monitor(sys.argv[1:] if argv is None else argv)
+    args, env_id = _with_defaults(args, conf=True)
     register([env_id or "CartPole-v1"])
     import rl_zoo3.train
 
+    _MONITOR_EVERY = monitor_every
     try:
         _hand_over(rl_zoo3.train.train, "sb3-plastic train", args)
     except HyperparameterError as exc:
         print(f"sb3-plastic train: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc
+    finally:
+        _MONITOR_EVERY = None
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"EVERY must be a positive integer (environment steps), got {text!r}")
+    return value
+
+
+def _pop_monitor(argv: Sequence[str]) -> tuple[list[str], Optional[int]]:
+    """Take ``--monitor EVERY`` (the launcher's own option: add a
+    :class:`~sb3_plastic.callbacks.PlasticityMonitor` with ``every=EVERY`` to the training run) out of ``argv``."""
+    parser = argparse.ArgumentParser(prog="sb3-plastic train", add_help=False, allow_abbrev=False)
+    parser.add_argument("--monitor", type=_positive_int, default=None, metavar="EVERY")
+    known, rest = parser.parse_known_args(list(argv))
+    return rest, known.monitor
 
 
 def enjoy(argv: Optional[Sequence[str]] = None) -> None:

@@ -7,6 +7,7 @@ They work on PPO, A2C, DQN, SAC, TD3 and sb3-contrib's QR-DQN and TQC, plain or 
 * :class:`ReDo`: recycle dormant units.
 * :class:`ShrinkPerturb`: shrink and perturb the weights, at events or continually.
 * :class:`PlasticityMonitor`: plasticity diagnostics (dormant units, ranks, DfI, NTK conditioning) in TensorBoard.
+* :class:`ContinualEvalCallback`: SB3's ``EvalCallback`` evaluating the task being trained on a continual env.
 * :class:`TaskScheduleSync`: the task schedule of a piecewise-stationary env follows the model's ``num_timesteps``
   (resuming continues the task sequence); added by the plastic algorithms, pass it yourself to plain SB3 models.
 
@@ -15,6 +16,7 @@ Each has a config dataclass whose fields are the top-level keywords of the plast
 
 from sb3_plastic.callbacks.base import PlasticCallback
 from sb3_plastic.callbacks.cbp import ContinualBackprop, ContinualBackpropConfig, GenerateAndTest
+from sb3_plastic.callbacks.continual_eval import ContinualEvalCallback, continual_eval_callback_class
 from sb3_plastic.callbacks.fire import FIRE, FIREConfig, fire_, newton_schulz_polar
 from sb3_plastic.callbacks.monitor import PlasticityMonitor
 from sb3_plastic.callbacks.redo import ReDo, ReDoConfig, dormant_units
@@ -25,6 +27,7 @@ __all__ = [
     "FIRE",
     "ContinualBackprop",
     "ContinualBackpropConfig",
+    "ContinualEvalCallback",
     "FIREConfig",
     "GenerateAndTest",
     "PlasticCallback",
@@ -34,6 +37,7 @@ __all__ = [
     "ShrinkPerturb",
     "ShrinkPerturbConfig",
     "TaskScheduleSync",
+    "continual_eval_callback_class",
     "dormant_units",
     "fire_",
     "newton_schulz_polar",

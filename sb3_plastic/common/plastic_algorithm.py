@@ -161,8 +161,10 @@ class PlasticAlgorithmMixin:
         schedule follows ``num_timesteps``, so ``learn(..., reset_num_timesteps=False)`` after a ``load``
         continues the task sequence, and ``reset_num_timesteps=True`` (the default) restarts it at task 0.
         """
+        from sb3_plastic.callbacks.continual_eval import warn_plain_eval_on_continual_env
         from sb3_plastic.callbacks.schedule import TaskScheduleSync, is_piecewise_stationary
 
+        warn_plain_eval_on_continual_env(callback)  # SB3's EvalCallback on a continual env would measure task 0
         extra = self.intervention_callbacks()
         if is_piecewise_stationary(self.get_env()) and not _holds(callback, TaskScheduleSync):  # type: ignore[attr-defined]
             extra.insert(0, TaskScheduleSync(verbose=int(getattr(self, "verbose", 0))))

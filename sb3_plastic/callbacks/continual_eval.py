@@ -1,0 +1,248 @@
+"""Evaluation on a continual (piecewise-stationary) env measures the task the agent is training on now.
+
+SB3's :class:`~stable_baselines3.common.callbacks.EvalCallback` evaluates on a separate env whose copies count
+their own steps: with a :class:`~sb3_plastic.envs.PiecewiseStationaryWrapper` env that copy switches tasks at
+its own pace (after ``change_every`` *evaluation* steps), so ``evaluations.npz``, ``best_model.zip`` and an
+optuna objective built on it mostly measure task 0. :class:`ContinualEvalCallback` pins every evaluation copy
+to the training env's current task before each evaluation (:meth:`~sb3_plastic.envs.PiecewiseStationaryWrapper.pin_task`)
+and records which task each evaluation measured. :func:`continual_eval_callback_class` gives the same
+behaviour to any ``EvalCallback`` subclass (sb3-contrib's ``MaskableEvalCallback``, rl_zoo3's
+``TrialEvalCallback``): the mechanism lives once, in :class:`TaskFollowingEvalMixin`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Optional
+
+import numpy as np
+from stable_baselines3.common.callbacks import BaseCallback, CallbackList, EvalCallback
+from stable_baselines3.common.vec_env import VecEnv
+
+#: Name of the extra array of ``evaluations.npz``: the task index each evaluation measured.
+TASK_IDS_KEY = "task_ids"
+
+
+def _piecewise_stationary_wrapper() -> type:
+    from sb3_plastic.envs.wrappers import PiecewiseStationaryWrapper
+
+    return PiecewiseStationaryWrapper
+
+
+def piecewise_stationary_copies(env: VecEnv) -> list[int]:
+    """Indices of the copies of ``env`` wrapped in a :class:`~sb3_plastic.envs.PiecewiseStationaryWrapper`.
+
+    SB3's vector-env wrappers (``VecNormalize``, ``VecFrameStack``, ``VecTransposeImage``, ``VecMonitor``, ...)
+    forward ``env_is_wrapped`` to the vector env they wrap, and each copy's gymnasium wrapper chain is
+    searched, so the wrapper is found under any of them.
+
+    :param env: a vector env.
+    :return: the copy indices (empty for a stationary env).
+    """
+    wrapped = env.env_is_wrapped(_piecewise_stationary_wrapper())
+    return [i for i, flag in enumerate(wrapped) if flag]
+
+
+def current_task(env: VecEnv, index: int = 0) -> Optional[int]:
+    """The task copy ``index`` of ``env`` runs now (its ``task_id``; ``None`` before its first ``reset()``).
+
+    Read with ``get_attr``, which SB3's vector-env wrappers forward and which resolves through gymnasium
+    wrappers with ``get_wrapper_attr`` (gymnasium 1.x wrappers do not forward attributes themselves).
+
+    :param env: a vector env whose copy ``index`` is piecewise-stationary.
+    :param index: the copy to ask.
+    """
+    return env.get_attr("task_id", indices=[index])[0]
+
+
+class TaskFollowingEvalMixin:
+    """Put in front of an ``EvalCallback`` class: each evaluation runs on the training env's current task.
+
+    At training start the training env and the eval env are checked for
+    :class:`~sb3_plastic.envs.PiecewiseStationaryWrapper` copies:
+
+    * both piecewise-stationary: before every evaluation the current task of the first such training copy
+      (copy 0 normally; read through SB3's vector-env wrappers) is read, every piecewise-stationary eval copy
+      is pinned to it (``pin_task``; the evaluation's first ``reset()`` applies it), ``eval/task_id`` is
+      logged with SB3's ``eval/...`` values, the task is appended to :attr:`evaluation_task_ids` and saved as
+      the extra array ``task_ids`` of ``evaluations.npz`` (next to SB3's ``timesteps``, ``results``,
+      ``ep_lengths``; one entry per evaluation);
+    * neither: nothing changes, the callback is the base class exactly (same evaluations, same files);
+    * only one of them: a warning says so and the base class's behaviour is kept (a stationary eval env
+      cannot follow the task; a piecewise-stationary eval env with a stationary training env runs its own
+      schedule, counted in evaluation steps).
+
+    ``best_model.zip`` is the base class's: the model of the evaluation with the highest mean return over
+    the whole run. On a continual env that compares evaluations of different tasks (an easy task wins), so
+    it is not "the best agent"; use ``evaluations.npz`` (``results`` with ``task_ids``) to compare
+    evaluations of the same task.
+
+    Every evaluation's mean return is also kept in :attr:`evaluation_mean_rewards` (stationary or not);
+    :meth:`mean_evaluation_reward` is their mean, the area under the evaluation curve divided by the number
+    of evaluations (the tuning objective of :mod:`sb3_plastic.zoo` on continual envs).
+    """
+
+    eval_env: VecEnv
+    training_env: VecEnv
+    eval_freq: int
+    n_calls: int
+    log_path: Optional[str]
+    last_mean_reward: float
+    verbose: int
+    evaluations_timesteps: list[int]
+    evaluations_results: list[list[float]]
+    evaluations_length: list[list[int]]
+    evaluations_successes: list[list[bool]]
+    _is_success_buffer: list[bool]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: Whether evaluations follow the training task (set at training start).
+        self.follows_task = False
+        #: The task index of each evaluation that followed the training task.
+        self.evaluation_task_ids: list[int] = []
+        #: The mean return of each evaluation.
+        self.evaluation_mean_rewards: list[float] = []
+        self._training_copy = 0
+        self._eval_copies: list[int] = []
+
+    def _init_callback(self) -> None:
+        super()._init_callback()  # type: ignore[misc]
+        training = piecewise_stationary_copies(self.training_env)
+        evaluation = piecewise_stationary_copies(self.eval_env)
+        self.follows_task = bool(training) and bool(evaluation)
+        if self.follows_task:
+            self._training_copy, self._eval_copies = training[0], evaluation
+            train_seed = self.training_env.get_attr("schedule", indices=[training[0]])[0].task_seed
+            eval_seeds = sorted({schedule.task_seed for schedule in self.eval_env.get_attr("schedule", indices=evaluation)})
+            if eval_seeds != [train_seed]:
+                warnings.warn(
+                    f"{type(self).__name__}: the eval env's task_seed {eval_seeds} differs from the training env's "
+                    f"{train_seed}: a pinned task index then means a different task; give both the same task_seed",
+                    stacklevel=2,
+                )
+        elif training:
+            warnings.warn(
+                f"{type(self).__name__}: the training env is piecewise-stationary but the eval env is not: "
+                "evaluations measure a stationary env, not the task being trained; make the eval env with the "
+                "same piecewise-stationary env id/wrapper as the training env",
+                stacklevel=2,
+            )
+        elif evaluation:
+            warnings.warn(
+                f"{type(self).__name__}: the eval env is piecewise-stationary but the training env is not: the "
+                "eval env runs its own task schedule (counted in evaluation steps), unrelated to training",
+                stacklevel=2,
+            )
+
+    def _follow_training_task(self) -> Optional[int]:
+        task = current_task(self.training_env, self._training_copy)
+        if task is None:  # cannot happen inside learn() (SB3 resets the env first); evaluate as the base class
+            warnings.warn(f"{type(self).__name__}: the training env has no task yet; the eval env is not pinned")
+            return None
+        task = int(task)
+        self.eval_env.env_method("pin_task", task, indices=self._eval_copies)
+        self.logger.record("eval/task_id", task)  # type: ignore[attr-defined]
+        if self.verbose >= 1:
+            print(f"Eval on the training task {task}")
+        return task
+
+    def _on_step(self) -> bool:
+        due = self.eval_freq > 0 and self.n_calls % self.eval_freq == 0  # EvalCallback's own condition
+        task = self._follow_training_task() if due and self.follows_task else None
+        continue_training = super()._on_step()  # type: ignore[misc]
+        if due:
+            self.evaluation_mean_rewards.append(float(self.last_mean_reward))
+            if task is not None:
+                self.evaluation_task_ids.append(task)
+                if self.log_path is not None:
+                    self._save_evaluations()
+        return continue_training
+
+    def _save_evaluations(self) -> None:
+        """Write ``evaluations.npz`` again, as the base class did, plus ``task_ids``."""
+        kwargs: dict[str, Any] = {}
+        if len(self._is_success_buffer) > 0:  # the base class's condition for writing ``successes``
+            kwargs["successes"] = self.evaluations_successes
+        assert self.log_path is not None
+        np.savez(
+            self.log_path,
+            timesteps=self.evaluations_timesteps,
+            results=self.evaluations_results,
+            ep_lengths=self.evaluations_length,
+            **{TASK_IDS_KEY: np.asarray(self.evaluation_task_ids, dtype=np.int64)},
+            **kwargs,
+        )
+
+    def mean_evaluation_reward(self) -> float:
+        """Mean over the evaluations so far of each evaluation's mean return (``-inf`` before the first one)."""
+        if not self.evaluation_mean_rewards:
+            return float("-inf")
+        return float(np.mean(self.evaluation_mean_rewards))
+
+
+class ContinualEvalCallback(TaskFollowingEvalMixin, EvalCallback):
+    """SB3's :class:`~stable_baselines3.common.callbacks.EvalCallback` whose evaluations follow the training task.
+
+    Same arguments and outputs as ``EvalCallback``; on a piecewise-stationary env every evaluation runs on
+    the task the agent is training on at that moment, ``evaluations.npz`` gets a ``task_ids`` array and
+    ``eval/task_id`` is logged (:class:`TaskFollowingEvalMixin`). On a stationary env it is ``EvalCallback``.
+
+    Example::
+
+        eval_env = make_vec_env("sb3_plastic/PermutedMinAtar-Breakout-v0", n_envs=1, env_kwargs=dict(change_every=100_000))
+        model.learn(1_000_000, callback=ContinualEvalCallback(eval_env, eval_freq=10_000, log_path="logs/"))
+
+    :param eval_env: the evaluation env (the same env id / wrappers as the training env).
+    :param args: ``EvalCallback``'s other arguments.
+    :param kwargs: ``EvalCallback``'s keyword arguments.
+    """
+
+
+_CONTINUAL_CLASSES: dict[type, type] = {EvalCallback: ContinualEvalCallback}
+
+
+def continual_eval_callback_class(base: type) -> type:
+    """The subclass of the ``EvalCallback`` class ``base`` whose evaluations follow the training task
+    (:class:`TaskFollowingEvalMixin` in front of ``base``; one class per ``base``, ``base`` itself if it
+    already follows the task).
+
+    :param base: ``EvalCallback`` or a subclass (``MaskableEvalCallback``, rl_zoo3's ``TrialEvalCallback``, ...).
+    """
+    if not (isinstance(base, type) and issubclass(base, EvalCallback)):
+        raise TypeError(f"base must be an EvalCallback class, got {base!r}")
+    if issubclass(base, TaskFollowingEvalMixin):
+        return base
+    if base not in _CONTINUAL_CLASSES:
+        _CONTINUAL_CLASSES[base] = type(
+            f"Continual{base.__name__}",
+            (TaskFollowingEvalMixin, base),
+            {"__doc__": f"``{base.__name__}`` whose evaluations follow the training task (TaskFollowingEvalMixin).",
+             "__module__": __name__},
+        )
+    return _CONTINUAL_CLASSES[base]
+
+
+def _eval_callbacks(callback: Any) -> list[EvalCallback]:
+    if isinstance(callback, (list, tuple)):
+        return [found for item in callback for found in _eval_callbacks(item)]
+    if isinstance(callback, CallbackList):
+        return _eval_callbacks(callback.callbacks)
+    if isinstance(callback, EvalCallback):
+        return [callback]
+    return []
+
+
+def warn_plain_eval_on_continual_env(callback: Any) -> None:
+    """Warn for every ``EvalCallback`` in ``callback`` (a callback, a list or a ``CallbackList``) that does not
+    follow the training task while its eval env is piecewise-stationary (it would evaluate task 0 mostly)."""
+    for found in _eval_callbacks(callback):
+        if isinstance(found, TaskFollowingEvalMixin) or not isinstance(found, BaseCallback):
+            continue
+        if piecewise_stationary_copies(found.eval_env):
+            warnings.warn(
+                f"{type(found).__name__} evaluates on a piecewise-stationary env with its own task schedule (counted "
+                "in evaluation steps), not on the task being trained: use sb3_plastic.callbacks.ContinualEvalCallback "
+                "(or continual_eval_callback_class) to evaluate the training task",
+                stacklevel=3,
+            )

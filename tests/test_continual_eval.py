@@ -1,0 +1,347 @@
+"""Evaluation on a continual env follows the training task; the zoo's tuning objective on a continual env;
+``sb3-plastic train --monitor`` / yaml ``callback:`` write ``plasticity/`` scalars (issue #12, item 3).
+
+The continual env is ``sb3_plastic/RandomLabelBandit-v0`` (16-step episodes, cheap) with a small
+``change_every``, so the task changes several times in a few hundred steps. The reference for "the task being
+trained at an evaluation" is the schedule itself: evaluations come every 32 steps of each copy, at the end of
+a 16-step episode, where the vector env's automatic reset has already started the due task, so after ``s``
+steps of each copy (lockstep copies) the training copies are on task ``s // change_every``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import optuna
+import pytest
+import yaml
+from stable_baselines3 import PPO
+from stable_baselines3.common.callbacks import EvalCallback
+from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.vec_env import DummyVecEnv, VecFrameStack, VecNormalize
+
+from sb3_plastic import PlasticPPO, zoo
+from sb3_plastic.callbacks import ContinualEvalCallback, continual_eval_callback_class
+from sb3_plastic.envs import ChannelPermutation, GameSwitchingEnv
+from sb3_plastic.envs.bandit_envs import ContextualBandit
+
+BANDIT = "sb3_plastic/RandomLabelBandit-v0"
+BANDIT_DIR = "sb3_plastic-RandomLabelBandit-v0"  # rl_zoo3's folder name for the id
+CHANGE_EVERY = 64
+#: rl_zoo3 PPO-sampler values that keep a trial to a few seconds (as in test_zoo.py; the rest is sampled)
+CHEAP_PPO = {"batch_size_pow": 6, "n_steps_pow": 5, "n_epochs": 1, "net_arch": "tiny"}
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def expected_task(timesteps: int, n_envs: int, change_every: int = CHANGE_EVERY) -> int:
+    """The training copies' task after ``timesteps`` model timesteps (each copy took ``timesteps // n_envs``
+    steps, ending an episode: the reset applied the due task)."""
+    steps = timesteps // n_envs
+    assert steps % 16 == 0  # an episode end (RandomLabelBandit's 16-step episodes)
+    return steps // change_every
+
+
+def bandit(n_envs: int, seed: int = 0, **kwargs) -> DummyVecEnv:
+    return make_vec_env(BANDIT, n_envs=n_envs, seed=seed, env_kwargs={"change_every": CHANGE_EVERY, **kwargs})
+
+
+# --------------------------------------------------------------------------- pin_task
+def _cartpole_permuted(change_every: int = 10, **kwargs) -> ChannelPermutation:
+    return ChannelPermutation(gym.make("CartPole-v1"), change_every=change_every, axis=0, **kwargs)
+
+
+def test_pin_task_overrides_the_step_count_until_unpinned():
+    env = _cartpole_permuted(change_every=10)
+    env.reset(seed=0)
+    for _ in range(50):
+        _, _, terminated, truncated, info = env.step(0)
+        if terminated or truncated:
+            env.reset()
+    assert env.env_steps == 50 and info["task_id"] == 4
+    env.pin_task(1)
+    assert env.pinned_task == 1
+    obs, _, _, _, info = env.step(0)  # immediate mode: the next step runs the pinned task
+    assert info["task_id"] == 1 and env.task_id == 1 and info["task_step"] == 1
+    np.testing.assert_array_equal(env.current_permutation, env.permutation_for(1))
+    np.testing.assert_array_equal(obs, np.asarray(env.unwrapped.state, dtype=np.float32)[env.permutation_for(1)])
+    for _ in range(30):  # its own steps never switch it
+        _, _, terminated, truncated, info = env.step(0)
+        assert info["task_id"] == 1
+        if terminated or truncated:
+            _, info = env.reset()
+            assert info["task_id"] == 1
+    _, info = env.reset(seed=5)  # a seeded reset rewinds the count but keeps the pin
+    assert info["task_id"] == 1 and env.env_steps == 0
+    for _ in range(25):
+        _, _, terminated, truncated, info = env.step(0)
+        if terminated or truncated:
+            env.reset()
+    env.pin_task(None)  # back to the own schedule: task env_steps // change_every
+    _, _, _, _, info = env.step(0)
+    assert env.pinned_task is None and info["task_id"] == 25 // 10 == env.task_id
+    env.pin_task(2)  # pinning the current task changes nothing
+    _, _, _, _, info = env.step(0)
+    assert info["task_id"] == 2 and info["task_step"] == 2
+
+
+def test_pin_task_at_episode_end_waits_for_reset():
+    env = _cartpole_permuted(change_every=1000, at_episode_end=True)
+    env.reset(seed=0)
+    env.pin_task(3)
+    _, _, _, _, info = env.step(0)
+    assert info["task_id"] == 0  # only reset() switches in this mode
+    _, info = env.reset()
+    assert info["task_id"] == 3
+
+
+def test_pin_task_before_the_first_reset_and_after_set_env_steps():
+    env = _cartpole_permuted(change_every=10)
+    env.pin_task(2)
+    _, info = env.reset(seed=0)
+    assert info["task_id"] == 2
+    env.set_env_steps(100)
+    _, info = env.reset()
+    assert info["task_id"] == 2
+    env.pin_task(None)
+    _, info = env.reset()
+    assert info["task_id"] == 10
+
+
+def test_pin_task_on_game_switching_ends_the_episode_then_switches():
+    env = GameSwitchingEnv([lambda: gym.make("CartPole-v1"), lambda: gym.make("CartPole-v1")], change_every=1000,
+                           names=["a", "b"])
+    env.reset(seed=0)
+    _, _, _, truncated, info = env.step(0)
+    assert info["game"] == "a" and not truncated
+    env.pin_task(1)
+    _, _, _, truncated, info = env.step(0)
+    assert truncated and info["task_id"] == 0  # the game never changes inside an episode
+    _, info = env.reset()
+    assert info["task_id"] == 1 and info["game"] == "b"
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "2", True])
+def test_pin_task_rejects_bad_values(bad):
+    env = _cartpole_permuted()
+    with pytest.raises(ValueError, match=r"task_index must be a non-negative integer or None, got"):
+        env.pin_task(bad)
+
+
+# --------------------------------------------------------------------------- ContinualEvalCallback
+class _RecordingMixin:
+    """Records ``info["task_id"]`` of every evaluation step (SB3 passes ``evaluate_policy``'s locals here)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.seen_tasks: list[set] = []
+
+    def _on_step(self):
+        if self.eval_freq > 0 and self.n_calls % self.eval_freq == 0:
+            self.seen_tasks.append(set())
+        return super()._on_step()
+
+    def _log_success_callback(self, locals_, globals_):
+        self.seen_tasks[-1].add(locals_["info"]["task_id"])
+        return super()._log_success_callback(locals_, globals_)
+
+
+class RecordingContinualEval(_RecordingMixin, ContinualEvalCallback):
+    pass
+
+
+class RecordingEval(_RecordingMixin, EvalCallback):
+    pass
+
+
+WRAPPERS = {
+    "plain": lambda venv, train: venv,
+    "VecNormalize": lambda venv, train: VecNormalize(venv, training=train, norm_reward=train),
+    "VecFrameStack": lambda venv, train: VecFrameStack(venv, n_stack=2),
+}
+
+
+@pytest.mark.parametrize("wrapper", list(WRAPPERS))
+def test_evaluations_follow_the_training_task(tmp_path, wrapper):
+    """Each evaluation runs on the task the training env is on at that moment (through SB3's vec-env wrappers);
+    evaluations.npz records it as ``task_ids``; a plain EvalCallback's eval env runs its own schedule instead."""
+    n_envs, total = 2, 640
+    train_env = WRAPPERS[wrapper](bandit(n_envs, seed=1), True)
+    callback = RecordingContinualEval(
+        WRAPPERS[wrapper](bandit(1, seed=2), False), eval_freq=32, n_eval_episodes=1, log_path=str(tmp_path), verbose=0
+    )
+    model = PPO("MlpPolicy", train_env, n_steps=32, batch_size=32, n_epochs=1, seed=0)
+    model.learn(total, callback=callback)
+
+    data = np.load(tmp_path / "evaluations.npz")
+    expected = [expected_task(int(t), n_envs) for t in data["timesteps"]]
+    assert len(expected) == total // (32 * n_envs) and max(expected) == 5  # tasks 0 .. 5
+    assert data["task_ids"].tolist() == expected == callback.evaluation_task_ids
+    assert callback.seen_tasks == [{task} for task in expected]  # every evaluation step ran on that task
+    assert sorted(data.files) == ["ep_lengths", "results", "task_ids", "timesteps"]
+    np.testing.assert_allclose(callback.evaluation_mean_rewards, data["results"].mean(axis=1))
+    assert callback.mean_evaluation_reward() == pytest.approx(np.mean(data["results"].mean(axis=1)))
+
+    # SB3's EvalCallback (the old behaviour): the eval copy counts its own 16-step evaluations and lags behind
+    plain = RecordingEval(WRAPPERS[wrapper](bandit(1, seed=2), False), eval_freq=32, n_eval_episodes=1, verbose=0)
+    PPO("MlpPolicy", WRAPPERS[wrapper](bandit(n_envs, seed=1), True), n_steps=32, batch_size=32, n_epochs=1,
+        seed=0).learn(total, callback=plain)
+    assert [min(seen) for seen in plain.seen_tasks] != expected
+
+
+def test_continual_eval_is_eval_callback_on_a_stationary_env(tmp_path):
+    """Bit-identical evaluations, files and training with SB3's EvalCallback when nothing is piecewise-stationary."""
+    runs = {}
+    for name, cls in (("sb3", EvalCallback), ("continual", ContinualEvalCallback)):
+        folder = tmp_path / name
+        env = make_vec_env("CartPole-v1", n_envs=2, seed=0)
+        callback = cls(make_vec_env("CartPole-v1", n_envs=1, seed=1), eval_freq=32, n_eval_episodes=2,
+                       log_path=str(folder), best_model_save_path=str(folder), verbose=0)
+        model = PPO("MlpPolicy", env, n_steps=32, batch_size=32, n_epochs=2, seed=0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # and no warning on a stationary env
+            model.learn(384, callback=callback)
+        runs[name] = (np.load(folder / "evaluations.npz"), model, callback)
+    (sb3_data, sb3_model, sb3_cb), (data, model, cb) = runs["sb3"], runs["continual"]
+    assert sorted(data.files) == sorted(sb3_data.files) == ["ep_lengths", "results", "timesteps"]
+    for key in sb3_data.files:
+        np.testing.assert_array_equal(data[key], sb3_data[key])
+    assert len(data["timesteps"]) == 6 and not cb.follows_task and cb.evaluation_task_ids == []
+    assert cb.last_mean_reward == sb3_cb.last_mean_reward and cb.best_mean_reward == sb3_cb.best_mean_reward
+    for p, q in zip(model.policy.parameters(), sb3_model.policy.parameters()):
+        assert p.data.equal(q.data)
+    assert (tmp_path / "continual" / "best_model.zip").is_file()
+
+
+def _learn_briefly(train_env, callback) -> None:
+    PPO("MlpPolicy", train_env, n_steps=16, batch_size=16, n_epochs=1, seed=0).learn(16, callback=callback)
+
+
+def test_mismatched_envs_are_warned_about():
+    stationary = lambda: DummyVecEnv([lambda: ContextualBandit(256, 32, 8, 16, 0)])  # noqa: E731
+    with pytest.warns(UserWarning, match="training env is piecewise-stationary but the eval env is not"):
+        _learn_briefly(bandit(1), ContinualEvalCallback(stationary(), eval_freq=8))
+    with pytest.warns(UserWarning, match="eval env is piecewise-stationary but the training env is not"):
+        _learn_briefly(stationary(), ContinualEvalCallback(bandit(1), eval_freq=8))
+    with pytest.warns(UserWarning, match=r"eval env's task_seed \[7\] differs from the training env's 0"):
+        _learn_briefly(bandit(1), ContinualEvalCallback(bandit(1, task_seed=7), eval_freq=8))
+
+
+def test_plastic_learn_warns_about_a_plain_eval_callback_on_a_continual_env():
+    model = PlasticPPO("MlpPolicy", bandit(1), n_steps=16, batch_size=16, n_epochs=1, seed=0)
+    with pytest.warns(UserWarning, match="EvalCallback evaluates on a piecewise-stationary env.*ContinualEvalCallback"):
+        model.learn(16, callback=[EvalCallback(bandit(1), eval_freq=1000)])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.learn(16, callback=ContinualEvalCallback(bandit(1), eval_freq=1000))
+    assert not [w for w in caught if "piecewise-stationary" in str(w.message)]
+
+
+def test_continual_eval_callback_class():
+    from rl_zoo3.callbacks import TrialEvalCallback
+    from sb3_contrib.common.maskable.callbacks import MaskableEvalCallback
+
+    assert continual_eval_callback_class(EvalCallback) is ContinualEvalCallback
+    masked = continual_eval_callback_class(MaskableEvalCallback)
+    assert issubclass(masked, MaskableEvalCallback) and continual_eval_callback_class(masked) is masked
+    assert continual_eval_callback_class(TrialEvalCallback) is continual_eval_callback_class(TrialEvalCallback)
+    with pytest.raises(TypeError, match="base must be an EvalCallback class, got"):
+        continual_eval_callback_class(PPO)
+
+
+# --------------------------------------------------------------------------- rl_zoo3
+@pytest.fixture
+def bandit_conf(tmp_path, monkeypatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    zoo.register()
+    conf = tmp_path / "conf.yml"
+    entry = {"n_envs": 2, "n_timesteps": 640, "policy": "MlpPolicy", "n_steps": 32, "batch_size": 32, "n_epochs": 1,
+             "env_kwargs": {"change_every": CHANGE_EVERY}}
+    conf.write_text(yaml.safe_dump({BANDIT: entry, "CartPole-v1": {k: v for k, v in entry.items() if k != "env_kwargs"}}))
+    return conf
+
+
+def _train(*argv: str) -> None:
+    zoo.train(["--num-threads", "1", "--verbose", "0", "--seed", "0", *argv])
+
+
+def test_zoo_eval_follows_the_training_task(tmp_path, bandit_conf):
+    """``sb3-plastic train --eval-freq``: evaluations.npz records, per evaluation, the task being trained."""
+    _train("--algo", "plastic_ppo", "--env", BANDIT, "-conf", str(bandit_conf), "-n", "640", "-f", "logs",
+           "--eval-freq", "64", "--eval-episodes", "1")
+    data = np.load(tmp_path / "logs" / "plastic_ppo" / f"{BANDIT_DIR}_1" / "evaluations.npz")
+    expected = [expected_task(int(t), 2) for t in data["timesteps"]]
+    assert len(expected) == 10 and max(expected) == 5
+    assert data["task_ids"].tolist() == expected
+
+
+def _one_trial(env: str, conf: Path, name: str, n_evaluations: int) -> optuna.trial.FrozenTrial:
+    storage = "sqlite:///tune.db"
+    zoo.ensure_study(storage, name)
+    optuna.load_study(storage=storage, study_name=name).enqueue_trial(CHEAP_PPO)
+    _train(
+        *("--algo", "plastic_ppo", "--env", env, "-conf", str(conf), "-optimize", "--n-trials", "1", "-n", "640"),
+        *("--n-evaluations", str(n_evaluations), "--eval-episodes", "2", "--storage", storage, "--study-name", name),
+        *("--pruner", "none", "--no-optim-plots", "--optimization-log-path", "trials", "-f", "logs"),
+    )
+    (trial,) = optuna.load_study(storage=storage, study_name=name).trials
+    assert trial.state == optuna.trial.TrialState.COMPLETE
+    return trial
+
+
+def test_zoo_tuning_objective_on_a_continual_env_is_the_mean_over_evaluations(tmp_path, bandit_conf):
+    trial = _one_trial(BANDIT, bandit_conf, "continual", n_evaluations=5)
+    data = np.load(tmp_path / "trials" / f"trial_{trial.number}" / "evaluations.npz")
+    means = data["results"].mean(axis=1)
+    assert len(means) == 5
+    assert data["task_ids"].tolist() == [expected_task(int(t), 2) for t in data["timesteps"]]
+    assert data["task_ids"].tolist() == [1, 2, 3, 4, 5]  # one evaluation per 128-timestep task, at its end
+    assert trial.value == pytest.approx(float(np.mean(means)), abs=1e-12)
+    assert [trial.intermediate_values[i] for i in range(1, 6)] == pytest.approx(means.tolist())  # each reported
+    assert trial.user_attrs["objective"] == "mean_over_evaluations"
+
+
+def test_zoo_tuning_objective_on_a_stationary_env_is_rl_zoo3s(tmp_path, bandit_conf):
+    trial = _one_trial("CartPole-v1", bandit_conf, "stationary", n_evaluations=2)
+    data = np.load(tmp_path / "trials" / f"trial_{trial.number}" / "evaluations.npz")
+    assert "task_ids" not in data.files and len(data["timesteps"]) == 2
+    assert trial.value == pytest.approx(float(data["results"][-1].mean()))  # the last evaluation, as rl_zoo3
+    assert trial.value == trial.intermediate_values[2]
+    assert trial.user_attrs["objective"] == "last_evaluation"
+
+
+# --------------------------------------------------------------------------- the monitor in zoo runs
+def _plasticity_scalars(folder: Path) -> set[str]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tags: set[str] = set()
+    for events in folder.rglob("events.out.tfevents.*"):
+        accumulator = EventAccumulator(str(events), size_guidance={"scalars": 0})
+        accumulator.Reload()
+        tags.update(tag for tag in accumulator.Tags()["scalars"] if tag.startswith("plasticity/"))
+    return tags
+
+
+def test_monitor_flag_and_yaml_callback_write_plasticity_scalars(tmp_path, bandit_conf):
+    base = ("--algo", "plastic_ppo", "--env", "CartPole-v1", "-n", "256", "--eval-freq", "-1", "-f", "logs")
+    _train(*base, "-conf", str(bandit_conf), "-tb", "plain")
+    assert list((tmp_path / "plain").rglob("events.out.tfevents.*")) and not _plasticity_scalars(tmp_path / "plain")
+
+    _train(*base, "-conf", str(bandit_conf), "-tb", "flag", "--monitor", "128")
+    tags = _plasticity_scalars(tmp_path / "flag")
+    assert {"plasticity/policy/dormant_fraction", "plasticity/policy/ntk_cond"} <= tags
+
+    conf = yaml.safe_load(bandit_conf.read_text())
+    conf["CartPole-v1"]["callback"] = [{"sb3_plastic.callbacks.PlasticityMonitor": {"every": 128}}]
+    (tmp_path / "monitor.yml").write_text(yaml.safe_dump(conf))
+    _train(*base, "-conf", str(tmp_path / "monitor.yml"), "-tb", "yaml")
+    assert {"plasticity/policy/dormant_fraction", "plasticity/policy/ntk_cond"} <= _plasticity_scalars(tmp_path / "yaml")
+
+
+def test_monitor_flag_rejects_a_bad_period(capsys):
+    with pytest.raises(SystemExit):
+        zoo.train(["--env", "CartPole-v1", "--monitor", "0"])
+    assert "EVERY must be a positive integer (environment steps), got '0'" in capsys.readouterr().err
