@@ -31,7 +31,10 @@ Before handing over, :func:`register`
   plus ``--study-name`` the study is created up front with retries, so many workers can start at once on
   a fresh database; and when training continues (``-i model.zip``) the config's intervention keywords
   (``fire_at``, ``replacement_rate``, ...) are applied to the loaded model (SB3's ``load`` would only store
-  them as unused attributes), while its network/optimizer settings are kept, with a warning if they differ.
+  them as unused attributes), while its network/optimizer settings are kept, with a warning if they differ;
+  the continued run also continues the model's ``num_timesteps`` (rl_zoo3 would restart it at 0): ``-n N``
+  trains N more timesteps, and a continual env's task sequence goes on where the saved model left it
+  (:class:`ContinuedTraining`).
   A maskable algorithm (``plastic_ppo_mask``) is also evaluated with action masks, during training
   (``--eval-freq``) and optuna trials (:func:`action_mask_evaluation`), and :func:`enjoy` plays it with masks.
 
@@ -229,6 +232,11 @@ def _experiment_manager_class() -> type:
                 )
             return model
 
+        def learn(self, model: Any) -> None:
+            # rl_zoo3 calls model.learn(n_timesteps): a run continued with -i would restart num_timesteps at 0,
+            # and with it the task schedule and FIRE's run. Continue the model's clock instead.
+            super().learn(ContinuedTraining(model) if self.continue_training else model)
+
         def create_callbacks(self) -> None:
             with action_mask_evaluation(self.algo), task_following_evaluation():
                 super().create_callbacks()
@@ -292,6 +300,33 @@ def _experiment_manager_class() -> type:
             super().hyperparameters_optimization()
 
     return PlasticExperimentManager
+
+
+class ContinuedTraining:
+    """The model of a run continued with ``train -i model.zip``, as rl_zoo3's ``ExperimentManager.learn`` sees it:
+    its ``learn`` passes ``reset_num_timesteps=False`` (``-n N`` trains N more timesteps; ``num_timesteps``, the
+    task schedule of a continual env and FIRE's run continue where the saved model stopped) and, for a plain
+    algorithm on a piecewise-stationary env, adds :class:`~sb3_plastic.callbacks.TaskScheduleSync` (the plastic
+    algorithms add it themselves). Every other attribute is the model's.
+
+    :param model: the loaded model.
+    """
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+
+    def learn(self, total_timesteps: int, callback: Any = None, **kwargs: Any) -> Any:
+        """``model.learn(total_timesteps, callback, reset_num_timesteps=False, **kwargs)``."""
+        from sb3_plastic.callbacks.schedule import TaskScheduleSync, is_piecewise_stationary
+        from sb3_plastic.common.plastic_algorithm import is_plastic
+
+        if not is_plastic(self.model) and is_piecewise_stationary(self.model.get_env()):
+            given = [] if callback is None else list(callback) if isinstance(callback, list) else [callback]
+            callback = [TaskScheduleSync(verbose=int(self.model.verbose)), *given]
+        return self.model.learn(total_timesteps, callback, reset_num_timesteps=False, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.model, name)
 
 
 def uses_action_masks(algo: str) -> bool:
