@@ -1,0 +1,882 @@
+"""Stationary "do no harm" benchmark (issue #12): the plastic classes at their library defaults against SB3.
+
+A plastic agent must learn a stationary task as well as SB3 does. Every cell of this benchmark trains the
+same algorithm twice per seed, with the same hyperparameters (rl_zoo3's where it has them):
+
+* arm ``sb3``: the Stable-Baselines3 / sb3-contrib class (``PPO``, ``SAC``, ``MaskablePPO``),
+* arm ``plastic``: the sb3-plastic class (``PlasticPPO``, ``PlasticSAC``, ``PlasticMaskablePPO``) with **no
+  plastic keyword**: whatever the library's defaults (activation, initialisation, optimizer, isometry
+  coefficient) are when the run starts. Each run records what they resolved to (``model.isometry_config``,
+  the activation of every part of the policy, the optimizer and its isometry settings, the git commit).
+
+Settings (``--settings``; all by default):
+
+====================  ======================================================================================
+``cartpole_ppo``      CartPole-v1, PPO MlpPolicy, rl_zoo3's hyperparameters (8 envs, n_steps 32, batch 256,
+                      gae_lambda 0.8, gamma 0.98, 20 epochs, ent_coef 0, lr lin 1e-3, clip lin 0.2), 1e5 steps
+``pendulum_sac``      Pendulum-v1, SAC MlpPolicy, rl_zoo3's hyperparameters (lr 1e-3, SAC's defaults otherwise),
+                      20 000 steps
+``breakout_ppo``      MinAtar/Breakout-v1 (``minatar.gym.register_envs()``), PPO CnnPolicy with rl_zoo3's Atari
+                      PPO settings (8 envs, n_steps 128, batch 256, 4 epochs, lr lin 2.5e-4, clip lin 0.1,
+                      ent_coef 0.01, vf_coef 0.5). SB3's NatureCNN cannot take 10x10 boolean frames, so the SB3
+                      arm gets the network the plastic default builds (:class:`sb3_plastic.networks.PlasticCNN`,
+                      MinAtar architecture, same activation, same ``net_arch``) through
+                      ``features_extractor_class``: only the plasticity machinery differs. Episodes are cut at
+                      5 000 steps (MinAtar sets no limit; a good deterministic policy could play for ever).
+``masked_identity``   sb3-contrib's MaskablePPO performance test (tests/test_invalid_actions.py::test_identity:
+                      InvalidActionEnvDiscrete(dim=70, n_invalid_actions=55), gamma 0.4, 3000 steps, 20
+                      deterministic evaluation episodes, threshold 90), MaskablePPO vs PlasticMaskablePPO, on
+                      ``sb3_plastic/InvalidActionDiscrete-v0`` (the same env with a seeded generator)
+====================  ======================================================================================
+
+Every run: model seed ``k``, a separate evaluation env seeded ``10_000 + k`` (paired: both arms see the same
+evaluation episodes' seeds), a learning curve (``curve_episodes`` deterministic episodes every ``eval_every``
+env steps) and the final return: the mean return of ``final_episodes`` deterministic evaluation episodes.
+One torch thread per process (``OMP_NUM_THREADS=1`` is set before torch is imported).
+
+Statistics per cell (``summarise``): mean and min-max per arm, the paired difference plastic - SB3 per seed
+and a percentile bootstrap 95 % CI of its mean (resampling seeds, 20 000 resamples); the margin of a
+"meaningful loss" is ``MARGIN`` = 5 % of what SB3 learned above a uniformly random policy
+(``0.05 * (mean_sb3 - random)``, ``random`` measured on the same evaluation env: ``<setting>/random.json``).
+Verdicts: "no harm resolved" when the CI's lower end is above ``-margin``, "harm" when its upper end is below
+``-margin``, else "not resolved". The IQM of each arm (rliable's ``aggregate_iqm``) with a stratified bootstrap
+CI, and an aggregate over all cells of the SB3-normalised score ``(x - random) / (mean_sb3 - random)``.
+
+Layout of ``--out`` (default ``bench/results/stationary``)::
+
+    <setting>/<arm>_seed<k>.json    one finished run (return, curve, wall / CPU time, resolved config)
+    <setting>/random.json           the random policy's return on the evaluation env
+    summary.json, summary.md        the table (rebuilt from the per-run files by ``--summarise``)
+
+Resuming: a run whose JSON exists is skipped (``--force`` reruns it).
+
+Which library: by default the working tree's sb3_plastic. ``--library-commit REV`` imports it from a snapshot of
+a commit (``git archive`` into ``$TMPDIR/sb3_plastic_snapshots/<commit>``), so runs measure committed defaults
+even while the working tree holds other uncommitted edits; every run file records which one it used.
+
+Examples::
+
+    python bench/stationary.py --quick --out /tmp/st                 # smoke test: masked identity, 2 x 256 steps
+    python bench/stationary.py --settings cartpole_ppo --arms sb3 --seeds 0 1 2 3 4
+    python bench/stationary.py --summarise                           # table from the committed per-run files
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+import argparse
+import dataclasses
+import json
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = ROOT / "bench" / "results" / "stationary"
+ARMS = ("sb3", "plastic")
+#: a meaningful loss: this fraction of what SB3 learned above a random policy
+MARGIN = 0.05
+#: fewer paired seeds than this give no verdict
+MIN_SEEDS = 5
+N_BOOT = 20_000
+EVAL_SEED_OFFSET = 10_000
+RANDOM_SEED = 99_999
+MINATAR_MAX_STEPS = 5_000
+SNAPSHOT_CACHE = Path(os.environ.get("TMPDIR", "/tmp")) / "sb3_plastic_snapshots"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One cell: an env, an algorithm pair and the hyperparameters both arms share.
+
+    :param env_id: gymnasium id.
+    :param algo: "ppo", "sac" or "maskable_ppo" (selects the SB3 and the plastic class).
+    :param policy: policy alias.
+    :param timesteps: training budget (env steps, all env copies together).
+    :param hyperparams: keywords of the algorithm; ``"lin_<x>"`` strings become linear schedules.
+    :param n_envs: env copies (``make_vec_env``).
+    :param env_kwargs: keywords of ``gym.make``.
+    :param eval_every: env steps between two learning-curve evaluations (0: no curve).
+    :param curve_episodes: episodes per learning-curve evaluation.
+    :param final_episodes: episodes of the final evaluation.
+    :param max_episode_steps: a ``TimeLimit`` on the train and eval envs (None: the env's own).
+    :param masked: evaluate with action masks (sb3-contrib's ``evaluate_policy``).
+    :param note: one line for the table.
+    """
+
+    env_id: str
+    algo: str
+    policy: str
+    timesteps: int
+    hyperparams: dict[str, Any] = field(default_factory=dict)
+    n_envs: int = 1
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    eval_every: int = 0
+    curve_episodes: int = 5
+    final_episodes: int = 20
+    max_episode_steps: Optional[int] = None
+    masked: bool = False
+    note: str = ""
+
+
+SETTINGS: dict[str, Setting] = {
+    "cartpole_ppo": Setting(
+        env_id="CartPole-v1",
+        algo="ppo",
+        policy="MlpPolicy",
+        timesteps=100_000,
+        n_envs=8,
+        hyperparams=dict(
+            n_steps=32,
+            batch_size=256,
+            gae_lambda=0.8,
+            gamma=0.98,
+            n_epochs=20,
+            ent_coef=0.0,
+            learning_rate="lin_0.001",
+            clip_range="lin_0.2",
+        ),
+        eval_every=10_000,
+        note="rl_zoo3 ppo.yml CartPole-v1",
+    ),
+    "pendulum_sac": Setting(
+        env_id="Pendulum-v1",
+        algo="sac",
+        policy="MlpPolicy",
+        timesteps=20_000,
+        hyperparams=dict(learning_rate=1e-3),
+        eval_every=2_000,
+        note="rl_zoo3 sac.yml Pendulum-v1",
+    ),
+    "breakout_ppo": Setting(
+        env_id="MinAtar/Breakout-v1",
+        algo="ppo",
+        policy="CnnPolicy",
+        timesteps=300_000,
+        n_envs=8,
+        hyperparams=dict(
+            n_steps=128,
+            batch_size=256,
+            n_epochs=4,
+            learning_rate="lin_2.5e-4",
+            clip_range="lin_0.1",
+            ent_coef=0.01,
+            vf_coef=0.5,
+        ),
+        eval_every=25_000,
+        max_episode_steps=MINATAR_MAX_STEPS,
+        note="rl_zoo3 ppo.yml Atari settings, PlasticCNN (MinAtar) in both arms",
+    ),
+    "masked_identity": Setting(
+        env_id="sb3_plastic/InvalidActionDiscrete-v0",
+        algo="maskable_ppo",
+        policy="MlpPolicy",
+        timesteps=3_000,
+        env_kwargs=dict(dim=70, n_invalid_actions=55),
+        hyperparams=dict(gamma=0.4),
+        eval_every=1_000,
+        masked=True,
+        note="sb3-contrib test_invalid_actions.py::test_identity (threshold 90)",
+    ),
+}
+#: the smallest setting, a few hundred steps: what ``--quick`` and the smoke test run
+QUICK_SETTING = "masked_identity"
+QUICK_OVERRIDES = dict(timesteps=256, hyperparams=dict(gamma=0.4, n_steps=128, batch_size=64, n_epochs=2), eval_every=128,
+                       curve_episodes=1, final_episodes=2)
+
+
+# ----------------------------------------------------------------------------------------------------- runs
+def _classes(algo: str) -> tuple[type, type]:
+    if algo == "ppo":
+        from stable_baselines3 import PPO
+
+        from sb3_plastic import PlasticPPO
+
+        return PPO, PlasticPPO
+    if algo == "sac":
+        from stable_baselines3 import SAC
+
+        from sb3_plastic import PlasticSAC
+
+        return SAC, PlasticSAC
+    if algo == "maskable_ppo":
+        from sb3_contrib import MaskablePPO
+
+        from sb3_plastic import PlasticMaskablePPO
+
+        return MaskablePPO, PlasticMaskablePPO
+    raise ValueError(f"unknown algo {algo!r}")
+
+
+def _register_envs(env_id: str) -> None:
+    import sb3_plastic.envs  # noqa: F401  (registers sb3_plastic/...)
+
+    if env_id.startswith("MinAtar/"):
+        import gymnasium as gym
+        import minatar.gym
+
+        if env_id not in gym.registry:
+            minatar.gym.register_envs()
+
+
+def make_env(setting: Setting) -> Any:
+    """One gymnasium env of the setting (``TimeLimit`` applied when the setting asks for one)."""
+    import gymnasium as gym
+
+    _register_envs(setting.env_id)
+    kwargs = dict(setting.env_kwargs)
+    if setting.max_episode_steps is not None:
+        kwargs["max_episode_steps"] = setting.max_episode_steps
+    return gym.make(setting.env_id, **kwargs)
+
+
+def _hyperparams(setting: Setting) -> dict[str, Any]:
+    from stable_baselines3.common.utils import LinearSchedule
+
+    out: dict[str, Any] = {}
+    for key, value in setting.hyperparams.items():
+        if isinstance(value, str) and value.startswith("lin_"):
+            value = LinearSchedule(float(value[4:]), 0.0, 1.0)
+        out[key] = value
+    return out
+
+
+def evaluate(model: Any, env: Any, n_episodes: int, masked: bool) -> list[float]:
+    """Returns of ``n_episodes`` deterministic episodes on ``env`` (a 1-env VecEnv with a Monitor)."""
+    if masked:
+        from sb3_contrib.common.maskable.evaluation import evaluate_policy as masked_evaluate
+
+        returns, _ = masked_evaluate(model, env, n_eval_episodes=n_episodes, deterministic=True,
+                                     return_episode_rewards=True, warn=False)
+    else:
+        from stable_baselines3.common.evaluation import evaluate_policy
+
+        returns, _ = evaluate_policy(model, env, n_eval_episodes=n_episodes, deterministic=True,
+                                     return_episode_rewards=True, warn=False)
+    return [float(r) for r in returns]
+
+
+def _eval_env(setting: Setting, seed: int) -> Any:
+    from stable_baselines3.common.env_util import make_vec_env
+
+    return make_vec_env(lambda: make_env(setting), n_envs=1, seed=seed)
+
+
+def random_return(setting: Setting, n_episodes: int) -> list[float]:
+    """Returns of a uniformly random policy (a random valid action where the env masks actions)."""
+    from stable_baselines3.common.monitor import Monitor
+
+    env = Monitor(make_env(setting))
+    env.action_space.seed(RANDOM_SEED)
+    rng = np.random.default_rng(RANDOM_SEED)
+    returns = []
+    env.reset(seed=RANDOM_SEED)
+    while len(returns) < n_episodes:
+        if setting.masked:
+            mask = np.asarray(env.get_wrapper_attr("action_masks")())
+            action = int(rng.choice(np.flatnonzero(mask)))
+        else:
+            action = env.action_space.sample()
+        _, _, terminated, truncated, info = env.step(action)
+        if terminated or truncated:
+            returns.append(float(info["episode"]["r"]))
+            env.reset()
+    env.close()
+    return returns
+
+
+def _activation_names(module: Any) -> list[str]:
+    """Class names of the activation modules inside ``module``, in order, without repeats."""
+    import torch.nn as nn
+
+    names: list[str] = []
+    for sub in module.modules():
+        if isinstance(sub, (nn.Linear, nn.Conv2d, nn.Sequential, nn.Flatten, nn.Identity)) or sub is module:
+            continue
+        if len(list(sub.children())) == 0 and not list(sub.parameters(recurse=False)):
+            name = type(sub).__name__
+            if name not in names:
+                names.append(name)
+    return names
+
+
+def resolved_config(model: Any) -> dict[str, Any]:
+    """What the model's defaults resolved to: activations per part, optimizer, isometry settings, init."""
+    policy = model.policy
+    out: dict[str, Any] = {
+        "algorithm": type(model).__name__,
+        "policy": type(policy).__name__,
+        "activation_fn": getattr(getattr(policy, "activation_fn", None), "__name__", None),
+        "net_arch": getattr(policy, "net_arch", None),
+        "ortho_init": getattr(policy, "ortho_init", None),
+        "optimizer_class": getattr(getattr(policy, "optimizer_class", None), "__name__", None),
+        "optimizer_kwargs": {k: v for k, v in (getattr(policy, "optimizer_kwargs", None) or {}).items()
+                             if isinstance(v, (int, float, str, bool, tuple, list, type(None)))},
+        "parts": {},
+    }
+    parts = {}
+    for name in ("features_extractor", "pi_features_extractor", "mlp_extractor", "actor", "critic", "q_net"):
+        part = getattr(policy, name, None)
+        if part is not None:
+            parts[name] = _activation_names(part)
+    out["parts"] = parts
+    fe = getattr(policy, "features_extractor", None)
+    if fe is not None:
+        out["features_extractor_class"] = type(fe).__name__
+        out["features_extractor_arch"] = getattr(fe, "arch", None)
+        out["features_dim"] = getattr(fe, "features_dim", None)
+    if hasattr(model, "isometry_config"):
+        out["isometry_config"] = dataclasses.asdict(model.isometry_config)
+        out["use_orthogonal_init"] = bool(model.isometry_config.use_orthogonal_init)
+    return out
+
+
+def _git(*args: str) -> str:
+    try:
+        out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=20, check=True).stdout
+        return out.rstrip("\n")  # not strip(): porcelain lines start with a status column that may be a space
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+#: set by ``use_library_commit``: the commit whose sb3_plastic the runs import
+LIBRARY_COMMIT: Optional[str] = None
+
+
+def use_library_commit(rev: str, cache: Path = SNAPSHOT_CACHE) -> Path:
+    """Import sb3_plastic from commit ``rev`` instead of the working tree (where other engineers' uncommitted
+    edits live): ``git archive`` of ``sb3_plastic/``, ``envs/`` and ``zoo_configs/`` into ``cache/<commit>``,
+    laid out as the installed package (``sb3_plastic.envs``), put first on ``sys.path``."""
+    global LIBRARY_COMMIT
+    commit = _git("rev-parse", "--short=10", f"{rev}^{{commit}}")
+    if not commit:
+        raise SystemExit(f"--library-commit: unknown revision {rev!r}")
+    target = cache / commit
+    if not (target / "sb3_plastic" / "__init__.py").exists():
+        tmp = cache / f"{commit}.tmp{os.getpid()}"
+        tmp.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(["git", "archive", commit, "sb3_plastic", "envs", "zoo_configs"], cwd=ROOT,
+                                 capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(tmp)], input=archive, check=True)
+        for sub in ("envs", "zoo_configs"):
+            if (tmp / sub).is_dir():
+                (tmp / sub).rename(tmp / "sb3_plastic" / sub)
+        try:
+            tmp.rename(target)
+        except OSError:  # another process made it first
+            pass
+    if "sb3_plastic" in sys.modules:
+        raise RuntimeError("use_library_commit must run before sb3_plastic is imported")
+    sys.path.insert(0, str(target))
+    import sb3_plastic
+
+    assert Path(sb3_plastic.__file__).resolve().is_relative_to(target.resolve()), sb3_plastic.__file__
+    LIBRARY_COMMIT = commit
+    return target
+
+
+def _git_state() -> dict[str, Any]:
+    """Which sb3_plastic the run imported: a commit snapshot, or the working tree (HEAD + its uncommitted edits)."""
+    if LIBRARY_COMMIT is not None:
+        return {"commit": LIBRARY_COMMIT, "library": "snapshot of the commit", "dirty_library_files": []}
+    dirty = _git("status", "--porcelain", "--", "sb3_plastic", "envs")
+    return {
+        "commit": _git("rev-parse", "--short=10", "HEAD"),
+        "library": "working tree",
+        "dirty_library_files": [line[3:] for line in dirty.splitlines()],
+    }
+
+
+def _plastic_cnn_network(setting: Setting) -> dict[str, Any]:
+    """The CNN network the plastic default builds on this env: its extractor kwargs and ``net_arch``, so the
+    SB3 arm can be given the very same network."""
+    from stable_baselines3.common.env_util import make_vec_env
+
+    _, plastic_cls = _classes(setting.algo)
+    env = make_vec_env(lambda: make_env(setting), n_envs=setting.n_envs, seed=0)
+    probe = plastic_cls(setting.policy, env, device="cpu", **_hyperparams(setting))
+    policy = probe.policy
+    fe = policy.features_extractor
+    act_cls = type(fe.cnn[1])
+    network = {
+        "features_extractor_kwargs": dict(activation=act_cls, arch=fe.arch, features_dim=fe.features_dim),
+        "net_arch": policy.net_arch,
+        "activation_fn": policy.activation_fn,
+    }
+    env.close()
+    return network
+
+
+def build_model(setting: Setting, arm: str, seed: int, env: Any) -> tuple[Any, dict[str, Any]]:
+    """The model of ``arm`` on ``env``; returns it and the network choices made for the SB3 arm (if any)."""
+    sb3_cls, plastic_cls = _classes(setting.algo)
+    kwargs = _hyperparams(setting)
+    mirrored: dict[str, Any] = {}
+    if arm == "plastic":
+        return plastic_cls(setting.policy, env, seed=seed, device="cpu", **kwargs), mirrored
+    if setting.policy == "CnnPolicy":
+        from sb3_plastic.networks import PlasticCNN
+
+        net = _plastic_cnn_network(setting)
+        kwargs["policy_kwargs"] = dict(
+            features_extractor_class=PlasticCNN,
+            features_extractor_kwargs=net["features_extractor_kwargs"],
+            net_arch=net["net_arch"],
+            activation_fn=net["activation_fn"],
+        )
+        mirrored = {
+            "features_extractor_class": "PlasticCNN",
+            "features_extractor_kwargs": {k: getattr(v, "__name__", v) for k, v in net["features_extractor_kwargs"].items()},
+            "net_arch": net["net_arch"],
+            "activation_fn": net["activation_fn"].__name__,
+        }
+    return sb3_cls(setting.policy, env, seed=seed, device="cpu", **kwargs), mirrored
+
+
+def run_one(setting_name: str, setting: Setting, arm: str, seed: int, out_dir: Path) -> dict[str, Any]:
+    """Train one arm on one seed and write ``<out_dir>/<setting>/<arm>_seed<k>.json``."""
+    import torch as th
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.env_util import make_vec_env
+
+    th.set_num_threads(1)
+    env = make_vec_env(lambda: make_env(setting), n_envs=setting.n_envs, seed=seed)
+    eval_env = _eval_env(setting, EVAL_SEED_OFFSET + seed)
+    model, mirrored = build_model(setting, arm, seed, env)
+    curve: list[list[float]] = []
+    eval_seconds = [0.0]
+
+    class Curve(BaseCallback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.next_eval = setting.eval_every
+
+        def _on_step(self) -> bool:
+            if setting.eval_every and self.num_timesteps >= self.next_eval:
+                start = time.perf_counter()
+                returns = evaluate(self.model, eval_env, setting.curve_episodes, setting.masked)
+                eval_seconds[0] += time.perf_counter() - start
+                curve.append([int(self.num_timesteps), float(np.mean(returns))])
+                while self.next_eval <= self.num_timesteps:
+                    self.next_eval += setting.eval_every
+            return True
+
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    model.learn(setting.timesteps, callback=Curve())
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    start = time.perf_counter()
+    # the final evaluation restarts the eval env from its seed: both arms see the same episode seeds
+    eval_env.seed(EVAL_SEED_OFFSET + seed)
+    returns = evaluate(model, eval_env, setting.final_episodes, setting.masked)
+    final_eval_s = time.perf_counter() - start
+    record = {
+        "setting": setting_name,
+        "arm": arm,
+        "seed": seed,
+        "env_id": setting.env_id,
+        "timesteps": int(model.num_timesteps),
+        "timesteps_requested": setting.timesteps,
+        "final_return": float(np.mean(returns)),
+        "final_return_std": float(np.std(returns)),
+        "final_episode_returns": returns,
+        "curve": curve,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "eval_s_in_training": eval_seconds[0],
+        "final_eval_s": final_eval_s,
+        "fps_wall": model.num_timesteps / wall if wall > 0 else None,
+        "setting_spec": _jsonable(dataclasses.asdict(setting)),
+        "resolved": resolved_config(model),
+        "sb3_arm_network_from_plastic_default": mirrored or None,
+        "git": _git_state(),
+        "versions": _versions(),
+        "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    env.close()
+    eval_env.close()
+    path = out_dir / setting_name / f"{arm}_seed{seed}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(record, indent=1))
+    tmp.replace(path)
+    return record
+
+
+def _versions() -> dict[str, str]:
+    import sb3_contrib
+    import stable_baselines3
+    import torch
+
+    return {"python": platform.python_version(), "torch": torch.__version__, "sb3": stable_baselines3.__version__,
+            "sb3_contrib": sb3_contrib.__version__, "torch_threads": str(torch.get_num_threads())}
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=lambda v: getattr(v, "__name__", repr(v))))
+
+
+def ensure_random(setting_name: str, setting: Setting, out_dir: Path) -> float:
+    """The random policy's mean return on the setting's evaluation env (cached in ``<setting>/random.json``)."""
+    path = out_dir / setting_name / "random.json"
+    if path.exists():
+        return float(json.loads(path.read_text())["mean"])
+    returns = random_return(setting, max(setting.final_episodes, 20))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"setting": setting_name, "mean": float(np.mean(returns)), "returns": returns,
+                                "policy": "uniformly random (a random valid action under masks)"}, indent=1))
+    return float(np.mean(returns))
+
+
+# ----------------------------------------------------------------------------------------------------- statistics
+def bootstrap_mean_ci(values: np.ndarray, n_boot: int = N_BOOT, seed: int = 0, level: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap CI of the mean of ``values`` (resampling its entries)."""
+    values = np.asarray(values, dtype=float)
+    if len(values) < 2:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    means = values[rng.integers(0, len(values), size=(n_boot, len(values)))].mean(axis=1)
+    alpha = (1 - level) / 2
+    return float(np.quantile(means, alpha)), float(np.quantile(means, 1 - alpha))
+
+
+def verdict(ci: tuple[float, float], margin: float) -> str:
+    """"no harm resolved" when the CI of plastic - SB3 lies above ``-margin``; "harm" when below; else "not resolved"."""
+    lo, hi = ci
+    if not np.isfinite(lo):
+        return "not resolved"
+    if lo > -margin:
+        return "no harm resolved"
+    if hi < -margin:
+        return "harm"
+    return "not resolved"
+
+
+def _metrics() -> tuple[Callable[[np.ndarray], float], Callable[[np.ndarray, np.ndarray], float], str]:
+    """rliable's IQM and probability of improvement (scipy's trimmed mean / Mann-Whitney U without rliable)."""
+    try:
+        from rliable import metrics
+
+        return metrics.aggregate_iqm, metrics.probability_of_improvement, "rliable.metrics"
+    except ImportError:
+        import scipy.stats
+
+        def iqm(x: np.ndarray) -> float:
+            return float(scipy.stats.trim_mean(x, proportiontocut=0.25, axis=None))
+
+        def poi(x: np.ndarray, y: np.ndarray) -> float:
+            probs = []
+            for task in range(x.shape[1]):
+                if np.array_equal(x[:, task], y[:, task]):
+                    probs.append(0.5)
+                else:
+                    u, _ = scipy.stats.mannwhitneyu(x[:, task], y[:, task], alternative="greater")
+                    probs.append(u / (x.shape[0] * y.shape[0]))
+            return float(np.mean(probs))
+
+        return iqm, poi, "scipy (rliable not installed)"
+
+
+def stratified_bootstrap(fn: Callable[..., float], *scores: np.ndarray, reps: int = 5000, seed: int = 0,
+                         level: float = 0.95) -> tuple[float, float, float]:
+    """Point estimate and percentile CI of ``fn(*scores)`` under rliable's stratified bootstrap: the runs of every
+    task (column) of every score matrix (runs x tasks) are resampled with replacement, independently.
+
+    (rliable 1.2's own ``library.get_interval_estimates`` does not run here: it passes ``random_state=None`` to
+    arch's bootstrap, which arch 8 rejects, and arch 7.2 does not import with pandas 3.)
+    """
+    rng = np.random.default_rng(seed)
+    point = float(fn(*scores))
+    stats = np.empty(reps)
+    for r in range(reps):
+        resampled = []
+        for m in scores:
+            idx = rng.integers(0, m.shape[0], size=m.shape)
+            resampled.append(np.take_along_axis(m, idx, axis=0))
+        stats[r] = fn(*resampled)
+    alpha = (1 - level) / 2
+    return point, float(np.quantile(stats, alpha)), float(np.quantile(stats, 1 - alpha))
+
+
+def iqm_rows(x: np.ndarray) -> np.ndarray:
+    """IQM of every row of ``x`` (reps, n): the 25 % trimmed mean exactly as ``scipy.stats.trim_mean`` (and so
+    rliable's ``aggregate_iqm``) computes it, vectorised over the bootstrap samples."""
+    n = x.shape[1]
+    cut = int(0.25 * n)
+    return np.sort(x, axis=1)[:, cut:n - cut].mean(axis=1)
+
+
+def _iqm_ci(scores: dict[str, np.ndarray], reps: int = 5000, seed: int = 0,
+            level: float = 0.95) -> dict[str, tuple[float, float, float]]:
+    """IQM (rliable's ``aggregate_iqm``) with a stratified bootstrap 95 % CI per arm; ``scores[arm]`` has shape
+    (runs, tasks). Same resampling as :func:`stratified_bootstrap`, vectorised."""
+    iqm, _, _ = _metrics()
+    rng = np.random.default_rng(seed)
+    alpha = (1 - level) / 2
+    out = {}
+    for arm, m in scores.items():
+        runs, tasks = m.shape
+        idx = rng.integers(0, runs, size=(reps, runs, tasks))
+        samples = m[idx, np.arange(tasks)[None, None, :]].reshape(reps, runs * tasks)
+        stats = iqm_rows(samples)
+        out[arm] = (float(iqm(m)), float(np.quantile(stats, alpha)), float(np.quantile(stats, 1 - alpha)))
+    return out
+
+
+def load_runs(out_dir: Path) -> dict[str, dict[str, dict[int, dict[str, Any]]]]:
+    """``runs[setting][arm][seed]`` from the per-run files."""
+    runs: dict[str, dict[str, dict[int, dict[str, Any]]]] = {}
+    for name in SETTINGS:
+        folder = out_dir / name
+        if not folder.is_dir():
+            continue
+        for path in sorted(folder.glob("*_seed*.json")):
+            record = json.loads(path.read_text())
+            runs.setdefault(name, {}).setdefault(record["arm"], {})[int(record["seed"])] = record
+    return runs
+
+
+def _fmt(x: float, digits: int = 1) -> str:
+    return "-" if x is None or not np.isfinite(x) else f"{x:.{digits}f}"
+
+
+def _activation_summary(records: list[dict[str, Any]]) -> str:
+    seen = []
+    for record in records:
+        res = record["resolved"]
+        parts = res.get("parts", {})
+        text = ", ".join(f"{k}: {'/'.join(v)}" for k, v in parts.items() if v and k not in ("pi_features_extractor",))
+        iso = res.get("isometry_config")
+        if iso:
+            text += (f"; {iso['optimizer']}, coef {iso['isometry_coef']:g}, mode {iso['isometry_mode']}, "
+                     f"interval {iso['isometry_interval']}, ortho init {res.get('use_orthogonal_init')}")
+        else:
+            text += f"; {res.get('optimizer_class')}"
+        if text not in seen:
+            seen.append(text)
+    return " | ".join(seen)
+
+
+def summarise(out_dir: Path, settings: Optional[list[str]] = None, write: bool = True) -> dict[str, Any]:
+    """Build the table (and ``summary.json`` / ``summary.md``) from the per-run files under ``out_dir``."""
+    runs = load_runs(out_dir)
+    cells: dict[str, Any] = {}
+    rows = []
+    normalised: dict[str, list[np.ndarray]] = {arm: [] for arm in ARMS}
+    for name, setting in SETTINGS.items():
+        if (settings is not None and name not in settings) or name not in runs:
+            continue
+        by_arm = runs[name]
+        cell: dict[str, Any] = {"env_id": setting.env_id, "note": setting.note, "arms": {}}
+        for arm in ARMS:
+            recs = by_arm.get(arm, {})
+            if not recs:
+                continue
+            seeds = sorted(recs)
+            values = np.array([recs[s]["final_return"] for s in seeds])
+            cell["arms"][arm] = {
+                "seeds": seeds,
+                "final_return": values.tolist(),
+                "mean": float(values.mean()),
+                "min": float(values.min()),
+                "max": float(values.max()),
+                "timesteps": sorted({int(recs[s]["timesteps_requested"]) for s in seeds}),
+                "wall_min_mean": float(np.mean([recs[s]["wall_s"] for s in seeds]) / 60),
+                "cpu_min_mean": float(np.mean([recs[s]["cpu_s"] for s in seeds]) / 60),
+                "resolved": _activation_summary([recs[s] for s in seeds]),
+                "commits": sorted({recs[s]["git"]["commit"] for s in seeds}),
+                "dirty_library_files": sorted({f for s in seeds for f in recs[s]["git"]["dirty_library_files"]}),
+            }
+        sb3_recs, plastic_recs = by_arm.get("sb3", {}), by_arm.get("plastic", {})
+        if setting.policy == "CnnPolicy" and sb3_recs and plastic_recs:
+            # the SB3 arm copies the plastic default's CNN when it runs: both arms must have built the same one
+            def network(rec: dict[str, Any]) -> tuple[Any, ...]:
+                res = rec["resolved"]
+                return (res["parts"].get("features_extractor"), res.get("features_extractor_class"),
+                        res.get("features_extractor_arch"), res.get("features_dim"), json.dumps(res.get("net_arch")))
+
+            nets = {arm: {network(r) for r in recs.values()} for arm, recs in (("sb3", sb3_recs), ("plastic", plastic_recs))}
+            cell["same_network"] = nets["sb3"] == nets["plastic"] and len(nets["sb3"]) == 1
+        random_path = out_dir / name / "random.json"
+        random_mean = float(json.loads(random_path.read_text())["mean"]) if random_path.exists() else None
+        cell["random"] = random_mean
+        paired = sorted(set(by_arm.get("sb3", {})) & set(by_arm.get("plastic", {})))
+        cell["paired_seeds"] = paired
+        if paired and random_mean is not None:
+            sb3 = np.array([by_arm["sb3"][s]["final_return"] for s in paired])
+            plastic = np.array([by_arm["plastic"][s]["final_return"] for s in paired])
+            diff = plastic - sb3
+            ci = bootstrap_mean_ci(diff)
+            scale = float(sb3.mean()) - random_mean
+            margin = MARGIN * scale if scale > 0 else float("nan")
+            cell.update(
+                diff=diff.tolist(),
+                diff_mean=float(diff.mean()),
+                diff_ci95=list(ci),
+                margin=margin,
+                verdict=(verdict(ci, margin) if np.isfinite(margin) else "not resolved (SB3 at or below random)")
+                if len(paired) >= MIN_SEEDS else f"no verdict (< {MIN_SEEDS} paired seeds)",
+                plastic_better_seeds=int((diff > 0).sum()),
+                plastic_worse_seeds=int((diff < 0).sum()),
+            )
+            iqm = _iqm_ci({"sb3": sb3[:, None], "plastic": plastic[:, None]})
+            cell["iqm"] = {arm: {"point": v[0], "ci95": [v[1], v[2]]} for arm, v in iqm.items()}
+            if scale > 0:
+                normalised["sb3"].append((sb3 - random_mean) / scale)
+                normalised["plastic"].append((plastic - random_mean) / scale)
+        cells[name] = cell
+        rows.append(name)
+    aggregate = None
+    if len(normalised["sb3"]) >= 2 and len({len(v) for v in normalised["sb3"]}) == 1:
+        scores = {arm: np.stack(normalised[arm], axis=1) for arm in ARMS}  # (runs, tasks)
+        iqm = _iqm_ci(scores)
+        _, poi, _ = _metrics()
+        p = stratified_bootstrap(poi, scores["plastic"], scores["sb3"], reps=2000)
+        aggregate = {"cells": [r for r in rows if "diff" in cells[r]],
+                     "iqm_normalised": {arm: {"point": v[0], "ci95": [v[1], v[2]]} for arm, v in iqm.items()},
+                     "p_plastic_better": {"point": p[0], "ci95": [p[1], p[2]]}}
+    summary = {"margin_fraction": MARGIN, "n_boot": N_BOOT, "metrics": _metrics()[2], "cells": cells,
+               "aggregate": aggregate}
+    table = markdown(summary)
+    if write:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+        (out_dir / "summary.md").write_text(table + "\n")
+    print(table)
+    return summary
+
+
+def _arm_text(a: Optional[dict[str, Any]]) -> str:
+    return "-" if a is None else f"{_fmt(a['mean'])} ({_fmt(a['min'])}-{_fmt(a['max'])}), n={len(a['seeds'])}"
+
+
+def _iqm_text(v: Optional[dict[str, Any]]) -> str:
+    return "-" if v is None else f"{_fmt(v['point'])} [{_fmt(v['ci95'][0])}, {_fmt(v['ci95'][1])}]"
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    """The tables of the summary."""
+    lines = [
+        "| setting | steps | seeds | SB3 mean (min-max) | plastic mean (min-max) | plastic - SB3 [95% CI] | margin | "
+        "verdict | IQM SB3 [CI] | IQM plastic [CI] | random | min/run SB3, plastic |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, cell in summary["cells"].items():
+        arms = cell["arms"]
+
+        iqm = cell.get("iqm", {})
+        steps = sorted({t for a in arms.values() for t in a["timesteps"]})
+        sb3_text, plastic_text = (_arm_text(arms.get(arm)) for arm in ("sb3", "plastic"))
+        iqm_sb3, iqm_plastic = (_iqm_text(iqm.get(arm)) for arm in ("sb3", "plastic"))
+        diff = "-"
+        if "diff_mean" in cell:
+            lo, hi = cell["diff_ci95"]
+            diff = f"{cell['diff_mean']:+.1f} [{lo:+.1f}, {hi:+.1f}]"
+        times = ", ".join(_fmt(arms[a]["wall_min_mean"]) if a in arms else "-" for a in ARMS)
+        if cell.get("same_network") is False:
+            diff += " (networks differ!)"
+        lines.append(
+            f"| {name} | {'/'.join(f'{s:g}' for s in steps)} | {len(cell['paired_seeds'])} paired | {sb3_text} | "
+            f"{plastic_text} | {diff} | {_fmt(cell.get('margin', float('nan')), 2)} | {cell.get('verdict', '-')} | "
+            f"{iqm_sb3} | {iqm_plastic} | {_fmt(cell['random'] if cell['random'] is not None else float('nan'))} "
+            f"| {times} |"
+        )
+    agg = summary.get("aggregate")
+    if agg:
+        s, p = agg["iqm_normalised"]["sb3"], agg["iqm_normalised"]["plastic"]
+        lines += [
+            "",
+            f"Aggregate over {', '.join(agg['cells'])} (score normalised per cell: random = 0, SB3 mean = 1; "
+            "IQM, stratified bootstrap 95 % CI; P(plastic > SB3): rliable's probability of improvement):",
+            f"SB3 {s['point']:.3f} [{s['ci95'][0]:.3f}, {s['ci95'][1]:.3f}], "
+            f"plastic {p['point']:.3f} [{p['ci95'][0]:.3f}, {p['ci95'][1]:.3f}]"
+            + (f"; P(plastic > SB3) = {agg['p_plastic_better']['point']:.2f} "
+               f"[{agg['p_plastic_better']['ci95'][0]:.2f}, {agg['p_plastic_better']['ci95'][1]:.2f}]"
+               if "p_plastic_better" in agg else ""),
+        ]
+    lines += ["", "Resolved configuration per arm (from the run files):", ""]
+    for name, cell in summary["cells"].items():
+        for arm, a in cell["arms"].items():
+            dirty = f"; uncommitted library edits: {', '.join(a['dirty_library_files'])}" if a["dirty_library_files"] else ""
+            lines.append(f"* {name} / {arm} (commit {', '.join(a['commits'])}{dirty}): {a['resolved']}")
+    lines += ["", f"Margin: {MARGIN:.0%} of (SB3 mean - random policy). Verdict from the paired bootstrap CI of the mean "
+              "difference: 'no harm resolved' if CI low > -margin, 'harm' if CI high < -margin, else 'not resolved'."]
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------------- CLI
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=list(SETTINGS))
+    parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
+    parser.add_argument("--seeds", nargs="+", type=int, default=None, help="default 0-4 (--quick: 0 1)")
+    parser.add_argument("--timesteps", action="append", default=[], metavar="SETTING=N",
+                        help="override a setting's training budget (recorded in every run file)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--force", action="store_true", help="rerun runs whose JSON exists")
+    parser.add_argument("--summarise", "--summarize", action="store_true", help="only rebuild the table from the run files")
+    parser.add_argument("--no-summary", action="store_true", help="do not print / write the summary after the runs")
+    parser.add_argument("--library-commit", metavar="REV",
+                        help="import sb3_plastic from this commit (a git archive snapshot) instead of the working tree")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"smoke test: {QUICK_SETTING} for {QUICK_OVERRIDES['timesteps']} steps, seeds 0 1")
+    args = parser.parse_args(argv)
+    overrides = {}
+    for item in args.timesteps:
+        key, _, value = item.partition("=")
+        if key not in SETTINGS or not value:
+            parser.error(f"--timesteps takes SETTING=N with SETTING in {list(SETTINGS)}, got {item!r}")
+        overrides[key] = int(float(value))
+    args.timestep_overrides = overrides
+    return args
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = parse_args(argv)
+    settings = dict(SETTINGS)
+    names = list(args.settings)
+    seeds = list(args.seeds) if args.seeds is not None else ([0, 1] if args.quick else [0, 1, 2, 3, 4])
+    if args.quick:
+        names = [QUICK_SETTING]
+        settings[QUICK_SETTING] = dataclasses.replace(SETTINGS[QUICK_SETTING], **QUICK_OVERRIDES)
+    for key, steps in args.timestep_overrides.items():
+        settings[key] = dataclasses.replace(settings[key], timesteps=steps)
+    if args.summarise:
+        summarise(args.out, names)
+        return 0
+    if args.library_commit:
+        print(f"sb3_plastic from {use_library_commit(args.library_commit)}", flush=True)
+    import torch as th
+
+    th.set_num_threads(1)
+    for name in names:
+        ensure_random(name, settings[name], args.out)
+        for seed in seeds:
+            for arm in args.arms:
+                path = args.out / name / f"{arm}_seed{seed}.json"
+                if path.exists() and not args.force:
+                    print(f"skip {name} {arm} seed {seed}: {path} exists", flush=True)
+                    continue
+                record = run_one(name, settings[name], arm, seed, args.out)
+                print(f"{name} {arm} seed {seed}: final return {record['final_return']:.1f} "
+                      f"({record['timesteps']} steps, {record['wall_s'] / 60:.1f} min wall, "
+                      f"{record['cpu_s'] / 60:.1f} min CPU)", flush=True)
+    if not args.no_summary:
+        summarise(args.out, names)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
