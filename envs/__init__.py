@@ -26,10 +26,12 @@ identity env with ``action_masks()`` (:mod:`~sb3_plastic.envs.masking`). Every o
 ids are registered even without their extras; ``gym.make`` then raises
 ``gymnasium.error.DependencyNotInstalled`` naming the extra to install.
 
-All of them count env steps per env copy and derive each task from ``(task_seed, task_index)`` alone,
-so the copies of an SB3 vector env see the same task sequence; ``info["task_id"]`` and
+All of them count ``change_every`` in env steps of each env copy (a task lasts ``change_every * n_envs``
+model timesteps with ``n_envs`` copies: the defaults above are per copy) and derive each task from
+``(task_seed, task_index)`` alone, so the copies of an SB3 vector env see the same task sequence; ``info["task_id"]`` and
 ``info["task_step"]`` tell loggers the task, the observation never does. Where a change happens
-exactly: :class:`~sb3_plastic.envs.schedule.TaskSchedule`.
+exactly: :class:`~sb3_plastic.envs.schedule.TaskSchedule`; training keeps the copies on the model's
+``num_timesteps`` (:class:`~sb3_plastic.callbacks.TaskScheduleSync`), so resuming continues the sequence.
 
 Building blocks for your own non-stationary envs (stable API): :class:`TaskSchedule`,
 :class:`PiecewiseStationaryWrapper`, :class:`ChannelPermutation`, :class:`PhysicsParameterSchedule`,

@@ -144,6 +144,8 @@ def make_switching_atari(
     """``sb3_plastic/SwitchingAtari-v0``: cycle through ALE ``games``; ``game_kwargs`` go to :func:`make_atari_game`.
 
     :param games: ALE game names in switching order (repeats allowed; a single name is one game).
+    :param change_every: task (game) length in env steps of each env copy;
+        a task lasts ``change_every * n_envs`` model timesteps.
     """
     _require_atari()
     games = check_games(games, canonical_atari_game, "Atari")

@@ -130,7 +130,7 @@ def make_random_label_bandit(
 ) -> RandomLabelBandit:
     """``sb3_plastic/RandomLabelBandit-v0``: labels re-drawn every ``change_every`` env steps of each copy.
 
-    :param change_every: task length in env steps of one env copy.
+    :param change_every: task length in env steps of each env copy; a task lasts ``change_every * n_envs`` model timesteps.
     :param task_seed: seed of the label sequence (shared by the copies of a vector env).
     :param at_episode_end: postpone each change to the next episode start.
     :param n_contexts: see :class:`ContextualBandit` (also for the parameters below).

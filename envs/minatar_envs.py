@@ -208,6 +208,8 @@ def make_permuted_minatar(
 
     The observation of task ``k`` is ``np.take(base_obs, perm_k, axis=-1)`` with ``perm_k`` as documented in
     :class:`~sb3_plastic.envs.wrappers.ChannelPermutation` (task 0: identity).
+
+    :param change_every: task length in env steps of each env copy; a task lasts ``change_every * n_envs`` model timesteps.
     """
     game = canonical_minatar_game(game)
     TaskSchedule(change_every, task_seed, at_episode_end)  # validate before building
@@ -233,6 +235,8 @@ def make_switching_minatar(
     """``sb3_plastic/SwitchingMinAtar-v0``: cycle through ``games`` (task ``k`` plays ``games[k % len(games)]``).
 
     :param games: MinAtar games in switching order (repeats allowed; a single name is one game).
+    :param change_every: task (game) length in env steps of each env copy;
+        a task lasts ``change_every * n_envs`` model timesteps.
     """
     games = check_games(games, canonical_minatar_game, "MinAtar")
     TaskSchedule(change_every, task_seed, at_episode_end)

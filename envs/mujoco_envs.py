@@ -63,7 +63,9 @@ class SlipperyFriction(PhysicsParameterSchedule):
     Nature 632, 768-774 ("Slippery Ant").
 
     :param env: a gymnasium MuJoCo env (its ``unwrapped.model`` is modified in place).
-    :param change_every: task length in env steps (> 0; default 2 000 000).
+    :param change_every: task length in env steps of each env copy;
+        a task lasts ``change_every * n_envs`` model timesteps (> 0;
+        default 2 000 000).
     :param friction_range: ``(low, high)``, ``0 < low <= high``; ``f = 10 ** U(log10 low, log10 high)``.
     :param task_seed: seed of the friction sequence, shared by the copies of a vector env (>= 0).
     :param at_episode_end: apply a new friction at the next ``reset()`` (default) or immediately.

@@ -362,7 +362,8 @@ def make_permuted_octax(
     ``at_episode_end=True``, the first episode started after it.
 
     :param game: an Octax game.
-    :param change_every: env steps per permutation (> 0).
+    :param change_every: task (permutation) length in env steps of each env copy;
+        a task lasts ``change_every * n_envs`` model timesteps (> 0).
     :param task_seed: seed of the permutation sequence, shared by all copies of a vector env (>= 0).
     :param at_episode_end: postpone each new permutation to the next ``reset()``.
     :param octax_kwargs: keywords of :class:`OctaxEnv`.
@@ -408,7 +409,8 @@ def make_switching_octax(
     game in play (see :class:`~sb3_plastic.envs.wrappers.GameSwitchingEnv`).
 
     :param games: Octax games in switching order (repeats allowed; a single name is one game).
-    :param change_every: env steps per game (> 0).
+    :param change_every: task (game) length in env steps of each env copy;
+        a task lasts ``change_every * n_envs`` model timesteps (> 0).
     :param task_seed: seed of the task sequence (>= 0).
     :param at_episode_end: switch at the next episode end instead of truncating the current episode.
     :param action_mode: "union" or "padded" (above).

@@ -3,9 +3,18 @@
 A :class:`TaskSchedule` cuts the life of one environment copy into tasks of ``change_every`` env
 steps each and gives every task a random generator that depends on ``(task_seed, task_index)`` only.
 It holds no state: the step counting lives in
-:class:`~sb3_plastic.envs.wrappers.PiecewiseStationaryWrapper`, once per env copy. Since the copies of
-an SB3 vector env step in lockstep and the task parameters come from ``(task_seed, task_index)``
-alone, every copy of a vector env sees the same task sequence, whatever seed each copy was reset with.
+:class:`~sb3_plastic.envs.wrappers.PiecewiseStationaryWrapper`, once per env copy.
+
+The unit is the env steps of *each env copy* (an env can only count its own steps). With a vector env of
+``n_envs`` copies, after ``num_timesteps`` model timesteps every copy has taken ``num_timesteps // n_envs``
+steps, so a task lasts ``change_every * n_envs`` model timesteps and task ``k`` covers ``num_timesteps`` in
+``[k * change_every * n_envs, (k + 1) * change_every * n_envs)``. Training keeps the copies on that clock
+(:class:`~sb3_plastic.callbacks.TaskScheduleSync`): a resumed run continues the task sequence, and a
+``learn()`` with ``reset_num_timesteps=True`` restarts it at task 0.
+
+Since the copies of an SB3 vector env step in lockstep and the task parameters come from
+``(task_seed, task_index)`` alone, every copy of a vector env sees the same task sequence, whatever seed
+each copy was reset with.
 """
 
 from __future__ import annotations
@@ -63,7 +72,10 @@ class TaskSchedule:
     In both modes ``reset()`` applies ``task_index(n)``, so the first episode runs under task 0, and a
     ``reset(seed=...)`` sets ``n`` back to 0 (a seeded reset reproduces a fresh env, task sequence included).
 
-    :param change_every: task length in env steps of this env copy (> 0).
+    :param change_every: task length in env steps of each env copy;
+        a task lasts ``change_every * n_envs`` model timesteps (a vector env's
+        copies step in lockstep; :class:`~sb3_plastic.callbacks.TaskScheduleSync` keeps them on the model's
+        ``num_timesteps``) (> 0).
     :param task_seed: seed of the task sequence, shared by all copies of a vector env (>= 0).
     :param at_episode_end: postpone each change to the next episode start (see above).
     """

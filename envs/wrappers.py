@@ -65,7 +65,8 @@ class PiecewiseStationaryWrapper(gym.Wrapper):
     training env's task this way: :class:`~sb3_plastic.callbacks.ContinualEvalCallback`).
 
     :param env: the env to make non-stationary.
-    :param change_every: task length in env steps of this copy (> 0).
+    :param change_every: task length in env steps of each env copy;
+        a task lasts ``change_every * n_envs`` model timesteps (> 0).
     :param task_seed: seed of the task sequence, the same for every copy of a vector env (>= 0).
     :param at_episode_end: postpone each change to the next ``reset()``.
     """
@@ -236,7 +237,8 @@ class ChannelPermutation(PiecewiseStationaryWrapper):
     Used for the channel-permuted MinAtar benchmark of Rosseau, Müller & Nowé (2026).
 
     :param env: env with a ``Box`` observation space of at least 2 channels along ``axis``.
-    :param change_every: task length in env steps (> 0).
+    :param change_every: task length in env steps of each env copy;
+        a task lasts ``change_every * n_envs`` model timesteps (> 0).
     :param task_seed: seed of the permutation sequence (>= 0).
     :param at_episode_end: postpone each new permutation to the next ``reset()``.
     :param axis: the channel axis (-1: channels-last, as MinAtar's ``(10, 10, C)``).
@@ -316,7 +318,8 @@ class PhysicsParameterSchedule(PiecewiseStationaryWrapper):
     between episodes.
 
     :param env: the env whose physics changes.
-    :param change_every: task length in env steps (> 0).
+    :param change_every: task length in env steps of each env copy;
+        a task lasts ``change_every * n_envs`` model timesteps (> 0).
     :param sample_fn: ``rng -> dict`` of parameters of one task.
     :param apply_fn: ``(env.unwrapped, params) -> None`` writes them into the simulator.
     :param task_seed: seed of the parameter sequence (>= 0).
@@ -505,7 +508,8 @@ class GameSwitchingEnv(PiecewiseStationaryWrapper):
 
     :param env_fns: one constructor per game; every game must have the same observation and action
         space (wrap games in :class:`PadChannels` / :class:`PadActions` to get there).
-    :param change_every: env steps per game (> 0).
+    :param change_every: task (game) length in env steps of each env copy;
+        a task lasts ``change_every * n_envs`` model timesteps (> 0).
     :param names: game names for ``info["game"]`` (default: the envs' spec ids or class names).
     :param task_seed: seed of the task sequence (>= 0).
     :param at_episode_end: switch at the next episode end instead of truncating the current episode.
