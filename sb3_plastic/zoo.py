@@ -37,6 +37,10 @@ Before handing over, :func:`register`
   (:class:`ContinuedTraining`).
   A maskable algorithm (``plastic_ppo_mask``) is also evaluated with action masks, during training
   (``--eval-freq``) and optuna trials (:func:`action_mask_evaluation`), and :func:`enjoy` plays it with masks.
+  On a piecewise-stationary env the evaluations follow the training task (:func:`task_following_evaluation`) and
+  the tuning objective is the mean over the trial's evaluations (:func:`continual_objective`);
+* adds the launcher option ``--monitor EVERY`` to ``train``: a
+  :class:`~sb3_plastic.callbacks.PlasticityMonitor` in the training run (``plasticity/...`` scalars with ``-tb``).
 
 Without ``--algo`` the launcher trains ``plastic_ppo``; without ``-conf`` a plastic algorithm reads
 ``zoo_configs/<algo>.yml`` of this repository.
@@ -594,8 +598,11 @@ def _hand_over(function: Any, prog: str, argv: Sequence[str]) -> None:
 def train(argv: Optional[Sequence[str]] = None) -> None:
     """``sb3-plastic train``: rl_zoo3's ``train`` with the plastic algorithms registered.
 
+    The launcher's own option ``--monitor EVERY`` (a positive integer, environment steps) adds
+    ``PlasticityMonitor(every=EVERY)`` to the training run's callbacks; everything else goes to rl_zoo3.
+
     :param argv: rl_zoo3's train arguments, e.g. ``["--algo", "plastic_ppo", "--env", "CartPole-v1",
-        "-n", "2000"]`` (default: ``sys.argv[1:]``).
+        "-n", "2000"]`` (default: ``sys.argv[1:]``), plus ``--monitor EVERY``.
     :raises SystemExit: (status 2) with a message naming the key when a yaml key is misspelt.
     """
     global _MONITOR_EVERY
