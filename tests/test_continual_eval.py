@@ -345,3 +345,27 @@ def test_monitor_flag_rejects_a_bad_period(capsys):
     with pytest.raises(SystemExit):
         zoo.train(["--env", "CartPole-v1", "--monitor", "0"])
     assert "EVERY must be a positive integer (environment steps), got '0'" in capsys.readouterr().err
+
+
+def test_zoo_masked_callbacks_also_follow_the_task():
+    """For a maskable algorithm the zoo's callbacks are the masked ones with the task-following mixin in front."""
+    import rl_zoo3.exp_manager as em
+    from rl_zoo3.callbacks import TrialEvalCallback
+    from sb3_contrib.common.maskable.callbacks import MaskableEvalCallback
+
+    from sb3_plastic.callbacks.continual_eval import TaskFollowingEvalMixin
+
+    zoo.register()
+    saved = em.EvalCallback, em.TrialEvalCallback
+    env = DummyVecEnv([lambda: gym.make("sb3_plastic/InvalidActionDiscrete-v0")])
+    trial = optuna.create_study(direction="maximize").ask()
+    with zoo.action_mask_evaluation("plastic_ppo_mask"), zoo.task_following_evaluation() as created:
+        evaluation = em.EvalCallback(env, eval_freq=10)
+        trial_evaluation = em.TrialEvalCallback(env, trial, eval_freq=10)
+    assert created == [evaluation, trial_evaluation]
+    assert isinstance(evaluation, MaskableEvalCallback) and isinstance(evaluation, TaskFollowingEvalMixin)
+    for cls in (TrialEvalCallback, MaskableEvalCallback, TaskFollowingEvalMixin):
+        assert isinstance(trial_evaluation, cls)
+    assert (em.EvalCallback, em.TrialEvalCallback) == saved  # restored
+    assert zoo.continual_objective(created, -1.0, trial) == -1.0  # stationary: rl_zoo3's value
+    assert trial.user_attrs["objective"] == "last_evaluation"
