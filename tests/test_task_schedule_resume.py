@@ -197,3 +197,19 @@ def test_stationary_env_is_left_alone_and_bad_min_tasks_raises():
 
 def test_exported():
     assert sb3_plastic.TaskScheduleSync is sb3_plastic.callbacks.TaskScheduleSync
+
+
+def test_zoo_continued_training_of_a_plain_model_follows_the_schedule(tmp_path):
+    """``sb3-plastic train -i`` hands rl_zoo3 a ContinuedTraining: reset_num_timesteps=False, and a plain SB3 model
+    on a continual env gets the TaskScheduleSync the plastic algorithms add themselves."""
+    from sb3_plastic.zoo import ContinuedTraining
+
+    model = PPO("MlpPolicy", _bandit(), **PPO_KWARGS)
+    model.learn(24)
+    model.save(tmp_path / "plain.zip")
+    loaded = PPO.load(tmp_path / "plain.zip", env=_bandit(), device="cpu")
+    recorder = TaskRecorder()
+    continued = ContinuedTraining(loaded)
+    continued.learn(16, callback=[recorder])
+    assert loaded.num_timesteps == 40 and continued.num_timesteps == 40
+    assert recorder.rows == _expected(recorder.rows) and recorder.rows[0] == (26, (2, 2))
