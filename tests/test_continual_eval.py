@@ -124,6 +124,25 @@ def test_pin_task_on_game_switching_ends_the_episode_then_switches():
     assert info["task_id"] == 1 and info["game"] == "b"
 
 
+def test_pin_task_on_the_fused_permuted_minatar_step():
+    """PermutedMinAtar inlines the base class's step: a pin still reaches it (through ``_switch``)."""
+    from sb3_plastic.envs.minatar_envs import PermutedMinAtar, make_permuted_minatar
+
+    env = make_permuted_minatar("breakout", change_every=10)
+    assert isinstance(env, PermutedMinAtar)
+    env.reset(seed=0)
+    env.pin_task(3)
+    for _ in range(30):
+        _, _, terminated, truncated, info = env.step(0)
+        assert info["task_id"] == 3
+        np.testing.assert_array_equal(env.current_permutation, env.permutation_for(3))
+        if terminated or truncated:
+            env.reset()
+    env.pin_task(None)
+    _, _, _, _, info = env.step(0)
+    assert info["task_id"] == 31 // 10
+
+
 @pytest.mark.parametrize("bad", [-1, 1.5, "2", True])
 def test_pin_task_rejects_bad_values(bad):
     env = _cartpole_permuted()

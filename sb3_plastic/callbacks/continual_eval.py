@@ -19,14 +19,10 @@ import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback, CallbackList, EvalCallback
 from stable_baselines3.common.vec_env import VecEnv
 
+from sb3_plastic.callbacks.schedule import schedule_wrapper_class
+
 #: Name of the extra array of ``evaluations.npz``: the task index each evaluation measured.
 TASK_IDS_KEY = "task_ids"
-
-
-def _piecewise_stationary_wrapper() -> type:
-    from sb3_plastic.envs.wrappers import PiecewiseStationaryWrapper
-
-    return PiecewiseStationaryWrapper
 
 
 def piecewise_stationary_copies(env: VecEnv) -> list[int]:
@@ -39,7 +35,7 @@ def piecewise_stationary_copies(env: VecEnv) -> list[int]:
     :param env: a vector env.
     :return: the copy indices (empty for a stationary env).
     """
-    wrapped = env.env_is_wrapped(_piecewise_stationary_wrapper())
+    wrapped = env.env_is_wrapped(schedule_wrapper_class())
     return [i for i, flag in enumerate(wrapped) if flag]
 
 
