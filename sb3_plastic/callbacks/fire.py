@@ -605,8 +605,9 @@ class FIREConfig:
 
     :param fire_at: float in (0, 1): fraction of the training run started by ``learn()`` (fires once per run,
         kept across save -> load -> ``learn(reset_num_timesteps=False)``); int >= 1: an absolute
-        ``num_timesteps``; ``None``: off.
-    :param fire_every: fire every N env steps (multiples of N on ``num_timesteps``); ``None``: off.
+        ``num_timesteps`` (warns when it is already passed or after the end of the ``learn()`` call); ``None``: off.
+    :param fire_every: fire every N env steps (multiples of N on ``num_timesteps``; warns when no multiple falls
+        inside the ``learn()`` call); ``None``: off.
     :param fire_on_task_change: fire when any env's ``info["task_id"]`` changes (warns when the env's infos have
         no ``task_id``).
     :param fire_iterations: Newton–Schulz steps (reference: 10).
