@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch as th
 from sb3_contrib.common.maskable.policies import MaskableActorCriticPolicy
 from sb3_contrib.crossq.policies import CrossQPolicy
 from sb3_contrib.qrdqn.policies import QRDQNPolicy
@@ -85,7 +86,8 @@ class PlasticCrossQPolicy(PlasticActorQCriticMixin, CrossQPolicy):
         kwargs = dict(kwargs)
         user_class = kwargs.get("optimizer_class")
         if kwargs.get("optimizer_kwargs") is None and config.optimizer != "adam_equal_betas":
-            if user_class is None or (user_class is AdamO and config.optimizer == "adamo"):
+            # sb3-contrib gives these betas to Adam and AdamW; AdamO (and a user's Adam / AdamW with the isometry step) too
+            if user_class is None or user_class in (th.optim.Adam, th.optim.AdamW, AdamO):
                 kwargs["optimizer_kwargs"] = {"betas": self._plastic_crossq_betas}
         return super()._resolve_plastic_kwargs(config, kwargs)
 

@@ -20,8 +20,8 @@ class PlasticMaskablePPO(PlasticAlgorithmMixin, MaskablePPO):
 
     Same constructor as ``sb3_contrib.MaskablePPO`` plus the plastic keywords of
     :class:`~sb3_plastic.config.IsometryConfig`; ``learn``/``predict`` take ``action_masks`` as in
-    sb3-contrib. ``activation="tanh", isometry_mode="off", optimizer="adam"`` is exactly sb3-contrib's
-    MaskablePPO.
+    sb3-contrib. Default activations are sb3-contrib's (Tanh MLP, ReLU NatureCNN); ``isometry_mode="off",
+    optimizer="adam"`` is exactly sb3-contrib's MaskablePPO for every policy alias.
     """
 
     policy_aliases: ClassVar[dict[str, type[BasePolicy]]] = {

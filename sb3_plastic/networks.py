@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Union
 
 import gymnasium as gym
+import numpy as np
 import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.preprocessing import get_flattened_obs_dim, is_image_space, is_image_space_channels_first
@@ -27,6 +28,35 @@ CNN_ARCHS = ("auto", "nature", "minatar")
 #: "auto" picks the Nature CNN when both spatial sizes are at least this large (its 8x8/4, 4x4/2, 3x3/1
 #: stack needs 36 pixels), the MinAtar CNN otherwise.
 NATURE_MIN_SIZE = 36
+
+
+class ImageSpaceError(ValueError, AssertionError):
+    """An observation space a CNN extractor does not take. SB3's ``NatureCNN`` asserts in the same place, so this
+    error is both a ``ValueError`` and an ``AssertionError`` (code written for SB3 keeps catching it)."""
+
+
+def is_binary_frame_space(space: gym.Space) -> bool:
+    """Whether ``space`` is a 3-D boolean ``Box``: MinAtar's ``(10, 10, C)`` frames (Young & Tian, 2019) and
+    the boolean CHIP-8 screens of Octax, which :class:`PlasticCNN` takes on purpose (SB3's ``NatureCNN`` does not)."""
+    return isinstance(space, spaces.Box) and len(space.shape) == 3 and space.dtype == np.bool_
+
+
+def check_cnn_space(observation_space: gym.Space, normalized_image: bool) -> None:
+    """SB3's ``NatureCNN`` guard, with the library's boolean frames (:func:`is_binary_frame_space`) allowed.
+
+    :raises ImageSpaceError: for anything else that SB3's ``is_image_space(..., check_channels=False,
+        normalized_image=normalized_image)`` rejects (a float / unbounded box, e.g. after ``VecNormalize``).
+    """
+    if is_binary_frame_space(observation_space):
+        return
+    if not is_image_space(observation_space, check_channels=False, normalized_image=normalized_image):
+        raise ImageSpaceError(
+            f"PlasticCNN (as SB3's NatureCNN) takes images: a 3-D uint8 Box with bounds [0, 255], or with "
+            f"normalize_images=False any 3-D Box; boolean frames (MinAtar's (10, 10, C), dtype=bool) are also "
+            f"allowed. Got {observation_space}. Use 'MlpPolicy' / 'MultiInputPolicy' for non-image observations; "
+            f"for images that are already normalised (VecNormalize, float channel-first frames) pass "
+            f"policy_kwargs=dict(normalize_images=False)."
+        )
 
 
 def check_even_widths(activation: type[nn.Module], widths: dict[str, int]) -> None:
@@ -44,9 +74,12 @@ class PlasticCNN(BaseFeaturesExtractor):
         such as MinAtar's ``(10, 10, C)`` booleans (then the extractor moves the channels first itself;
         SB3 already transposes channels-last uint8 images with ``VecTransposeImage``).
     :param features_dim: width of the last (linear) layer; default 512 (Nature) or 128 (MinAtar).
-    :param activation: "relu" | "maxmin" | "tanh" or an ``nn.Module`` class.
+    :param activation: "relu" | "maxmin" | "tanh" or an ``nn.Module`` class (the plastic policies pass ReLU,
+        ``NatureCNN``'s, unless ``activation`` names another).
     :param arch: "nature", "minatar" or "auto" (Nature when H and W >= 36).
-    :param normalized_image: accepted for signature compatibility with SB3's ``NatureCNN``.
+    :param normalized_image: as in SB3's ``NatureCNN``: the observations are already normalised, so any 3-D
+        ``Box`` is taken (SB3 sets it from ``normalize_images=False``). Without it the space must be an image
+        (uint8, [0, 255]) or boolean frames; anything else raises :class:`ImageSpaceError` where SB3 asserts.
     """
 
     def __init__(
@@ -58,7 +91,8 @@ class PlasticCNN(BaseFeaturesExtractor):
         normalized_image: bool = False,
     ) -> None:
         if not isinstance(observation_space, spaces.Box) or len(observation_space.shape) != 3:
-            raise ValueError(f"PlasticCNN needs a 3-D Box observation space (C, H, W), got {observation_space}")
+            raise ImageSpaceError(f"PlasticCNN needs a 3-D Box observation space (C, H, W), got {observation_space}")
+        check_cnn_space(observation_space, normalized_image)
         if arch not in CNN_ARCHS:
             raise ValueError(f"Unknown arch {arch!r} for PlasticCNN; allowed: {list(CNN_ARCHS)}")
         act = get_activation(activation)
@@ -159,7 +193,13 @@ class PlasticCombinedExtractor(BaseFeaturesExtractor):
         total = 0
         for key, subspace in observation_space.spaces.items():
             if is_image_space(subspace, normalized_image=normalized_image):
-                extractors[key] = PlasticCNN(subspace, features_dim=cnn_output_dim, activation=activation, arch="auto")
+                extractors[key] = PlasticCNN(
+                    subspace,
+                    features_dim=cnn_output_dim,
+                    activation=activation,
+                    arch="auto",
+                    normalized_image=normalized_image,
+                )
                 total += cnn_output_dim
             else:
                 extractors[key] = nn.Flatten()

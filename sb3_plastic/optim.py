@@ -12,6 +12,7 @@ rescale the penalty; that ablation is kept so users can compare.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterable
 from typing import Any, Optional, Union
@@ -91,7 +92,144 @@ def reset_optimizer_state(
             value.index_fill_(dim, idx, 0.0)
 
 
-class AdamO(th.optim.Adam):
+class IsometryStepMixin:
+    """The isometry step of AdamO (Rosseau, Müller & Nowé, 2026) around any torch optimizer's own ``step``.
+
+    Mixed in front of a ``torch.optim.Optimizer`` subclass (:class:`AdamO` is it on ``torch.optim.Adam``;
+    :func:`with_isometry_step` builds it for any other optimizer class). Every param group carries
+    ``isometry_coef``, ``isometry_scale``, ``isometry_mode`` (``"decoupled"`` / ``"coupled"``),
+    ``isometry_interval`` and optionally ``isometry_blocks``; the update rule, the blow-up clamp and the state
+    entries (``isometry_count``, ``isometry_step``) are the ones described in :class:`AdamO`, with the base
+    optimizer's update in place of Adam's.
+    """
+
+    param_groups: list[dict[str, Any]]
+    state: Any
+    defaults: dict[str, Any]
+
+    def _init_isometry(
+        self, isometry_coef: float, isometry_scale: float, isometry_mode: str, isometry_interval: int
+    ) -> None:
+        """Give every param group the isometry settings it does not set itself, and validate them."""
+        for group in self.param_groups:
+            group.setdefault("isometry_coef", isometry_coef)
+            group.setdefault("isometry_scale", isometry_scale)
+            group.setdefault("isometry_mode", isometry_mode)
+            group.setdefault("isometry_interval", isometry_interval)
+            _check_group(group)
+        self.defaults.update(
+            isometry_coef=isometry_coef,
+            isometry_scale=isometry_scale,
+            isometry_mode=isometry_mode,
+            isometry_interval=isometry_interval,
+        )
+
+    def _isometry_base_step(self) -> Callable[..., Any]:
+        """The ``step`` of the torch optimizer class this mixin sits on (the next class in the MRO)."""
+        mro = type(self).__mro__
+        base = mro[mro.index(IsometryStepMixin) + 1]
+        return base.step  # type: ignore[attr-defined]
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        super().add_param_group(param_group)
+        if "isometry_mode" in self.param_groups[-1]:  # defaults exist (not called from Adam.__init__)
+            _check_group(self.param_groups[-1])
+
+    @staticmethod
+    def is_regularised(param: th.Tensor, group: dict[str, Any]) -> bool:
+        """Whether ``param`` receives the isometry step: >= 2 dims in a group with ``isometry_coef > 0``."""
+        return group["isometry_coef"] > 0 and param.dim() >= 2
+
+    @th.no_grad()
+    def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:  # type: ignore[override]
+        """One step: the isometry update computed at the pre-step weights, the base optimizer's own step (which
+        sees only the task gradient in decoupled mode), then the decoupled isometry update."""
+        loss = None
+        if closure is not None:
+            with th.enable_grad():
+                loss = closure()
+        pending: list[tuple[th.Tensor, th.Tensor, th.Tensor]] = []
+        counted: list[tuple[th.Tensor, int]] = []
+        for group in self.param_groups:
+            _check_group(group)
+            interval = group["isometry_interval"]
+            for p in group["params"]:
+                if p.grad is None or not self.is_regularised(p, group):
+                    continue
+                state = self.state.get(p, {})
+                count = int(state["isometry_count"]) if "isometry_count" in state else 0
+                # written after the base step: Adam, RMSprop, ... initialise a state only while it is empty
+                counted.append((p, count + 1))
+                if count % interval:
+                    continue
+                blocks = group.get("isometry_blocks", 1)
+                if blocks > 1:
+                    update, step = self._block_isometry_update(p, group, blocks)
+                    if step is None:
+                        p.grad.add_(update)
+                    else:
+                        pending.append((p, update, step))
+                    continue
+                # Gradient of R at the current (pre-step) parameters, as in the update rule above; the Gram
+                # matrix is computed once for the gradient and for the blow-up bound.
+                w = as_matrix(p)
+                tall = w.shape[0] >= w.shape[1]
+                gram = w.T @ w if tall else w @ w.T
+                bound = gram.abs().sum(dim=1).max().clamp_min(1e-12)
+                gram.diagonal().sub_(group["isometry_scale"])
+                if group["isometry_mode"] == "coupled":
+                    gram.mul_(4.0 * group["isometry_coef"] * interval)
+                    p.grad.add_((w @ gram if tall else gram @ w).view_as(p))
+                else:
+                    limit = float(group["lr"]) * group["isometry_coef"] * interval
+                    step = th.clamp(MAX_ISOMETRY_STEP / (4.0 * bound), max=limit)
+                    # fold 4 * step into the small Gram residual: the full-size product is the update itself
+                    gram.mul_(4.0 * step)
+                    pending.append((p, (w @ gram if tall else gram @ w).view_as(p), step))
+        # torch wraps every optimizer class's ``step`` to run step hooks; calling the wrapped base step from
+        # here would run the hooks registered on this optimizer twice per step.
+        base_step = self._isometry_base_step()
+        if getattr(base_step, "hooked", False):
+            base_step = base_step.__wrapped__  # type: ignore[attr-defined]
+        base_step(self)
+        for p, update, step in pending:
+            p.sub_(update)
+            self.state[p]["isometry_step"] = step.detach()
+        for p, count in counted:
+            self.state[p]["isometry_count"] = count
+        return loss
+
+    @staticmethod
+    def _block_isometry_update(
+        p: th.Tensor, group: dict[str, Any], blocks: int
+    ) -> tuple[th.Tensor, Optional[th.Tensor]]:
+        """The isometry update of a weight made of ``blocks`` stacked matrices, each with its own Gram matrix
+        and clamp: ``(gradient term, None)`` in coupled mode, ``(update, per-block step)`` in decoupled mode."""
+        w = as_blocks(p, blocks)
+        tall = w.shape[-2] >= w.shape[-1]
+        gram = w.mT @ w if tall else w @ w.mT
+        bound = gram.abs().sum(dim=-1).amax(dim=-1).clamp_min(1e-12)
+        gram.diagonal(dim1=-2, dim2=-1).sub_(group["isometry_scale"])
+        interval = group["isometry_interval"]
+        if group["isometry_mode"] == "coupled":
+            gram.mul_(4.0 * group["isometry_coef"] * interval)
+            return (w @ gram if tall else gram @ w).view_as(p), None
+        limit = float(group["lr"]) * group["isometry_coef"] * interval
+        step = th.clamp(MAX_ISOMETRY_STEP / (4.0 * bound), max=limit)
+        gram.mul_(4.0 * step.view(-1, 1, 1))
+        return (w @ gram if tall else gram @ w).view_as(p), step
+
+    def reset_state(
+        self, param: th.Tensor, index: Optional[Union[th.Tensor, Iterable[int]]] = None, dim: int = 0
+    ) -> None:
+        """Zero the moments of ``param`` (whole tensor, or rows ``dim=0`` / columns ``dim=1``).
+
+        See :func:`reset_optimizer_state`.
+        """
+        reset_optimizer_state(self, param, index, dim)
+
+
+class AdamO(IsometryStepMixin, th.optim.Adam):
     """Adam with a decoupled isometry step ("AdamO", Rosseau, Müller & Nowé, 2026).
 
     :param params: parameters or param groups. A group may set its own ``isometry_coef``,
@@ -152,111 +290,53 @@ class AdamO(th.optim.Adam):
             decoupled_weight_decay=True,
             **kwargs,
         )
-        for group in self.param_groups:
-            group.setdefault("isometry_coef", isometry_coef)
-            group.setdefault("isometry_scale", isometry_scale)
-            group.setdefault("isometry_mode", isometry_mode)
-            group.setdefault("isometry_interval", isometry_interval)
-            _check_group(group)
-        self.defaults.update(
-            isometry_coef=isometry_coef,
-            isometry_scale=isometry_scale,
-            isometry_mode=isometry_mode,
-            isometry_interval=isometry_interval,
+        self._init_isometry(isometry_coef, isometry_scale, isometry_mode, isometry_interval)
+
+
+@functools.cache
+def with_isometry_step(optimizer_class: type[th.optim.Optimizer]) -> type[th.optim.Optimizer]:
+    """``optimizer_class`` with AdamO's isometry step (Rosseau, Müller & Nowé, 2026) on top of its own update.
+
+    This is what a plastic policy builds when ``policy_kwargs`` name an ``optimizer_class`` (``AdamW``,
+    SB3's ``RMSpropTFLike``, ``SGD``, ...) while the isometry penalty is on: the optimizer keeps its own update
+    and its own keywords (``optimizer_kwargs``), and the penalty acts exactly as in :class:`AdamO`:
+    ``isometry_mode="decoupled"`` applies ``-lr * lambda * grad R(W)`` after the optimizer's step, outside its
+    state (moments, square averages, momentum buffers), with AdamO's clamp; ``"coupled"`` adds
+    ``lambda * grad R(W)`` to the gradient the optimizer sees. The returned class takes the optimizer's own
+    arguments plus ``isometry_coef``, ``isometry_scale``, ``isometry_mode`` and ``isometry_interval``; param
+    groups may set them (and ``isometry_blocks``) as in :class:`AdamO`. A class that already has the step
+    (:class:`AdamO`, a class returned here) is returned unchanged; the same class is returned for the same
+    ``optimizer_class``.
+
+    :param optimizer_class: a subclass of ``torch.optim.Optimizer`` whose ``step`` works without a closure.
+    :raises ValueError: for anything else (``torch.optim.LBFGS`` needs a closure on every step).
+    """
+    if not (isinstance(optimizer_class, type) and issubclass(optimizer_class, th.optim.Optimizer)):
+        raise ValueError(f"optimizer_class must be a subclass of torch.optim.Optimizer, got {optimizer_class!r}")
+    if issubclass(optimizer_class, IsometryStepMixin):
+        return optimizer_class
+    if issubclass(optimizer_class, th.optim.LBFGS):
+        raise ValueError(
+            f"optimizer_class={optimizer_class.__name__} re-evaluates the loss through a closure on every step, which "
+            "SB3 never passes; use an optimizer whose step needs no closure (Adam, AdamW, RMSprop, SGD, ...)"
         )
 
-    def add_param_group(self, param_group: dict[str, Any]) -> None:
-        super().add_param_group(param_group)
-        if "isometry_mode" in self.param_groups[-1]:  # defaults exist (not called from Adam.__init__)
-            _check_group(self.param_groups[-1])
-
-    @staticmethod
-    def is_regularised(param: th.Tensor, group: dict[str, Any]) -> bool:
-        """Whether ``param`` receives the isometry step: >= 2 dims in a group with ``isometry_coef > 0``."""
-        return group["isometry_coef"] > 0 and param.dim() >= 2
-
-    @th.no_grad()
-    def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:  # type: ignore[override]
-        """One AdamO step (see the class docstring)."""
-        loss = None
-        if closure is not None:
-            with th.enable_grad():
-                loss = closure()
-        pending: list[tuple[th.Tensor, th.Tensor, th.Tensor]] = []
-        counted: list[tuple[th.Tensor, int]] = []
-        for group in self.param_groups:
-            _check_group(group)
-            interval = group["isometry_interval"]
-            for p in group["params"]:
-                if p.grad is None or not self.is_regularised(p, group):
-                    continue
-                state = self.state.get(p, {})
-                count = int(state["isometry_count"]) if "isometry_count" in state else 0
-                counted.append((p, count + 1))  # written after Adam's step: Adam initialises an empty state
-                if count % interval:
-                    continue
-                blocks = group.get("isometry_blocks", 1)
-                if blocks > 1:
-                    update, step = self._block_isometry_update(p, group, blocks)
-                    if step is None:
-                        p.grad.add_(update)
-                    else:
-                        pending.append((p, update, step))
-                    continue
-                # Gradient of R at the current (pre-step) parameters, as in the update rule above; the Gram
-                # matrix is computed once for the gradient and for the blow-up bound.
-                w = as_matrix(p)
-                tall = w.shape[0] >= w.shape[1]
-                gram = w.T @ w if tall else w @ w.T
-                bound = gram.abs().sum(dim=1).max().clamp_min(1e-12)
-                gram.diagonal().sub_(group["isometry_scale"])
-                if group["isometry_mode"] == "coupled":
-                    gram.mul_(4.0 * group["isometry_coef"] * interval)
-                    p.grad.add_((w @ gram if tall else gram @ w).view_as(p))
-                else:
-                    limit = float(group["lr"]) * group["isometry_coef"] * interval
-                    step = th.clamp(MAX_ISOMETRY_STEP / (4.0 * bound), max=limit)
-                    # fold 4 * step into the small Gram residual: the full-size product is the update itself
-                    gram.mul_(4.0 * step)
-                    pending.append((p, (w @ gram if tall else gram @ w).view_as(p), step))
-        # torch wraps every optimizer class's ``step`` to run step hooks; calling the wrapped Adam.step from
-        # here would run the hooks registered on this AdamO twice per step.
-        adam_step = th.optim.Adam.step
-        if getattr(adam_step, "hooked", False):
-            adam_step = adam_step.__wrapped__  # type: ignore[attr-defined]
-        adam_step(self)
-        for p, update, step in pending:
-            p.sub_(update)
-            self.state[p]["isometry_step"] = step.detach()
-        for p, count in counted:
-            self.state[p]["isometry_count"] = count
-        return loss
-
-    @staticmethod
-    def _block_isometry_update(
-        p: th.Tensor, group: dict[str, Any], blocks: int
-    ) -> tuple[th.Tensor, Optional[th.Tensor]]:
-        """The isometry update of a weight made of ``blocks`` stacked matrices, each with its own Gram matrix
-        and clamp: ``(gradient term, None)`` in coupled mode, ``(update, per-block step)`` in decoupled mode."""
-        w = as_blocks(p, blocks)
-        tall = w.shape[-2] >= w.shape[-1]
-        gram = w.mT @ w if tall else w @ w.mT
-        bound = gram.abs().sum(dim=-1).amax(dim=-1).clamp_min(1e-12)
-        gram.diagonal(dim1=-2, dim2=-1).sub_(group["isometry_scale"])
-        interval = group["isometry_interval"]
-        if group["isometry_mode"] == "coupled":
-            gram.mul_(4.0 * group["isometry_coef"] * interval)
-            return (w @ gram if tall else gram @ w).view_as(p), None
-        limit = float(group["lr"]) * group["isometry_coef"] * interval
-        step = th.clamp(MAX_ISOMETRY_STEP / (4.0 * bound), max=limit)
-        gram.mul_(4.0 * step.view(-1, 1, 1))
-        return (w @ gram if tall else gram @ w).view_as(p), step
-
-    def reset_state(
-        self, param: th.Tensor, index: Optional[Union[th.Tensor, Iterable[int]]] = None, dim: int = 0
+    def __init__(
+        self: Any,
+        params: Iterable[Any],
+        *args: Any,
+        isometry_coef: float = 0.1,
+        isometry_scale: float = 1.0,
+        isometry_mode: str = "decoupled",
+        isometry_interval: int = 1,
+        **kwargs: Any,
     ) -> None:
-        """Zero the moments of ``param`` (whole tensor, or rows ``dim=0`` / columns ``dim=1``).
+        optimizer_class.__init__(self, params, *args, **kwargs)
+        self._init_isometry(isometry_coef, isometry_scale, isometry_mode, isometry_interval)
 
-        See :func:`reset_optimizer_state`.
-        """
-        reset_optimizer_state(self, param, index, dim)
+    name = f"{optimizer_class.__name__}WithIsometry"
+    base = f"{optimizer_class.__module__}.{optimizer_class.__qualname__}"
+    doc = f"``{base}`` with AdamO's isometry step (see :func:`with_isometry_step`)."
+    cls = type(name, (IsometryStepMixin, optimizer_class), {"__init__": __init__, "__doc__": doc, "__module__": __name__})
+    cls.__qualname__ = name
+    return cls

@@ -10,6 +10,7 @@ Learning via Dynamical Isometry".
 from __future__ import annotations
 
 import fnmatch
+import inspect
 import math
 from typing import Any, Optional, Union
 
@@ -25,15 +26,18 @@ from sb3_plastic.common.surgery import head_layers
 from sb3_plastic.config import EQUAL_BETA, IsometryConfig
 from sb3_plastic.isometry import WEIGHT_LAYERS, orthogonal_init_
 from sb3_plastic.networks import PlasticCNN, PlasticCombinedExtractor, check_even_widths
-from sb3_plastic.optim import AdamO
+from sb3_plastic.optim import AdamO, IsometryStepMixin, with_isometry_step
 
 _PLASTIC_EXTRACTORS = ("PlasticCNN", "PlasticMLP", "PlasticCombinedExtractor")
 
 
 def _arch_widths(net_arch: Any) -> dict[str, int]:
-    """All hidden widths named in an SB3 ``net_arch`` (list, or dict of lists)."""
+    """All hidden widths named in an SB3 ``net_arch`` (list, or dict of lists; SB3's old style
+    ``[dict(pi=..., vf=...)]``, which SB3 still converts with a warning, counts as its dict)."""
     if net_arch is None:
         return {}
+    if isinstance(net_arch, (list, tuple)) and len(net_arch) > 0 and isinstance(net_arch[0], dict):
+        net_arch = net_arch[0]  # SB3 itself converts it (and warns) when it builds the networks
     if isinstance(net_arch, dict):
         return {f"{key}[{i}]": int(w) for key, arch in net_arch.items() for i, w in enumerate(arch)}
     return {f"net_arch[{i}]": int(w) for i, w in enumerate(net_arch)}
@@ -91,9 +95,13 @@ class PlasticPolicyMixin:
         kwargs = dict(kwargs)
         user_fn = kwargs.get("activation_fn")
         if config.activation is None:
-            act = get_activation(user_fn) if user_fn is not None else nn.ReLU
+            # SB3's own activation for every part of the network: the policy family's MLP default (Tanh for
+            # PPO-style actor-critics, ReLU for DQN / SAC style) or the user's activation_fn, and SB3's NatureCNN
+            # (always ReLU) for images
+            act = get_activation(user_fn) if user_fn is not None else self.sb3_default_activation()
+            cnn_act: type[nn.Module] = nn.ReLU
         else:
-            act = get_activation(config.activation)
+            act = cnn_act = get_activation(config.activation)
             if user_fn is not None and user_fn is not act:
                 raise ValueError(
                     f"activation={config.activation!r} conflicts with policy_kwargs activation_fn={user_fn!r}; "
@@ -106,30 +114,33 @@ class PlasticPolicyMixin:
         extractor = kwargs.get("features_extractor_class")
         if self._plastic_cnn_no_mlp and kwargs.get("net_arch") is None and extractor is PlasticCNN:
             kwargs["net_arch"] = []
-        if extractor is not None and getattr(extractor, "__name__", "") in _PLASTIC_EXTRACTORS:
+        name = getattr(extractor, "__name__", "")
+        if extractor is not None and name in _PLASTIC_EXTRACTORS:
             fe_kwargs = dict(kwargs.get("features_extractor_kwargs") or {})
-            fe_kwargs.setdefault("activation", act)
+            fe_kwargs.setdefault("activation", act if name == "PlasticMLP" else cnn_act)
+            if name != "PlasticMLP" and kwargs.get("normalize_images", True) is False:
+                fe_kwargs["normalized_image"] = True  # what SB3 does for its NatureCNN / CombinedExtractor
             kwargs["features_extractor_kwargs"] = fe_kwargs
 
         user_class = kwargs.get("optimizer_class")
         user_opt_kwargs = dict(kwargs.get("optimizer_kwargs") or {})
         if config.optimizer == "adam_equal_betas":
+            if user_class is not None:
+                raise ValueError(
+                    f"optimizer='adam_equal_betas' builds torch Adam with beta1 = beta2 and conflicts with policy_kwargs "
+                    f"optimizer_class={getattr(user_class, '__name__', user_class)}; pass betas=(b, b) in "
+                    "optimizer_kwargs with optimizer='adam' (isometry_mode 'coupled' or 'off') or optimizer='adamo' instead"
+                )
             betas = tuple(user_opt_kwargs.get("betas", (EQUAL_BETA, EQUAL_BETA)))
             if len(betas) != 2 or betas[0] != betas[1]:
                 raise ValueError(f"optimizer='adam_equal_betas' needs beta1 == beta2, got optimizer_kwargs betas={betas}")
             user_opt_kwargs["betas"] = betas
         if self._plastic_adam_eps is not None and kwargs.get("optimizer_kwargs") is None:
-            user_opt_kwargs.setdefault("eps", self._plastic_adam_eps)  # what SB3 does for this policy's Adam
+            if user_class is None or user_class in (th.optim.Adam, AdamO):
+                user_opt_kwargs.setdefault("eps", self._plastic_adam_eps)  # what SB3 does for this policy's Adam
         use_adamo = config.optimizer == "adamo" or config.isometry_mode == "coupled"
-        if user_class is not None:
-            if not use_adamo:
-                return kwargs  # plasticity off: the user's optimizer exactly as SB3 would build it
-            if user_class is not AdamO:
-                raise ValueError(
-                    f"policy_kwargs optimizer_class={getattr(user_class, '__name__', user_class)} conflicts with "
-                    f"optimizer={config.optimizer!r} and isometry_mode={config.isometry_mode!r}; a custom "
-                    "optimizer_class is only used with optimizer='adam' and isometry_mode='off'"
-                )
+        if user_class is not None and not use_adamo:
+            return kwargs  # plasticity off: the user's optimizer exactly as SB3 would build it
         if use_adamo:
             user_opt_kwargs.update(
                 isometry_coef=float(config.isometry_coef) if config.isometry_mode != "off" else 0.0,
@@ -137,11 +148,24 @@ class PlasticPolicyMixin:
                 isometry_mode="coupled" if config.isometry_mode == "coupled" else "decoupled",
                 isometry_interval=int(config.isometry_interval),
             )
-            kwargs["optimizer_class"] = AdamO
+            # a user's optimizer_class keeps its own update and gets AdamO's isometry step on top of it
+            kwargs["optimizer_class"] = AdamO if user_class is None else with_isometry_step(user_class)
         else:
             kwargs["optimizer_class"] = th.optim.Adam
         kwargs["optimizer_kwargs"] = user_opt_kwargs
         return kwargs
+
+    def sb3_default_activation(self) -> type[nn.Module]:
+        """The default ``activation_fn`` of the SB3 / sb3-contrib policy class this plastic policy extends
+        (``nn.Tanh`` for ``ActorCriticPolicy`` and its maskable / recurrent versions, ``nn.ReLU`` for the DQN,
+        QR-DQN, SAC, TQC and CrossQ policies): what ``activation=None`` uses for the MLP layers."""
+        for cls in type(self).__mro__:
+            if issubclass(cls, PlasticPolicyMixin) or cls is object:
+                continue
+            parameter = inspect.signature(cls.__init__).parameters.get("activation_fn")
+            if parameter is not None and parameter.default is not inspect.Parameter.empty:
+                return parameter.default
+        return nn.ReLU
 
     def _build(self, lr_schedule: Schedule) -> None:
         super()._build(lr_schedule)  # type: ignore[misc]
@@ -216,7 +240,8 @@ class PlasticPolicyMixin:
         return chosen
 
     def _plastic_regroup_optimizers(self) -> None:
-        if self.optimizer_class is not AdamO:  # type: ignore[attr-defined]
+        optimizer_class = self.optimizer_class  # type: ignore[attr-defined]
+        if not (isinstance(optimizer_class, type) and issubclass(optimizer_class, IsometryStepMixin)):
             return
         regularised = {id(p) for p in self.regularised_parameters()}
         for owner, attr in self.plastic_optimizers():
@@ -233,7 +258,7 @@ class PlasticPolicyMixin:
                 {"params": [p for p in params if id(p) not in regularised], "isometry_coef": 0.0},
             ]
             groups = [g for g in groups if g["params"]]
-            setattr(owner, attr, AdamO(groups, lr=old.param_groups[0]["lr"], **self.optimizer_kwargs))  # type: ignore[attr-defined]
+            setattr(owner, attr, optimizer_class(groups, lr=old.param_groups[0]["lr"], **self.optimizer_kwargs))  # type: ignore[attr-defined]
 
     def _get_constructor_parameters(self) -> dict[str, Any]:
         data = super()._get_constructor_parameters()  # type: ignore[misc]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from stable_baselines3 import PPO
-from stable_baselines3.common.policies import BasePolicy
+from stable_baselines3.common.policies import ActorCriticPolicy, BasePolicy
 
 from sb3_plastic.common.plastic_algorithm import PlasticAlgorithmMixin
 from sb3_plastic.policies import (
@@ -22,8 +22,10 @@ class PlasticPPO(PlasticAlgorithmMixin, PPO):
     :class:`~sb3_plastic.common.plastic_algorithm.PlasticAlgorithmMixin` /
     :class:`~sb3_plastic.config.IsometryConfig` (``activation``, ``isometry_coef``, ``isometry_scale``,
     ``isometry_mode``, ``isometry_layers``, ``optimizer``, ``orthogonal_init``).
-    Defaults: ReLU, AdamO with ``isometry_coef=0.1`` on hidden layers (Rosseau, Müller & Nowé, 2026).
-    ``activation="tanh", isometry_mode="off", optimizer="adam"`` is exactly SB3's PPO.
+    Defaults: SB3's activations (Tanh MLP, ReLU NatureCNN for ``"CnnPolicy"``, see ``activation`` in
+    :class:`~sb3_plastic.config.IsometryConfig`), AdamO with ``isometry_coef=0.1`` on hidden layers (Rosseau,
+    Müller & Nowé, 2026). ``isometry_mode="off", optimizer="adam"`` is exactly SB3's PPO for every policy alias
+    (seeded runs are bit-identical), including SB3's warning that an ``"MlpPolicy"`` PPO belongs on the CPU.
     """
 
     policy_aliases: ClassVar[dict[str, type[BasePolicy]]] = {
@@ -31,3 +33,10 @@ class PlasticPPO(PlasticAlgorithmMixin, PPO):
         "CnnPolicy": PlasticActorCriticCnnPolicy,
         "MultiInputPolicy": PlasticMultiInputActorCriticPolicy,
     }
+
+    def _maybe_recommend_cpu(self, mlp_class_name: str = ActorCriticPolicy.__name__) -> None:
+        """SB3's advice to run an ``"MlpPolicy"`` PPO on the CPU. SB3 recognises the MlpPolicy by its class name
+        (``ActorCriticPolicy``); the plastic MlpPolicy is :class:`~sb3_plastic.policies.PlasticActorCriticPolicy`."""
+        if mlp_class_name == ActorCriticPolicy.__name__:
+            mlp_class_name = self.policy_aliases["MlpPolicy"].__name__
+        super()._maybe_recommend_cpu(mlp_class_name)

@@ -26,7 +26,8 @@ class PlasticRecurrentPPO(PlasticAlgorithmMixin, RecurrentPPO):
     (:class:`~sb3_plastic.config.IsometryConfig`) and the interventions FIRE (ICLR 2026, arXiv 2602.08040;
     ``fire_at``, ...), Continual Backprop (Dohare et al., 2024; ``replacement_rate``, ...), ReDo (Sokar et al.,
     2023; ``redo_period``, ...) and Shrink & Perturb (Ash & Adams, 2020; ``shrink_perturb``, ...).
-    ``activation="tanh", isometry_mode="off", optimizer="adam"`` is exactly sb3-contrib's RecurrentPPO.
+    Default activations are sb3-contrib's (Tanh MLP, ReLU NatureCNN); ``isometry_mode="off", optimizer="adam"`` is
+    exactly sb3-contrib's RecurrentPPO for every policy alias.
 
     What each mechanism does to the LSTM matrices (stacked gate blocks ``(4H, in)`` / ``(4H, H)``) is defined
     in :mod:`sb3_plastic.recurrent`: the isometry penalty and FIRE act on each gate block on its own;

@@ -208,7 +208,10 @@ def test_minatar_small_cnn_with_maxmin():
         (dict(activation="maxmin", policy_kwargs=dict(net_arch=[64, 33])), r"even layer widths.*33"),
         (dict(policy_kwargs=dict(isometry_coef=0.1)), "top-level keywords"),
         (dict(activation="maxmin", policy_kwargs=dict(activation_fn=th.nn.Tanh)), "conflicts"),
-        (dict(policy_kwargs=dict(optimizer_class=th.optim.SGD)), "optimizer_class=SGD conflicts"),
+        (  # a user's optimizer_class gets the isometry step (tests/test_sb3_parity.py); adam_equal_betas refuses one
+            dict(optimizer="adam_equal_betas", isometry_mode="coupled", policy_kwargs=dict(optimizer_class=th.optim.SGD)),
+            "adam_equal_betas.*optimizer_class=SGD",
+        ),
     ],
 )
 def test_bad_arguments(kwargs, match):
