@@ -420,7 +420,7 @@ def test_task_change_trigger() -> None:
     model = DQN("MlpPolicy", env, learning_starts=1000, policy_kwargs=dict(net_arch=[8]), seed=0)
     sp = ShrinkPerturb(on_task_change=True)
     model.learn(160, callback=sp)
-    assert sp.state["events"] == 3 and sp.state["task_ids"] == (3,)
+    assert sp.state["events"] == 3 and sp.state["task_ids"] == [3]
 
 
 # ----------------------------------------------------------------------------------------------- arguments

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import warnings
+from collections.abc import Iterator, Sequence
 from typing import Any, Optional
 
 import numpy as np
@@ -25,6 +26,71 @@ def preserved_numpy_rng() -> Iterator[None]:
         yield
     finally:
         np.random.set_state(state)
+
+
+def canonical_task_id(value: Any) -> Any:
+    """A task id as it compares after SB3's save -> load (JSON when possible: tuples become lists, numpy
+    scalars and 0-d tensors plain numbers), so that a reloaded id equals the one the env reports."""
+    if isinstance(value, (list, tuple)):
+        return [canonical_task_id(v) for v in value]
+    if hasattr(value, "item") and callable(value.item) and getattr(value, "ndim", None) == 0:
+        return value.item()
+    return value
+
+
+class TaskChangeWatch:
+    """Sees task changes in the ``info["task_id"]`` of each env copy; shared by the interventions that act
+    "on a task change" (:class:`~sb3_plastic.callbacks.FIRE`, :class:`~sb3_plastic.callbacks.ShrinkPerturb`).
+
+    A change is an env copy whose ``task_id`` differs from the last one that copy reported (the first id
+    seen only sets the baseline; infos without a ``task_id`` keep the copy's last id). The last ids live in
+    the caller's persistent state (``state["task_ids"]``), so they survive save -> load and a resumed run
+    (whose schedule continues, :class:`~sb3_plastic.callbacks.TaskScheduleSync`) sees no change at its restart.
+
+    An option that cannot act must say so: :meth:`warn_if_blind` warns once per ``learn()`` call when no
+    info of the training env had a ``task_id`` (called at the end of the first rollout).
+
+    :param option: the user-facing name of the option, for the warning (e.g. ``"FIRE on_task_change=True"``).
+    :param action: what the option would do, for the warning (e.g. ``"fire"``).
+    """
+
+    def __init__(self, option: str, action: str) -> None:
+        self.option = option
+        self.action = action
+        self.seen = False
+        self._warned = False
+
+    def start(self) -> None:
+        """A new ``learn()`` call: forget whether a ``task_id`` was seen."""
+        self.seen = False
+        self._warned = False
+
+    def changed(self, infos: Optional[Sequence[Any]], state: dict[str, Any]) -> bool:
+        """Whether some env copy's ``task_id`` in ``infos`` differs from its last one in ``state["task_ids"]``
+        (updated in place)."""
+        if not infos:
+            return False
+        ids = [canonical_task_id(info.get("task_id")) if isinstance(info, dict) else None for info in infos]
+        self.seen = self.seen or any(i is not None for i in ids)
+        previous = state.get("task_ids")
+        changed = False
+        if previous is not None and len(previous) == len(ids):
+            changed = any(new is not None and old is not None and new != old for old, new in zip(previous, ids))
+            ids = [old if new is None else new for old, new in zip(previous, ids)]
+        state["task_ids"] = ids
+        return changed
+
+    def warn_if_blind(self, timesteps: int) -> None:
+        """Warn (once per ``learn()`` call) when no ``task_id`` was seen in the first ``timesteps`` timesteps."""
+        if self.seen or self._warned:
+            return
+        self._warned = True
+        warnings.warn(
+            f"{self.option} but no info of the training env had a 'task_id' in the first {timesteps} timesteps of "
+            f"this learn() call: it cannot see a task change and will not {self.action} on one. Use a "
+            "piecewise-stationary env (sb3_plastic.envs) or put info['task_id'] in your env's step infos",
+            stacklevel=3,
+        )
 
 
 class PlasticCallback(BaseCallback):

@@ -72,7 +72,7 @@ import torch as th
 from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from torch import nn
 
-from sb3_plastic.callbacks.base import PlasticCallback
+from sb3_plastic.callbacks.base import PlasticCallback, TaskChangeWatch
 from sb3_plastic.callbacks.schedule import expected_end_timesteps
 from sb3_plastic.common.surgery import norms_fed_by, reset_norm_, sync_target
 from sb3_plastic.isometry import as_blocks, deviation_from_isometry
@@ -228,16 +228,6 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def _canonical(value: Any) -> Any:
-    """A task id as it compares after SB3's save -> load (JSON when possible: tuples become lists, numpy
-    scalars plain numbers), so that a reloaded id equals the one the env reports."""
-    if isinstance(value, (list, tuple)):
-        return [_canonical(v) for v in value]
-    if hasattr(value, "item") and callable(value.item) and getattr(value, "ndim", None) == 0:
-        return value.item()
-    return value
-
-
 def _check_int_at_least(name: str, value: Any, low: int) -> None:
     if not _is_int(value) or value < low:
         raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
@@ -375,8 +365,7 @@ class FIRE(PlasticCallback):
         self.iterations = iterations
         self.layers = layers
         self._on_policy = False
-        self._task_id_seen = False
-        self._warned_no_task_id = False
+        self._task_watch = TaskChangeWatch("FIRE on_task_change=True (fire_on_task_change)", "fire")
         self._at_skipped = False
 
     # -- state -------------------------------------------------------------------------------------------
@@ -443,7 +432,7 @@ class FIRE(PlasticCallback):
         self._on_policy = isinstance(self.model, OnPolicyAlgorithm)
         self._plan_run()
         self._warn_unreachable()
-        self._task_id_seen = False
+        self._task_watch.start()
 
     def _warn_unreachable(self) -> None:
         """Warn when a trigger set for this call cannot fire in it (``at`` past the call's end or already
@@ -492,21 +481,7 @@ class FIRE(PlasticCallback):
         return reasons
 
     def _task_changed(self) -> bool:
-        infos = self.locals.get("infos")
-        if not infos:
-            return False
-        ids = [info.get("task_id") if isinstance(info, dict) else None for info in infos]
-        if not self._task_id_seen:
-            self._task_id_seen = any(i is not None for i in ids)
-        previous = self.state["task_ids"]
-        changed = False
-        if previous is not None and len(previous) == len(ids):
-            changed = any(
-                new is not None and old is not None and _canonical(new) != _canonical(old) for old, new in zip(previous, ids)
-            )
-            ids = [old if new is None else new for old, new in zip(previous, ids)]
-        self.state["task_ids"] = ids
-        return changed
+        return self._task_watch.changed(self.locals.get("infos"), self.state)
 
     def _on_step(self) -> bool:
         reasons = self._due()
@@ -522,16 +497,9 @@ class FIRE(PlasticCallback):
             self._fire(list(self.state["pending"]))
 
     def _on_rollout_end(self) -> None:
-        if self.on_task_change and not self._task_id_seen and not self._warned_no_task_id:
-            self._warned_no_task_id = True
+        if self.on_task_change:
             steps = int(self.model.num_timesteps) - int(getattr(self.model, "_num_timesteps_at_start", 0))
-            warnings.warn(
-                f"FIRE on_task_change=True (fire_on_task_change) but no info of the training env had a 'task_id' "
-                f"in the first {steps} timesteps of this learn() call: it cannot see a task change and will not fire "
-                "on one. Use a piecewise-stationary env (sb3_plastic.envs) or put info['task_id'] in your env's step "
-                "infos",
-                stacklevel=2,
-            )
+            self._task_watch.warn_if_blind(steps)
 
     def _on_training_end(self) -> None:
         if self.state["pending"]:

@@ -33,7 +33,7 @@ from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from sb3_plastic.callbacks.base import PlasticCallback
+from sb3_plastic.callbacks.base import PlasticCallback, TaskChangeWatch
 from sb3_plastic.callbacks.redo import LayerInit, default_layer_init, model_layer_init
 from sb3_plastic.common.surgery import find_networks, norms_fed_by, reset_norm_, sync_target
 from sb3_plastic.optim import reset_optimizer_state
@@ -217,10 +217,6 @@ _CONFIG_NAMES = {
 }
 
 
-def _plain(value: Any) -> Any:
-    return value.item() if isinstance(value, (np.generic, th.Tensor)) else value
-
-
 # ---------------------------------------------------------------------------------------------------
 # The callback
 # ---------------------------------------------------------------------------------------------------
@@ -254,7 +250,9 @@ class ShrinkPerturb(PlasticCallback):
     :param shrink: ``lambda`` in (0, 1] (event mode; Ash & Adams: 0.4).
     :param perturb: ``p`` >= 0 (event mode; Ash & Adams: 0.1).
     :param every: event every this many env steps (``model.num_timesteps``), or ``None``.
-    :param on_task_change: event when ``info["task_id"]`` changes.
+    :param on_task_change: event when some env copy's ``info["task_id"]`` changes
+        (:class:`~sb3_plastic.callbacks.base.TaskChangeWatch`; warns once per ``learn()`` when the env's infos
+        have no ``task_id``).
     :param noise_std: ``sigma`` >= 0 of the continual noise (Dohare et al.: 1e-4 .. 1e-6; default 1e-5).
     :param weight_decay: L2 strength >= 0 of the continual shrink (Dohare et al.: 1e-5 .. 1e-4; default 1e-4).
     :param name: distinguishes two ShrinkPerturb callbacks on one model.
@@ -286,6 +284,8 @@ class ShrinkPerturb(PlasticCallback):
         self._on_policy = False
         self._last_timesteps = 0
         self._handles: list[RemovableHandle] = []
+        option = "ShrinkPerturb on_task_change=True (shrink_perturb_on_task_change)"
+        self._task_watch = TaskChangeWatch(option, "shrink and perturb")
 
     @property
     def log_prefix(self) -> str:
@@ -309,6 +309,7 @@ class ShrinkPerturb(PlasticCallback):
         self._init = model_layer_init(self.model)
         self._on_policy = isinstance(self.model, OnPolicyAlgorithm)
         self._last_timesteps = self.model.num_timesteps
+        self._task_watch.start()
         self._remove_hooks()
         if self.mode == "continual":
             self._install_hooks()
@@ -317,6 +318,9 @@ class ShrinkPerturb(PlasticCallback):
         self._remove_hooks()
 
     def _on_rollout_end(self) -> None:
+        if self.mode == "event" and self.on_task_change:
+            steps = int(self.model.num_timesteps) - int(getattr(self.model, "_num_timesteps_at_start", 0))
+            self._task_watch.warn_if_blind(steps)
         if self.mode == "continual":
             self.record(f"{self.log_prefix}/noise_steps", self.state["noise_steps"])
 
@@ -374,14 +378,8 @@ class ShrinkPerturb(PlasticCallback):
             if self.state["steps_since_event"] >= self.every:
                 self.state["steps_since_event"] %= self.every
                 trigger = True
-        if self.on_task_change:
-            infos = self.locals.get("infos") or []
-            ids = tuple(_plain(info["task_id"]) for info in infos if isinstance(info, dict) and "task_id" in info)
-            if ids:
-                previous = self.state.get("task_ids")
-                if previous is not None and tuple(previous) != ids:
-                    trigger = True
-                self.state["task_ids"] = ids
+        if self.on_task_change and self._task_watch.changed(self.locals.get("infos"), self.state):
+            trigger = True
         if trigger:
             if self._on_policy:
                 self.state["pending"] = True
@@ -425,7 +423,8 @@ class ShrinkPerturbConfig:
     :param shrink_factor: ``lambda`` in (0, 1] of the event form.
     :param perturb_scale: ``p`` >= 0 of the event form.
     :param shrink_perturb_every: event every this many env steps (event form).
-    :param shrink_perturb_on_task_change: event when ``info["task_id"]`` changes (event form).
+    :param shrink_perturb_on_task_change: event when ``info["task_id"]`` changes (event form; warns when the env has
+        no ``task_id``).
     :param perturb_noise_std: noise std >= 0 of the continual form.
     :param shrink_weight_decay: weight decay >= 0 of the continual form (``theta *= 1 - lr * wd`` per step).
 
