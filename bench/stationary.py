@@ -342,6 +342,18 @@ def resolved_config(model: Any) -> dict[str, Any]:
     return out
 
 
+def params_hash(module: Any) -> str:
+    """SHA-1 of a module's parameters and buffers (names, shapes, values): equal hashes = identical networks."""
+    import hashlib
+
+    digest = hashlib.sha1()
+    for name, tensor in sorted(module.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(str(tuple(tensor.shape)).encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
 def _git(*args: str) -> str:
     try:
         out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=20, check=True).stdout
@@ -454,6 +466,7 @@ def run_one(setting_name: str, setting: Setting, arm: str, seed: int, out_dir: P
     env = make_vec_env(lambda: make_env(setting), n_envs=setting.n_envs, seed=seed)
     eval_env = _eval_env(setting, EVAL_SEED_OFFSET + seed)
     model, mirrored = build_model(setting, arm, seed, env)
+    init_hash = params_hash(model.policy)
     curve: list[list[float]] = []
     eval_seconds = [0.0]
 
@@ -498,6 +511,7 @@ def run_one(setting_name: str, setting: Setting, arm: str, seed: int, out_dir: P
         "fps_wall": model.num_timesteps / wall if wall > 0 else None,
         "setting_spec": _jsonable(dataclasses.asdict(setting)),
         "resolved": resolved_config(model),
+        "initial_params_sha1": init_hash,
         "sb3_arm_network_from_plastic_default": mirrored or None,
         "git": _git_state(),
         "versions": _versions(),
@@ -717,6 +731,10 @@ def summarise(out_dir: Path, settings: Optional[list[str]] = None, write: bool =
             plastic = np.array([by_arm["plastic"][s]["final_return"] for s in paired])
             diff = plastic - sb3
             ci = bootstrap_mean_ci(diff)
+            hashes = [(by_arm["sb3"][s].get("initial_params_sha1"), by_arm["plastic"][s].get("initial_params_sha1"))
+                      for s in paired]
+            known = [a == b for a, b in hashes if a and b]
+            cell["same_initial_params"] = f"{sum(known)}/{len(known)} seeds" if known else "not recorded"
             scale = float(sb3.mean()) - random_mean
             margin = MARGIN * scale if scale > 0 else float("nan")
             cell.update(
@@ -809,6 +827,8 @@ def markdown(summary: dict[str, Any]) -> str:
         for arm, a in cell["arms"].items():
             dirty = f"; uncommitted library edits: {', '.join(a['dirty_library_files'])}" if a["dirty_library_files"] else ""
             lines.append(f"* {name} / {arm} (commit {', '.join(a['commits'])}{dirty}): {a['resolved']}")
+        if "same_initial_params" in cell:
+            lines.append(f"* {name}: both arms start from identical parameters (same seed): {cell['same_initial_params']}")
     lines += ["", f"Margin: {MARGIN:.0%} of (SB3 mean - random policy). Verdict from the paired bootstrap CI of the mean "
               "difference: 'no harm resolved' if CI low > -margin, 'harm' if CI high < -margin, else 'not resolved'."]
     return "\n".join(lines)

@@ -47,7 +47,7 @@ def test_stationary_quick_runs_both_arms_and_rebuilds_the_table(tmp_path, capsys
         assert len(record["final_episode_returns"]) == stationary.QUICK_OVERRIDES["final_episodes"]
         assert 0.0 <= record["final_return"] <= 100.0  # identity task: 1 per correct step, 100 steps
         assert record["curve"] and all(step > 0 for step, _ in record["curve"])
-        assert record["wall_s"] > 0 and record["cpu_s"] > 0
+        assert record["wall_s"] > 0 and record["cpu_s"] > 0 and len(record["initial_params_sha1"]) == 40
         resolved = record["resolved"]
         assert resolved["parts"]["mlp_extractor"]  # the activation of the MLP was found
         if arm == "plastic":
@@ -63,6 +63,7 @@ def test_stationary_quick_runs_both_arms_and_rebuilds_the_table(tmp_path, capsys
     cell = summary["cells"][stationary.QUICK_SETTING]
     assert cell["paired_seeds"] == [0, 1] and len(cell["diff"]) == 2
     assert cell["verdict"].startswith("no verdict")  # two seeds are too few
+    assert cell["same_initial_params"].endswith("/2 seeds")  # hashes of both arms' initial networks compared
     table = (tmp_path / "summary.md").read_text()
     assert f"| {stationary.QUICK_SETTING} |" in table and table.strip() in first
 
