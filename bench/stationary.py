@@ -527,6 +527,31 @@ def run_one(setting_name: str, setting: Setting, arm: str, seed: int, out_dir: P
     return record
 
 
+def backfill_init_hash(setting_name: str, setting: Setting, arm: str, seed: int, out_dir: Path) -> Optional[str]:
+    """Add ``initial_params_sha1`` to a run file written before the field existed: the model is rebuilt at the
+    run's seed (no training; the library must be the run's commit) and the file gets the hash and
+    ``initial_params_sha1_backfilled: true``. Returns the hash, or None when nothing was done."""
+    from stable_baselines3.common.env_util import make_vec_env
+
+    path = out_dir / setting_name / f"{arm}_seed{seed}.json"
+    if not path.exists():
+        return None
+    record = json.loads(path.read_text())
+    if record.get("initial_params_sha1"):
+        return None
+    if record["git"]["commit"] != _git_state()["commit"]:
+        print(f"backfill skipped for {path}: run used {record['git']['commit']}, this process imports "
+              f"{_git_state()['commit']}", flush=True)
+        return None
+    env = make_vec_env(lambda: make_env(setting), n_envs=setting.n_envs, seed=seed)
+    model, _ = build_model(setting, arm, seed, env)
+    record["initial_params_sha1"] = params_hash(model.policy)
+    record["initial_params_sha1_backfilled"] = True
+    env.close()
+    path.write_text(json.dumps(record, indent=1))
+    return record["initial_params_sha1"]
+
+
 def _versions() -> dict[str, str]:
     import sb3_contrib
     import stable_baselines3
@@ -775,7 +800,7 @@ def summarise(out_dir: Path, settings: Optional[list[str]] = None, write: bool =
 
 
 def _arm_text(a: Optional[dict[str, Any]]) -> str:
-    return "-" if a is None else f"{_fmt(a['mean'])} ({_fmt(a['min'])}-{_fmt(a['max'])}), n={len(a['seeds'])}"
+    return "-" if a is None else f"{_fmt(a['mean'])} ({_fmt(a['min'])} .. {_fmt(a['max'])}), n={len(a['seeds'])}"
 
 
 def _iqm_text(v: Optional[dict[str, Any]]) -> str:
@@ -785,7 +810,7 @@ def _iqm_text(v: Optional[dict[str, Any]]) -> str:
 def markdown(summary: dict[str, Any]) -> str:
     """The tables of the summary."""
     lines = [
-        "| setting | steps | seeds | SB3 mean (min-max) | plastic mean (min-max) | plastic - SB3 [95% CI] | margin | "
+        "| setting | steps | seeds | SB3 mean (min .. max) | plastic mean (min .. max) | plastic - SB3 [95% CI] | margin | "
         "verdict | IQM SB3 [CI] | IQM plastic [CI] | random | min/run SB3, plastic |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -848,6 +873,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser.add_argument("--force", action="store_true", help="rerun runs whose JSON exists")
     parser.add_argument("--summarise", "--summarize", action="store_true", help="only rebuild the table from the run files")
     parser.add_argument("--no-summary", action="store_true", help="do not print / write the summary after the runs")
+    parser.add_argument("--backfill-init-hash", action="store_true",
+                        help="add the initial-parameter hash to run files written without it (rebuilds, no training)")
     parser.add_argument("--library-commit", metavar="REV",
                         help="import sb3_plastic from this commit (a git archive snapshot) instead of the working tree")
     parser.add_argument("--quick", action="store_true",
@@ -881,6 +908,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     import torch as th
 
     th.set_num_threads(1)
+    if args.backfill_init_hash:
+        for name in names:
+            for seed in seeds:
+                for arm in args.arms:
+                    digest = backfill_init_hash(name, settings[name], arm, seed, args.out)
+                    if digest:
+                        print(f"{name} {arm} seed {seed}: initial parameters {digest}", flush=True)
+        return 0
     for name in names:
         ensure_random(name, settings[name], args.out)
         for seed in seeds:

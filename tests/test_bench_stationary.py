@@ -67,6 +67,19 @@ def test_stationary_quick_runs_both_arms_and_rebuilds_the_table(tmp_path, capsys
     table = (tmp_path / "summary.md").read_text()
     assert f"| {stationary.QUICK_SETTING} |" in table and table.strip() in first
 
+    # a run file without the initial-parameter hash gets it back from a rebuild of the model at its seed
+    path = runs[("plastic", 1)]
+    record = json.loads(path.read_text())
+    digest = record.pop("initial_params_sha1")
+    record["git"]["commit"] = stationary._git_state()["commit"]  # the library this process imports
+    path.write_text(json.dumps(record))
+    try:
+        assert stationary.main(["--quick", "--out", str(tmp_path), "--backfill-init-hash"]) == 0
+    finally:
+        th.set_num_threads(threads)
+    record = json.loads(path.read_text())
+    assert record["initial_params_sha1"] == digest and record["initial_params_sha1_backfilled"] is True
+
     # the table rebuilds from the run files alone
     (tmp_path / "summary.json").unlink()
     (tmp_path / "summary.md").unlink()
