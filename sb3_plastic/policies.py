@@ -66,7 +66,7 @@ class PlasticPolicyMixin:
         self,
         *args: Any,
         activation: Optional[str] = None,
-        isometry_coef: float = 0.1,
+        isometry_coef: float = 0.01,
         isometry_scale: float = 1.0,
         isometry_mode: str = "decoupled",
         isometry_layers: Union[str, list[str]] = "hidden",

@@ -23,7 +23,7 @@ class PlasticPPO(PlasticAlgorithmMixin, PPO):
     :class:`~sb3_plastic.config.IsometryConfig` (``activation``, ``isometry_coef``, ``isometry_scale``,
     ``isometry_mode``, ``isometry_layers``, ``optimizer``, ``orthogonal_init``).
     Defaults: SB3's activations (Tanh MLP, ReLU NatureCNN for ``"CnnPolicy"``, see ``activation`` in
-    :class:`~sb3_plastic.config.IsometryConfig`), AdamO with ``isometry_coef=0.1`` on hidden layers (Rosseau,
+    :class:`~sb3_plastic.config.IsometryConfig`), AdamO with ``isometry_coef=0.01`` on hidden layers (Rosseau,
     Müller & Nowé, 2026). ``isometry_mode="off", optimizer="adam"`` is exactly SB3's PPO for every policy alias
     (seeded runs are bit-identical), including SB3's warning that an ``"MlpPolicy"`` PPO belongs on the CPU.
     """

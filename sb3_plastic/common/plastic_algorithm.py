@@ -77,7 +77,7 @@ class PlasticAlgorithmMixin:
         env: Any,
         *args: Any,
         activation: Optional[str] = None,
-        isometry_coef: float = 0.1,
+        isometry_coef: float = 0.01,
         isometry_scale: float = 1.0,
         isometry_mode: str = "decoupled",
         isometry_layers: Union[str, list[str]] = "hidden",
