@@ -3,8 +3,10 @@
 Trains PlasticPPO with the library's defaults (SB3's activations, AdamO with the decoupled isometry step) on
 CartPole and, in the same run with the same seed, the same agent with the penalty off (``isometry_mode="off",
 optimizer="adam"``: exactly SB3's PPO). For both it prints the evaluation return before and after training and
-the deviation from isometry ``||W^T W - I||_F^2`` of the hidden layers, which the isometry step pulls down while
-the agent learns as well as SB3's. ``--no-compare`` trains only the plastic agent; ``--activation maxmin`` (with
+the deviation from isometry ``||W^T W - I||_F^2`` of the hidden layers, which the isometry step keeps lower than
+SB3's PPO does (its orthogonal init with gain sqrt(2) starts at ``W^T W = 2 I``). Default run (seed 0, 20 000
+steps): 471.1 +/- 53.0 with the defaults, 485.9 +/- 29.8 with the penalty off; DfI of the last value layer 3 948
+against 54 770. ``--no-compare`` trains only the plastic agent; ``--activation maxmin`` (with
 orthogonal layers) and ``--isometry-coef`` try other settings.
 """
 
