@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -306,7 +307,17 @@ def _two_workers(storage: str, name: str, folder: Path) -> None:
     study = _study(storage, name)
     for _ in range(6):  # enough cheap settings for every trial, whichever worker takes them
         study.enqueue_trial(CHEAP_PPO)
-    workers = [_worker(storage, name, folder) for _ in range(2)]
+    # optuna pops an enqueued (WAITING) trial by reading it and then marking it RUNNING; sqlite has no row
+    # locks, so two workers that start in the same instant can both claim trial 0 (the second one then fails
+    # with "Trial#0 has already finished"). Start the second worker once the first holds its trial.
+    workers = [_worker(storage, name, folder)]
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and workers[0].poll() is None:
+        running = optuna.load_study(storage=storage, study_name=name).get_trials(states=(optuna.trial.TrialState.RUNNING,))
+        if running:
+            break
+        time.sleep(0.2)
+    workers.append(_worker(storage, name, folder))
     try:
         outputs = [w.communicate(timeout=600)[0] for w in workers]
     finally:
