@@ -69,6 +69,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 import argparse
+import ast
 import dataclasses
 import json
 import platform
@@ -362,6 +363,8 @@ def _git(*args: str) -> str:
         return ""
 
 
+#: ``--plastic-kwarg`` (ablations only, never in the default output folder): keywords added to the plastic arm
+PLASTIC_OVERRIDES: dict[str, Any] = {}
 #: set by ``use_library_commit``: the commit whose sb3_plastic the runs import
 LIBRARY_COMMIT: Optional[str] = None
 
@@ -436,7 +439,7 @@ def build_model(setting: Setting, arm: str, seed: int, env: Any) -> tuple[Any, d
     kwargs = _hyperparams(setting)
     mirrored: dict[str, Any] = {}
     if arm == "plastic":
-        return plastic_cls(setting.policy, env, seed=seed, device="cpu", **kwargs), mirrored
+        return plastic_cls(setting.policy, env, seed=seed, device="cpu", **kwargs, **PLASTIC_OVERRIDES), mirrored
     if setting.policy == "CnnPolicy":
         from sb3_plastic.networks import PlasticCNN
 
@@ -512,6 +515,7 @@ def run_one(setting_name: str, setting: Setting, arm: str, seed: int, out_dir: P
         "setting_spec": _jsonable(dataclasses.asdict(setting)),
         "resolved": resolved_config(model),
         "initial_params_sha1": init_hash,
+        "plastic_overrides": _jsonable(PLASTIC_OVERRIDES) if arm == "plastic" else {},
         "sb3_arm_network_from_plastic_default": mirrored or None,
         "git": _git_state(),
         "versions": _versions(),
@@ -685,6 +689,12 @@ def load_runs(out_dir: Path) -> dict[str, dict[str, dict[int, dict[str, Any]]]]:
     return runs
 
 
+def _curve_mean(record: dict[str, Any]) -> Optional[float]:
+    """Mean of the learning-curve evaluations of a run (an area under the curve: learning speed, not just the end)."""
+    curve = record.get("curve") or []
+    return float(np.mean([v for _, v in curve])) if curve else None
+
+
 def _fmt(x: float, digits: int = 1) -> str:
     return "-" if x is None or not np.isfinite(x) else f"{x:.{digits}f}"
 
@@ -741,7 +751,7 @@ def summarise(out_dir: Path, settings: Optional[list[str]] = None, write: bool =
             # the SB3 arm copies the plastic default's CNN when it runs: both arms must have built the same one
             def network(rec: dict[str, Any]) -> tuple[Any, ...]:
                 res = rec["resolved"]
-                return (res["parts"].get("features_extractor"), res.get("features_extractor_class"),
+                return (json.dumps(res["parts"].get("features_extractor")), res.get("features_extractor_class"),
                         res.get("features_extractor_arch"), res.get("features_dim"), json.dumps(res.get("net_arch")))
 
             nets = {arm: {network(r) for r in recs.values()} for arm, recs in (("sb3", sb3_recs), ("plastic", plastic_recs))}
@@ -771,7 +781,15 @@ def summarise(out_dir: Path, settings: Optional[list[str]] = None, write: bool =
                 if len(paired) >= MIN_SEEDS else f"no verdict (< {MIN_SEEDS} paired seeds)",
                 plastic_better_seeds=int((diff > 0).sum()),
                 plastic_worse_seeds=int((diff < 0).sum()),
+                sign=("-" if not np.isfinite(ci[0]) else "plastic lower (CI < 0)" if ci[1] < 0
+                      else "plastic higher (CI > 0)" if ci[0] > 0 else "CI spans 0"),
             )
+            curves = {arm: [_curve_mean(by_arm[arm][s]) for s in paired] for arm in ARMS}
+            if all(c is not None for arm in ARMS for c in curves[arm]):
+                c_sb3, c_plastic = np.array(curves["sb3"]), np.array(curves["plastic"])
+                c_ci = bootstrap_mean_ci(c_plastic - c_sb3)
+                cell["curve_mean"] = {"sb3": float(c_sb3.mean()), "plastic": float(c_plastic.mean()),
+                                      "diff_mean": float((c_plastic - c_sb3).mean()), "diff_ci95": list(c_ci)}
             iqm = _iqm_ci({"sb3": sb3[:, None], "plastic": plastic[:, None]})
             cell["iqm"] = {arm: {"point": v[0], "ci95": [v[1], v[2]]} for arm, v in iqm.items()}
             if scale > 0:
@@ -847,6 +865,18 @@ def markdown(summary: dict[str, Any]) -> str:
                f"[{agg['p_plastic_better']['ci95'][0]:.2f}, {agg['p_plastic_better']['ci95'][1]:.2f}]"
                if "p_plastic_better" in agg else ""),
         ]
+    lines += ["", "Direction of the paired difference (final return) and the learning curves (mean of the evaluations "
+              "every `eval_every` steps, paired bootstrap 95 % CI of plastic - SB3):", "",
+              "| setting | final: direction | curve mean SB3 | curve mean plastic | curve plastic - SB3 [95% CI] |",
+              "|---|---|---|---|---|"]
+    for name, cell in summary["cells"].items():
+        c = cell.get("curve_mean")
+        if c is None and "sign" not in cell:
+            continue
+        curve = ("- | - | -" if c is None else
+                 f"{_fmt(c['sb3'])} | {_fmt(c['plastic'])} | {c['diff_mean']:+.1f} [{c['diff_ci95'][0]:+.1f}, "
+                 f"{c['diff_ci95'][1]:+.1f}]")
+        lines.append(f"| {name} | {cell.get('sign', '-')} | {curve} |")
     lines += ["", "Resolved configuration per arm (from the run files):", ""]
     for name, cell in summary["cells"].items():
         for arm, a in cell["arms"].items():
@@ -873,6 +903,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser.add_argument("--force", action="store_true", help="rerun runs whose JSON exists")
     parser.add_argument("--summarise", "--summarize", action="store_true", help="only rebuild the table from the run files")
     parser.add_argument("--no-summary", action="store_true", help="do not print / write the summary after the runs")
+    parser.add_argument("--plastic-kwarg", action="append", default=[], metavar="KEY=VALUE",
+                        help="ablation: a keyword for the plastic arm (Python literal value, e.g. isometry_coef=0.01); "
+                        "not allowed with the default --out, whose plastic arm is the library defaults")
     parser.add_argument("--backfill-init-hash", action="store_true",
                         help="add the initial-parameter hash to run files written without it (rebuilds, no training)")
     parser.add_argument("--library-commit", metavar="REV",
@@ -887,6 +920,18 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
             parser.error(f"--timesteps takes SETTING=N with SETTING in {list(SETTINGS)}, got {item!r}")
         overrides[key] = int(float(value))
     args.timestep_overrides = overrides
+    plastic = {}
+    for item in args.plastic_kwarg:
+        key, _, value = item.partition("=")
+        try:
+            plastic[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            plastic[key] = value
+        if not key.isidentifier():
+            parser.error(f"--plastic-kwarg takes KEY=VALUE, got {item!r}")
+    if plastic and args.out.resolve() == DEFAULT_OUT.resolve() and not args.summarise:
+        parser.error(f"--plastic-kwarg changes the plastic arm: give another --out than {DEFAULT_OUT}")
+    args.plastic_overrides = plastic
     return args
 
 
@@ -900,6 +945,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         settings[QUICK_SETTING] = dataclasses.replace(SETTINGS[QUICK_SETTING], **QUICK_OVERRIDES)
     for key, steps in args.timestep_overrides.items():
         settings[key] = dataclasses.replace(settings[key], timesteps=steps)
+    PLASTIC_OVERRIDES.clear()
+    PLASTIC_OVERRIDES.update(args.plastic_overrides)
     if args.summarise:
         summarise(args.out, names)
         return 0

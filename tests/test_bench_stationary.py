@@ -111,6 +111,10 @@ def test_stationary_rejects_bad_arguments(capsys):
             stationary.parse_args(argv)
         assert exc.value.code == 2
     assert stationary.parse_args(["--timesteps", "cartpole_ppo=2e4"]).timestep_overrides == {"cartpole_ppo": 20_000}
+    with pytest.raises(SystemExit):  # the default folder holds the library defaults only
+        stationary.parse_args(["--plastic-kwarg", "isometry_coef=0.01"])
+    args = stationary.parse_args(["--plastic-kwarg", "isometry_coef=0.01", "--out", "/tmp/x"])
+    assert args.plastic_overrides == {"isometry_coef": 0.01}
     assert "SETTING=N" in capsys.readouterr().err
 
 
