@@ -727,11 +727,12 @@ def summarise(out_dir: Path, settings: Optional[list[str]] = None, write: bool =
             continue
         by_arm = runs[name]
         cell: dict[str, Any] = {"env_id": setting.env_id, "note": setting.note, "arms": {}}
+        paired = sorted(set(by_arm.get("sb3", {})) & set(by_arm.get("plastic", {})))
         for arm in ARMS:
             recs = by_arm.get(arm, {})
             if not recs:
                 continue
-            seeds = sorted(recs)
+            seeds = paired or sorted(recs)  # every number of a cell is over its paired seeds once there are some
             values = np.array([recs[s]["final_return"] for s in seeds])
             cell["arms"][arm] = {
                 "seeds": seeds,
@@ -759,8 +760,8 @@ def summarise(out_dir: Path, settings: Optional[list[str]] = None, write: bool =
         random_path = out_dir / name / "random.json"
         random_mean = float(json.loads(random_path.read_text())["mean"]) if random_path.exists() else None
         cell["random"] = random_mean
-        paired = sorted(set(by_arm.get("sb3", {})) & set(by_arm.get("plastic", {})))
         cell["paired_seeds"] = paired
+        cell["unpaired_runs"] = sorted(f"{arm}_seed{s}" for arm in ARMS for s in by_arm.get(arm, {}) if s not in paired)
         if paired and random_mean is not None:
             sb3 = np.array([by_arm["sb3"][s]["final_return"] for s in paired])
             plastic = np.array([by_arm["plastic"][s]["final_return"] for s in paired])
@@ -817,6 +818,11 @@ def summarise(out_dir: Path, settings: Optional[list[str]] = None, write: bool =
     return summary
 
 
+def _unpaired(cell: dict[str, Any]) -> str:
+    n = len(cell.get("unpaired_runs", []))
+    return f" (+{n} unpaired)" if n else ""
+
+
 def _arm_text(a: Optional[dict[str, Any]]) -> str:
     return "-" if a is None else f"{_fmt(a['mean'])} ({_fmt(a['min'])} .. {_fmt(a['max'])}), n={len(a['seeds'])}"
 
@@ -847,7 +853,8 @@ def markdown(summary: dict[str, Any]) -> str:
         if cell.get("same_network") is False:
             diff += " (networks differ!)"
         lines.append(
-            f"| {name} | {'/'.join(f'{s:g}' for s in steps)} | {len(cell['paired_seeds'])} paired | {sb3_text} | "
+            f"| {name} | {'/'.join(f'{s:g}' for s in steps)} | {len(cell['paired_seeds'])} paired{_unpaired(cell)} | "
+            f"{sb3_text} | "
             f"{plastic_text} | {diff} | {_fmt(cell.get('margin', float('nan')), 2)} | {cell.get('verdict', '-')} | "
             f"{iqm_sb3} | {iqm_plastic} | {_fmt(cell['random'] if cell['random'] is not None else float('nan'))} "
             f"| {times} |"
@@ -884,7 +891,9 @@ def markdown(summary: dict[str, Any]) -> str:
             lines.append(f"* {name} / {arm} (commit {', '.join(a['commits'])}{dirty}): {a['resolved']}")
         if "same_initial_params" in cell:
             lines.append(f"* {name}: both arms start from identical parameters (same seed): {cell['same_initial_params']}")
-    lines += ["", f"Margin: {MARGIN:.0%} of (SB3 mean - random policy). Verdict from the paired bootstrap CI of the mean "
+    lines += ["", "Every number of a cell is over its paired seeds (both arms finished) once it has some; unpaired "
+              "runs are only counted in the seeds column.",
+              "", f"Margin: {MARGIN:.0%} of (SB3 mean - random policy). Verdict from the paired bootstrap CI of the mean "
               "difference: 'no harm resolved' if CI low > -margin, 'harm' if CI high < -margin, else 'not resolved'."]
     return "\n".join(lines)
 
