@@ -47,6 +47,7 @@ Layout of ``--out`` (default ``bench/results/stationary``)::
     <setting>/<arm>_seed<k>.json    one finished run (return, curve, wall / CPU time, resolved config)
     <setting>/random.json           the random policy's return on the evaluation env
     summary.json, summary.md        the table (rebuilt from the per-run files by ``--summarise``)
+    curves.png                      learning curves of both arms per cell (mean, min-max band over paired seeds)
 
 Resuming: a run whose JSON exists is skipped (``--force`` reruns it).
 
@@ -807,6 +808,8 @@ def summarise(out_dir: Path, settings: Optional[list[str]] = None, write: bool =
         aggregate = {"cells": [r for r in rows if "diff" in cells[r]],
                      "iqm_normalised": {arm: {"point": v[0], "ci95": [v[1], v[2]]} for arm, v in iqm.items()},
                      "p_plastic_better": {"point": p[0], "ci95": [p[1], p[2]]}}
+    if write:
+        plot_curves(runs, cells, out_dir / "curves.png")
     summary = {"margin_fraction": MARGIN, "n_boot": N_BOOT, "metrics": _metrics()[2], "cells": cells,
                "aggregate": aggregate}
     table = markdown(summary)
@@ -821,6 +824,39 @@ def summarise(out_dir: Path, settings: Optional[list[str]] = None, write: bool =
 def _unpaired(cell: dict[str, Any]) -> str:
     n = len(cell.get("unpaired_runs", []))
     return f" (+{n} unpaired)" if n else ""
+
+
+def plot_curves(runs: dict[str, Any], cells: dict[str, Any], path: Path) -> Optional[Path]:
+    """Learning curves of both arms per cell (mean over the paired seeds, min-max band), one panel per cell."""
+    names = [n for n in cells if cells[n]["paired_seeds"]]
+    if not names:
+        return None
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.4), squeeze=False)
+    for ax, name in zip(axes[0], names):
+        for arm, color in (("sb3", "tab:blue"), ("plastic", "tab:orange")):
+            curves = [runs[name][arm][s]["curve"] for s in cells[name]["paired_seeds"]]
+            n = min(len(c) for c in curves)
+            if n == 0:
+                continue
+            steps = np.array([c[:n] for c in curves])[:, :, 0].mean(axis=0)
+            values = np.array([[v for _, v in c[:n]] for c in curves])
+            ax.plot(steps, values.mean(axis=0), color=color, label=f"{arm} (n={len(curves)})")
+            ax.fill_between(steps, values.min(axis=0), values.max(axis=0), color=color, alpha=0.2)
+        ax.set_title(f"{name} ({SETTINGS[name].env_id})", fontsize=9)
+        ax.set_xlabel("env steps")
+        ax.legend(fontsize=8)
+    axes[0][0].set_ylabel("deterministic eval return")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
 
 
 def _arm_text(a: Optional[dict[str, Any]]) -> str:

@@ -64,6 +64,7 @@ def test_stationary_quick_runs_both_arms_and_rebuilds_the_table(tmp_path, capsys
     assert cell["paired_seeds"] == [0, 1] and len(cell["diff"]) == 2
     assert cell["verdict"].startswith("no verdict")  # two seeds are too few
     assert cell["same_initial_params"].endswith("/2 seeds")  # hashes of both arms' initial networks compared
+    assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
     table = (tmp_path / "summary.md").read_text()
     assert f"| {stationary.QUICK_SETTING} |" in table and table.strip() in first
 
