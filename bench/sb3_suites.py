@@ -95,6 +95,7 @@ markers =
 """
 
 PATCH_MODULE = '''"""Written by bench/sb3_suites.py: replaces SB3's / sb3-contrib's algorithm classes by plastic subclasses."""
+import os
 import sys
 
 from stable_baselines3.common.base_class import BaseAlgorithm
@@ -133,8 +134,9 @@ def _factory(name, plastic_cls, mode_kwargs):
 
 
 def install(mode):
+    """Idempotent; also runs when a subprocess (SubprocVecEnv worker) imports this module to unpickle a class."""
     kwargs = MODE_KWARGS[mode]
-    if kwargs is None:
+    if kwargs is None or PATCHED:
         return
     import importlib
 
@@ -157,6 +159,12 @@ def install(mode):
                 if value is original:
                     setattr(module, attr, replacement)
                     PATCHED[name].append(f"{mod_name}.{attr}")
+
+
+# A SubprocVecEnv worker that unpickles a test's env factory (a closure over e.g. ``model_class``) imports
+# this module to resolve ``_sb3_suites_patch.DQN``: install the same replacement there.
+if os.environ.get("SB3_SUITES_MODE"):
+    install(os.environ["SB3_SUITES_MODE"])
 
 
 def non_replaced_algorithm(value):
@@ -260,7 +268,7 @@ def run_suite(suite: str, tests_dir: Path, files: list[str], mode: str, args: ar
         env.setdefault("OMP_NUM_THREADS", "1")
         if args.all_algos:
             env["SB3_SUITES_ALL_ALGOS"] = "1"
-        cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rN", "--tb=no"]
+        cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rN", f"--tb={args.tb}"]
         cmd += [f"tests/{name}" for name in files]
         if args.markers:
             cmd += ["-m", args.markers]
@@ -269,6 +277,9 @@ def run_suite(suite: str, tests_dir: Path, files: list[str], mode: str, args: ar
         print(f"[{suite}/{mode}] {' '.join(cmd[1:])}", flush=True)
         start = time.time()
         proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
+        if args.log_dir:
+            args.log_dir.mkdir(parents=True, exist_ok=True)
+            (args.log_dir / f"{suite}_{mode}.log").write_text(proc.stdout + proc.stderr)
         elapsed = time.time() - start
         tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
         print(f"[{suite}/{mode}] rc={proc.returncode} {elapsed:.0f}s: {' | '.join(tail)}", flush=True)
@@ -322,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markers", default="not expensive and not slow", help="pytest -m expression ('' = all)")
     parser.add_argument("--all-algos", action="store_true", help="keep cases parametrized with A2C/TD3/DDPG/ARS/TRPO")
     parser.add_argument("--compare", type=Path, help="baseline JSON (e.g. the unpatched run): list new failures")
+    parser.add_argument("--tb", default="no", help="pytest --tb style (e.g. short, with --log-dir to read tracebacks)")
+    parser.add_argument("--log-dir", type=Path, help="write each suite's pytest output to DIR/<suite>_<mode>.log")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
 
