@@ -734,7 +734,7 @@ def summarise(out_dir: Path, settings: Optional[list[str]] = None, write: bool =
     runs = load_runs(out_dir)
     cells: dict[str, Any] = {}
     rows = []
-    normalised: dict[str, list[np.ndarray]] = {arm: [] for arm in ARMS}
+    normalised: dict[str, list[dict[int, float]]] = {arm: [] for arm in ARMS}  # per cell: seed -> score
     for name, setting in SETTINGS.items():
         if (settings is not None and name not in settings) or name not in runs:
             continue
@@ -814,17 +814,19 @@ def summarise(out_dir: Path, settings: Optional[list[str]] = None, write: bool =
             iqm = _iqm_ci({"sb3": sb3[:, None], "plastic": plastic[:, None]})
             cell["iqm"] = {arm: {"point": v[0], "ci95": [v[1], v[2]]} for arm, v in iqm.items()}
             if scale > 0:
-                normalised["sb3"].append((sb3 - random_mean) / scale)
-                normalised["plastic"].append((plastic - random_mean) / scale)
+                normalised["sb3"].append(dict(zip(paired, (sb3 - random_mean) / scale)))
+                normalised["plastic"].append(dict(zip(paired, (plastic - random_mean) / scale)))
         cells[name] = cell
         rows.append(name)
     aggregate = None
-    if len(normalised["sb3"]) >= 2 and len({len(v) for v in normalised["sb3"]}) == 1:
-        scores = {arm: np.stack(normalised[arm], axis=1) for arm in ARMS}  # (runs, tasks)
+    # the aggregate is over the seeds every cell has paired (rliable's score matrices are runs x tasks)
+    common = sorted(set.intersection(*(set(d) for d in normalised["sb3"]))) if normalised["sb3"] else []
+    if len(normalised["sb3"]) >= 2 and len(common) >= MIN_SEEDS:
+        scores = {arm: np.array([[d[seed] for d in normalised[arm]] for seed in common]) for arm in ARMS}
         iqm = _iqm_ci(scores)
         _, poi, _ = _metrics()
         p = stratified_bootstrap(poi, scores["plastic"], scores["sb3"], reps=2000)
-        aggregate = {"cells": [r for r in rows if "diff" in cells[r]],
+        aggregate = {"cells": [r for r in rows if "diff" in cells[r]], "seeds": common,
                      "iqm_normalised": {arm: {"point": v[0], "ci95": [v[1], v[2]]} for arm, v in iqm.items()},
                      "p_plastic_better": {"point": p[0], "ci95": [p[1], p[2]]}}
     if write:
@@ -838,6 +840,11 @@ def summarise(out_dir: Path, settings: Optional[list[str]] = None, write: bool =
         (out_dir / "summary.md").write_text(table + "\n")
     print(table)
     return summary
+
+
+def _seed_text(seeds: list[int]) -> str:
+    contiguous = seeds == list(range(seeds[0], seeds[-1] + 1))
+    return f"{seeds[0]}-{seeds[-1]}" if contiguous and len(seeds) > 2 else ", ".join(map(str, seeds))
 
 
 def _unpaired(cell: dict[str, Any]) -> str:
@@ -921,7 +928,8 @@ def markdown(summary: dict[str, Any]) -> str:
         s, p = agg["iqm_normalised"]["sb3"], agg["iqm_normalised"]["plastic"]
         lines += [
             "",
-            f"Aggregate over {', '.join(agg['cells'])} (score normalised per cell: random = 0, SB3 mean = 1; "
+            f"Aggregate over {', '.join(agg['cells'])}, seeds {_seed_text(agg['seeds'])} "
+            "(score normalised per cell: random = 0, SB3 mean = 1; "
             "IQM, stratified bootstrap 95 % CI; P(plastic > SB3): rliable's probability of improvement):",
             f"SB3 {s['point']:.3f} [{s['ci95'][0]:.3f}, {s['ci95'][1]:.3f}], "
             f"plastic {p['point']:.3f} [{p['ci95'][0]:.3f}, {p['ci95'][1]:.3f}]"
