@@ -81,6 +81,7 @@ def make_env(plastic_cls: type, kind: str) -> gym.Env:
         env = FakeImageEnv(screen_height=36, screen_width=36, n_channels=1, discrete=not continuous)
         env.observation_space.seed(0)  # FakeImageEnv draws its frames from its observation space
     else:
+        np.random.seed(0)  # SimpleMultiObsEnv draws its images and vectors from numpy's global generator
         env = SimpleMultiObsEnv(random_start=False, discrete_actions=not continuous)
     if plastic_cls is PlasticMaskablePPO:
         env = ActionMasker(env, _mask_fn)
