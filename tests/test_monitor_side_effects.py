@@ -46,7 +46,7 @@ def masked_env():
 ON = dict(n_steps=32, seed=0)
 PPO_FAST = dict(ON, batch_size=16, n_epochs=2)
 OFF = dict(learning_starts=40, buffer_size=1000, batch_size=16, seed=0)
-TINY = dict(net_arch=[16, 16])
+TINY = dict(net_arch=[16, 16])  # pass copies: SB3 writes into policy_kwargs (SAC adds use_sde)
 CNN = dict(features_extractor_kwargs=dict(features_dim=16), net_arch=[16])
 MLP_EXTRACTOR = dict(features_extractor_class=PlasticMLP, features_extractor_kwargs=dict(net_arch=(16,)), net_arch=[8])
 
@@ -252,11 +252,11 @@ def test_no_cap_no_skipped_passes(monkeypatch):
 def test_ntk_ignores_repeated_probe_rows(net):
     th.manual_seed(0)
     if net == "q_net":
-        model = DQN("MlpPolicy", "CartPole-v1", policy_kwargs=TINY, seed=0)
+        model = DQN("MlpPolicy", "CartPole-v1", policy_kwargs=dict(TINY), seed=0)
         obs = th.randn(5, 4)
         actions = None
     else:
-        model = SAC("MlpPolicy", "Pendulum-v1", policy_kwargs=TINY, seed=0)
+        model = SAC("MlpPolicy", "Pendulum-v1", policy_kwargs=dict(TINY), seed=0)
         obs = th.randn(5, 3)
         actions = th.rand(5, 1) * 2 - 1
     spec = next(s for s in find_networks(model) if s.name == net)
@@ -273,7 +273,7 @@ def test_ntk_ignores_repeated_probe_rows(net):
 
 def test_same_observation_with_other_actions_is_not_a_repeat():
     """A critic's probe row is (observation, action): one observation with two actions is two rows."""
-    model = SAC("MlpPolicy", "Pendulum-v1", policy_kwargs=TINY, seed=0)
+    model = SAC("MlpPolicy", "Pendulum-v1", policy_kwargs=dict(TINY), seed=0)
     spec = next(s for s in find_networks(model) if s.name == "critic")
     obs = th.randn(1, 3).repeat(4, 1)
     actions = th.tensor([[-0.5], [0.0], [0.5], [0.0]])
