@@ -29,7 +29,8 @@ ZOO_COMMANDS = {
 }
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
+    """argparse type: a positive integer (``ArgumentTypeError`` naming the text otherwise)."""
     try:
         value = int(text)
     except ValueError:
@@ -68,7 +69,7 @@ def _add_plot(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--switch-every",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         metavar="STEPS",
         help="environment steps per task, to mark task switches (default: from the logged plasticity/task_id)",

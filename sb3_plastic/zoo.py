@@ -621,21 +621,13 @@ def train(argv: Optional[Sequence[str]] = None) -> None:
         _MONITOR_EVERY = None
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"EVERY must be a positive integer (environment steps), got {text!r}")
-    return value
-
-
 def _pop_monitor(argv: Sequence[str]) -> tuple[list[str], Optional[int]]:
     """Take ``--monitor EVERY`` (the launcher's own option: add a
     :class:`~sb3_plastic.callbacks.PlasticityMonitor` with ``every=EVERY`` to the training run) out of ``argv``."""
+    from sb3_plastic.cli import positive_int
+
     parser = argparse.ArgumentParser(prog="sb3-plastic train", add_help=False, allow_abbrev=False)
-    parser.add_argument("--monitor", type=_positive_int, default=None, metavar="EVERY")
+    parser.add_argument("--monitor", type=positive_int, default=None, metavar="EVERY")
     known, rest = parser.parse_known_args(list(argv))
     return rest, known.monitor
 

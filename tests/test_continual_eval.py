@@ -363,7 +363,7 @@ def test_monitor_flag_and_yaml_callback_write_plasticity_scalars(tmp_path, bandi
 def test_monitor_flag_rejects_a_bad_period(capsys):
     with pytest.raises(SystemExit):
         zoo.train(["--env", "CartPole-v1", "--monitor", "0"])
-    assert "EVERY must be a positive integer (environment steps), got '0'" in capsys.readouterr().err
+    assert "argument --monitor: expected a positive integer, got '0'" in capsys.readouterr().err
 
 
 def test_zoo_masked_callbacks_also_follow_the_task():

@@ -19,24 +19,10 @@ import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback, CallbackList, EvalCallback
 from stable_baselines3.common.vec_env import VecEnv
 
-from sb3_plastic.callbacks.schedule import schedule_wrapper_class
+from sb3_plastic.callbacks.schedule import piecewise_stationary_copies
 
 #: Name of the extra array of ``evaluations.npz``: the task index each evaluation measured.
 TASK_IDS_KEY = "task_ids"
-
-
-def piecewise_stationary_copies(env: VecEnv) -> list[int]:
-    """Indices of the copies of ``env`` wrapped in a :class:`~sb3_plastic.envs.PiecewiseStationaryWrapper`.
-
-    SB3's vector-env wrappers (``VecNormalize``, ``VecFrameStack``, ``VecTransposeImage``, ``VecMonitor``, ...)
-    forward ``env_is_wrapped`` to the vector env they wrap, and each copy's gymnasium wrapper chain is
-    searched, so the wrapper is found under any of them.
-
-    :param env: a vector env.
-    :return: the copy indices (empty for a stationary env).
-    """
-    wrapped = env.env_is_wrapped(schedule_wrapper_class())
-    return [i for i, flag in enumerate(wrapped) if flag]
 
 
 def current_task(env: VecEnv, index: int = 0) -> Optional[int]:

@@ -65,13 +65,23 @@ def schedule_wrapper_class() -> type:
     return PiecewiseStationaryWrapper
 
 
+def piecewise_stationary_copies(env: VecEnv) -> list[int]:
+    """Indices of the copies of ``env`` wrapped in a :class:`~sb3_plastic.envs.PiecewiseStationaryWrapper`.
+
+    SB3's vector-env wrappers (``VecNormalize``, ``VecFrameStack``, ``VecTransposeImage``, ``VecMonitor``, ...)
+    forward ``env_is_wrapped`` to the vector env they wrap, and each copy's gymnasium wrapper chain is
+    searched, so the wrapper is found under any of them.
+
+    :param env: a vector env.
+    :return: the copy indices (empty for a stationary env).
+    """
+    wrapped = env.env_is_wrapped(schedule_wrapper_class())
+    return [i for i, flag in enumerate(wrapped) if flag]
+
+
 def is_piecewise_stationary(env: Optional[VecEnv]) -> bool:
-    """Whether some copy of the vector env ``env`` is wrapped in a
-    :class:`~sb3_plastic.envs.wrappers.PiecewiseStationaryWrapper` (also through VecNormalize /
-    VecFrameStack / SubprocVecEnv)."""
-    if env is None:
-        return False
-    return any(env.env_is_wrapped(schedule_wrapper_class()))
+    """Whether some copy of the vector env ``env`` is piecewise-stationary (:func:`piecewise_stationary_copies`)."""
+    return env is not None and bool(piecewise_stationary_copies(env))
 
 
 class TaskScheduleSync(BaseCallback):
@@ -138,18 +148,17 @@ class TaskScheduleSync(BaseCallback):
         env = self.model.get_env()
         if env is None:
             return
-        flags = env.env_is_wrapped(schedule_wrapper_class())
-        if not any(flags):
+        indices = piecewise_stationary_copies(env)
+        if not indices:
             return
         n_envs = int(env.num_envs)
-        if not all(flags):
-            missing = [i for i, flag in enumerate(flags) if not flag]
+        if len(indices) < n_envs:
+            missing = [i for i in range(n_envs) if i not in indices]
             warnings.warn(
                 f"TaskScheduleSync: env copies {missing} of {n_envs} are not piecewise-stationary; only the "
                 "others follow num_timesteps",
                 stacklevel=2,
             )
-        indices = [i for i, flag in enumerate(flags) if flag]
         schedules = env.get_attr("schedule", indices)
         change_every = int(schedules[0].change_every)
         if any(int(s.change_every) != change_every for s in schedules):
