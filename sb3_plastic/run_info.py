@@ -38,7 +38,7 @@ from typing import Any, Optional
 
 import numpy as np
 from stable_baselines3.common.base_class import BaseAlgorithm
-from stable_baselines3.common.callbacks import BaseCallback, CallbackList
+from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.logger import TensorBoardOutputFormat
 
 #: Name of the metadata file in a TensorBoard run directory.
@@ -103,28 +103,15 @@ def _constructor_values(obj: Any, exclude: frozenset[str] = frozenset()) -> Iter
             yield name, value
 
 
-def _callbacks(callback: Optional[BaseCallback]) -> Iterator[BaseCallback]:
-    if callback is None:
-        return
-    yield callback
-    if isinstance(callback, CallbackList):
-        for child in callback.callbacks:
-            yield from _callbacks(child)
-    for attribute in ("callback", "callback_on_new_best", "callback_after_eval"):
-        child = getattr(callback, attribute, None)
-        if isinstance(child, BaseCallback) and child is not callback:
-            yield from _callbacks(child)
-
-
 def intervention_callbacks(callback: Optional[BaseCallback]) -> list[BaseCallback]:
     """The plasticity interventions among ``callback`` (a callback or ``CallbackList``, searched recursively):
     :class:`~sb3_plastic.callbacks.PlasticCallback` instances other than the monitor and other than those a
     plastic algorithm adds from its keywords (named ``"auto"``, already in its hyperparameters)."""
-    from sb3_plastic.callbacks.base import PlasticCallback
+    from sb3_plastic.callbacks.base import PlasticCallback, iter_callbacks
     from sb3_plastic.callbacks.monitor import PlasticityMonitor
 
     found = []
-    for item in _callbacks(callback):
+    for item in iter_callbacks(callback):
         if isinstance(item, PlasticCallback) and not isinstance(item, PlasticityMonitor) and item.name != "auto":
             found.append(item)
     return found

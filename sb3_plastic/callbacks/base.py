@@ -8,7 +8,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Optional
 
 import numpy as np
-from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.callbacks import BaseCallback, CallbackList
 
 from sb3_plastic.common.surgery import NetworkSpec, find_networks, model_state
 
@@ -26,6 +26,25 @@ def preserved_numpy_rng() -> Iterator[None]:
         yield
     finally:
         np.random.set_state(state)
+
+
+def iter_callbacks(callback: Any) -> Iterator[BaseCallback]:
+    """Every callback in ``callback`` (a callback, a list / tuple of them or a ``CallbackList``), depth first, with the
+    callbacks SB3's callbacks hold (``EvalCallback``'s ``callback_on_new_best`` / ``callback_after_eval``, an
+    ``EveryNTimesteps``' ``callback``)."""
+    if isinstance(callback, (list, tuple)):
+        for item in callback:
+            yield from iter_callbacks(item)
+        return
+    if not isinstance(callback, BaseCallback):
+        return
+    yield callback
+    if isinstance(callback, CallbackList):
+        yield from iter_callbacks(callback.callbacks)
+    for attribute in ("callback", "callback_on_new_best", "callback_after_eval"):
+        child = getattr(callback, attribute, None)
+        if isinstance(child, BaseCallback) and child is not callback:
+            yield from iter_callbacks(child)
 
 
 def canonical_task_id(value: Any) -> Any:

@@ -16,9 +16,10 @@ import warnings
 from typing import Any, Optional
 
 import numpy as np
-from stable_baselines3.common.callbacks import BaseCallback, CallbackList, EvalCallback
+from stable_baselines3.common.callbacks import EvalCallback
 from stable_baselines3.common.vec_env import VecEnv
 
+from sb3_plastic.callbacks.base import iter_callbacks
 from sb3_plastic.callbacks.schedule import piecewise_stationary_copies
 
 #: Name of the extra array of ``evaluations.npz``: the task index each evaluation measured.
@@ -205,21 +206,11 @@ def continual_eval_callback_class(base: type) -> type:
     return _CONTINUAL_CLASSES[base]
 
 
-def _eval_callbacks(callback: Any) -> list[EvalCallback]:
-    if isinstance(callback, (list, tuple)):
-        return [found for item in callback for found in _eval_callbacks(item)]
-    if isinstance(callback, CallbackList):
-        return _eval_callbacks(callback.callbacks)
-    if isinstance(callback, EvalCallback):
-        return [callback]
-    return []
-
-
 def warn_plain_eval_on_continual_env(callback: Any) -> None:
     """Warn for every ``EvalCallback`` in ``callback`` (a callback, a list or a ``CallbackList``) that does not
     follow the training task while its eval env is piecewise-stationary (it would evaluate task 0 mostly)."""
-    for found in _eval_callbacks(callback):
-        if isinstance(found, TaskFollowingEvalMixin) or not isinstance(found, BaseCallback):
+    for found in iter_callbacks(callback):
+        if not isinstance(found, EvalCallback) or isinstance(found, TaskFollowingEvalMixin):
             continue
         if piecewise_stationary_copies(found.eval_env):
             warnings.warn(

@@ -161,12 +161,14 @@ class PlasticAlgorithmMixin:
         schedule follows ``num_timesteps``, so ``learn(..., reset_num_timesteps=False)`` after a ``load``
         continues the task sequence, and ``reset_num_timesteps=True`` (the default) restarts it at task 0.
         """
+        from sb3_plastic.callbacks.base import iter_callbacks
         from sb3_plastic.callbacks.continual_eval import warn_plain_eval_on_continual_env
         from sb3_plastic.callbacks.schedule import TaskScheduleSync, is_piecewise_stationary
 
         warn_plain_eval_on_continual_env(callback)  # SB3's EvalCallback on a continual env would measure task 0
         extra = self.intervention_callbacks()
-        if is_piecewise_stationary(self.get_env()) and not _holds(callback, TaskScheduleSync):  # type: ignore[attr-defined]
+        held = any(isinstance(c, TaskScheduleSync) for c in iter_callbacks(callback))
+        if is_piecewise_stationary(self.get_env()) and not held:  # type: ignore[attr-defined]
             extra.insert(0, TaskScheduleSync(verbose=int(getattr(self, "verbose", 0))))
         if extra:
             if callback is None:
@@ -202,17 +204,6 @@ class PlasticAlgorithmMixin:
                 f"{type(self).__name__} needs a plastic policy, got {policy!r}; use one of "
                 f"{sorted(self.policy_aliases)} or a subclass of sb3_plastic.policies.PlasticPolicyMixin"
             )
-
-
-def _holds(callback: Any, cls: type) -> bool:
-    """Whether ``callback`` (a callback, a list of them or a ``CallbackList``, nested) holds an instance of ``cls``."""
-    if isinstance(callback, cls):
-        return True
-    if isinstance(callback, CallbackList):
-        return any(_holds(c, cls) for c in callback.callbacks)
-    if isinstance(callback, (list, tuple)):
-        return any(_holds(c, cls) for c in callback)
-    return False
 
 
 def _default(function: Any, name: str) -> Any:
