@@ -19,6 +19,7 @@ from typing import Any, Optional, Union
 
 import torch as th
 
+from sb3_plastic.adam_restart import AdamRestartMixin, mark_restarted_, supports_restart
 from sb3_plastic.isometry import as_blocks, as_matrix
 
 ISOMETRY_MODES = ("decoupled", "coupled")
@@ -71,7 +72,12 @@ def reset_optimizer_state(
     :param param: the parameter (must be one of the optimizer's parameters).
     :param index: ``None`` drops the whole state of ``param`` (Adam then restarts its step count and
         bias correction for it); otherwise the indices (or a boolean mask) along ``dim`` whose
-        moments are set to zero, keeping the step count.
+        moments are set to zero. For Adam and its subclasses (AdamW, AdamO) those entries also restart their
+        step count: from their next step on they are updated exactly as the entries of a freshly initialised
+        Adam (per-element bias correction, as Dohare et al.'s AdamGnT and the ReDo reference do; the optimizer
+        gets :class:`~sb3_plastic.adam_restart.AdamRestartMixin` in place, see :mod:`sb3_plastic.adam_restart`).
+        Optimizers without bias correction (RMSprop, SGD with momentum) start a zeroed buffer exactly as a
+        fresh one; NAdam, RAdam and Adamax keep their tensor's step count.
     :param dim: the dimension ``index`` refers to: 0 = rows / output units, 1 = columns / input units.
     """
     if not any(param is p for group in optimizer.param_groups for p in group["params"]):
@@ -90,6 +96,8 @@ def reset_optimizer_state(
     for value in optimizer.state[param].values():
         if isinstance(value, th.Tensor) and value.shape == param.shape:
             value.index_fill_(dim, idx, 0.0)
+    if supports_restart(optimizer):
+        mark_restarted_(optimizer, param, idx, dim)
 
 
 class IsometryStepMixin:
@@ -229,7 +237,7 @@ class IsometryStepMixin:
         reset_optimizer_state(self, param, index, dim)
 
 
-class AdamO(IsometryStepMixin, th.optim.Adam):
+class AdamO(IsometryStepMixin, AdamRestartMixin, th.optim.Adam):
     """Adam with a decoupled isometry step ("AdamO", Rosseau, Müller & Nowé, 2026).
 
     :param params: parameters or param groups. A group may set its own ``isometry_coef``,
