@@ -6,6 +6,7 @@ They work on PPO, A2C, DQN, SAC, TD3 and sb3-contrib's QR-DQN and TQC, plain or 
 * :class:`ContinualBackprop`: generate-and-test replacement of low-utility hidden units.
 * :class:`ReDo`: recycle dormant units.
 * :class:`ShrinkPerturb`: shrink and perturb the weights, at events or continually.
+* :class:`L2Init`: L2 regularisation towards the initial parameters (Kumar et al., 2023).
 * :class:`PlasticityMonitor`: plasticity diagnostics (dormant units, ranks, DfI, NTK conditioning) in TensorBoard.
 * :class:`ContinualEvalCallback`: SB3's ``EvalCallback`` evaluating the task being trained on a continual env.
 * :class:`TaskScheduleSync`: the task schedule of a piecewise-stationary env follows the model's ``num_timesteps``
@@ -20,6 +21,7 @@ from sb3_plastic.callbacks.continual_eval import ContinualEvalCallback, continua
 from sb3_plastic.callbacks.fire import FIRE, FIREConfig, fire_, newton_schulz_polar
 from sb3_plastic.callbacks.monitor import PlasticityMonitor
 from sb3_plastic.callbacks.redo import ReDo, ReDoConfig, dormant_units
+from sb3_plastic.callbacks.regularisers import L2Init, L2InitConfig
 from sb3_plastic.callbacks.schedule import TaskScheduleSync
 from sb3_plastic.callbacks.shrink_perturb import ShrinkPerturb, ShrinkPerturbConfig
 
@@ -30,6 +32,8 @@ __all__ = [
     "ContinualEvalCallback",
     "FIREConfig",
     "GenerateAndTest",
+    "L2Init",
+    "L2InitConfig",
     "PlasticCallback",
     "PlasticityMonitor",
     "ReDo",

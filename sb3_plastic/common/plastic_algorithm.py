@@ -25,9 +25,16 @@ def intervention_config_classes() -> dict[str, type]:
     from sb3_plastic.callbacks.cbp import ContinualBackpropConfig
     from sb3_plastic.callbacks.fire import FIREConfig
     from sb3_plastic.callbacks.redo import ReDoConfig
+    from sb3_plastic.callbacks.regularisers import L2InitConfig
     from sb3_plastic.callbacks.shrink_perturb import ShrinkPerturbConfig
 
-    return {"fire": FIREConfig, "cbp": ContinualBackpropConfig, "redo": ReDoConfig, "shrink_perturb": ShrinkPerturbConfig}
+    return {
+        "fire": FIREConfig,
+        "cbp": ContinualBackpropConfig,
+        "redo": ReDoConfig,
+        "shrink_perturb": ShrinkPerturbConfig,
+        "l2_init": L2InitConfig,
+    }
 
 
 def intervention_keys() -> tuple[str, ...]:
@@ -54,8 +61,9 @@ class PlasticAlgorithmMixin:
     :param kwargs: SB3's keyword arguments, unchanged, and the intervention keywords: the fields of
         :class:`~sb3_plastic.callbacks.FIREConfig` (``fire_at``, ``fire_every``, ...),
         :class:`~sb3_plastic.callbacks.ContinualBackpropConfig` (``replacement_rate``, ``maturity_threshold``,
-        ...), :class:`~sb3_plastic.callbacks.ReDoConfig` (``redo_period``, ...) and
-        :class:`~sb3_plastic.callbacks.ShrinkPerturbConfig` (``shrink_perturb``, ...). An enabled intervention
+        ...), :class:`~sb3_plastic.callbacks.ReDoConfig` (``redo_period``, ...),
+        :class:`~sb3_plastic.callbacks.ShrinkPerturbConfig` (``shrink_perturb``, ...) and
+        :class:`~sb3_plastic.callbacks.L2InitConfig` (``l2_init_coef``). An enabled intervention
         is added to the callbacks of every ``learn()`` call; it is the same class users can pass as a
         callback themselves.
     """
@@ -223,7 +231,13 @@ def plastic_keyword_docs() -> str:
 
     signature = inspect.signature(PlasticAlgorithmMixin.__init__).parameters
     isometry_defaults = {name: signature[name].default for name in ISOMETRY_KEYS if name in signature}
-    titles = {"fire": "FIRE", "cbp": "Continual Backprop", "redo": "ReDo", "shrink_perturb": "Shrink & Perturb"}
+    titles = {
+        "fire": "FIRE",
+        "cbp": "Continual Backprop",
+        "redo": "ReDo",
+        "shrink_perturb": "Shrink & Perturb",
+        "l2_init": "L2-init (regenerative regularisation)",
+    }
     groups: dict[str, tuple[type, Optional[dict[str, Any]]]] = {"Isometry": (IsometryConfig, isometry_defaults)}
     for key, config_cls in intervention_config_classes().items():
         groups[f"Intervention: {titles.get(key, key)}"] = (config_cls, None)

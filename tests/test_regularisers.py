@@ -1,0 +1,175 @@
+"""The isometry paper's penalty baselines (issue #15): L2-init (Kumar et al., 2023) and spectral regularisation
+(Lewandowski et al., 2024), as callbacks and as keywords of every plastic algorithm.
+
+References in every test: autograd of the explicit penalty (``loss + lambda * ||theta - theta_0||^2`` followed by
+SB3's gradient clipping), ``torch.linalg.svd`` for the largest singular value, the initial parameters recorded
+before training, an uninterrupted run for save -> load -> continue, and SB3 itself for "off".
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch as th
+from plastic_asserts import assert_same_parameters
+from stable_baselines3 import DQN, PPO
+from stable_baselines3.common.env_util import make_vec_env
+from test_sb3_parity import PAIRS, algo_kwargs, make_env, policy_name
+
+from sb3_plastic import PlasticPPO
+from sb3_plastic.callbacks import L2Init
+from sb3_plastic.callbacks.regularisers import GradientPenalty
+
+PPO_FAST = dict(n_steps=64, batch_size=32, n_epochs=2, seed=0)
+
+
+def _start(callback, model):
+    """Install a callback's hooks on ``model`` the way ``learn()`` does."""
+    callback.init_callback(model)
+    callback.on_training_start({}, {})
+    model.policy.set_training_mode(True)
+
+
+def _hand_loss(policy, obs):
+    """A loss reaching every parameter of an SB3 actor-critic policy (log_std included for Box actions)."""
+    values, log_prob, _ = policy.evaluate_actions(obs, th.zeros(len(obs), dtype=th.long))
+    return (values.pow(2) - log_prob).mean()
+
+
+def test_l2_init_gradient_is_autograd_of_the_penalty_clipped_with_the_task_gradient():
+    th.manual_seed(0)
+    model = PPO("MlpPolicy", "CartPole-v1", seed=0)
+    policy = model.policy
+    theta0 = [p.detach().clone() for p in policy.parameters()]
+    with th.no_grad():  # move away from theta_0 so the penalty gradient is not zero
+        for p in policy.parameters():
+            p.add_(0.3 * th.randn_like(p))
+    obs = th.randn(16, 4)
+    coef = 0.7
+    # reference: autograd of loss + coef * ||theta - theta_0||^2, then SB3's clipping
+    policy.zero_grad()
+    penalty = sum(((p - p0) ** 2).sum() for p, p0 in zip(policy.parameters(), theta0))
+    (_hand_loss(policy, obs) + coef * penalty).backward()
+    th.nn.utils.clip_grad_norm_(policy.parameters(), 0.5)
+    expected = [p.grad.clone() for p in policy.parameters()]
+    # the callback: theta_0 taken at training start (the perturbed parameters are not theta_0: set it by hand)
+    callback = L2Init(coef)
+    _start(callback, model)
+    names = dict(callback.named_network_parameters())
+    assert len(names) == len(list(policy.parameters()))
+    by_id = {id(p): i for i, p in enumerate(policy.parameters())}
+    callback.state["theta0"] = {key: theta0[by_id[id(p)]].clone() for key, p in names.items()}
+    policy.zero_grad()
+    _hand_loss(policy, obs).backward()
+    th.nn.utils.clip_grad_norm_(policy.parameters(), 0.5)
+    clip_norm = th.linalg.vector_norm(th.stack([th.linalg.vector_norm(g) for g in expected]))
+    assert float(clip_norm) == pytest.approx(0.5, rel=1e-5)  # clipping was active: the test sees its effect
+    for p, want in zip(policy.parameters(), expected):
+        th.testing.assert_close(p.grad, want, rtol=1e-5, atol=1e-7)
+    # no penalty outside training mode (rollouts, evaluation), none after the hooks are removed
+    policy.set_training_mode(False)
+    policy.zero_grad()
+    _hand_loss(policy, obs).backward()
+    plain = [p.grad.clone() for p in policy.parameters()]
+    callback.on_training_end()
+    policy.set_training_mode(True)
+    policy.zero_grad()
+    _hand_loss(policy, obs).backward()
+    for p, want in zip(policy.parameters(), plain):
+        assert th.equal(p.grad, want)
+
+
+def test_l2_init_theta0_is_the_initial_parameters_and_the_pull_shrinks_the_distance():
+    def run(coef):
+        model = PlasticPPO("MlpPolicy", "CartPole-v1", l2_init_coef=coef, learning_rate=3e-3, **PPO_FAST)
+        start = {k: v.clone() for k, v in model.policy.state_dict().items()}
+        model.learn(256)
+        return model, start
+
+    model, start = run(1.0)
+    (callback,) = model.intervention_callbacks()
+    callback.init_callback(model)
+    theta0 = model.plastic_state["L2Init:auto"]["theta0"]
+    assert set(theta0) == {f"policy.{name}" for name, _ in model.policy.named_parameters()}
+    for key, value in theta0.items():
+        assert th.equal(value, start[key.removeprefix("policy.")])
+    pulled = callback.distance()
+    free_model, free_start = run(0.0)
+    free = sum(float((p.detach() - free_start[n]).pow(2).sum()) for n, p in free_model.policy.named_parameters()) ** 0.5
+    assert 0 < pulled < 0.7 * free  # Adam bounds each step by ~lr: the pull shows as a shorter walk
+
+
+def test_l2_init_save_load_continue_equals_the_uninterrupted_run(tmp_path):
+    model = PlasticPPO("MlpPolicy", "CartPole-v1", l2_init_coef=0.5, learning_rate=3e-3, **PPO_FAST)
+    model.learn(128)
+    path = tmp_path / "ppo.zip"
+    model.save(path)
+    loaded = PlasticPPO.load(path, env=make_vec_env("CartPole-v1", n_envs=1, seed=3))
+    model.set_env(make_vec_env("CartPole-v1", n_envs=1, seed=3))
+    for m in (model, loaded):
+        m.set_random_seed(5)
+        m.learn(128, reset_num_timesteps=False)
+    assert_same_parameters(model, loaded)
+    for key, value in model.plastic_state["L2Init:auto"]["theta0"].items():
+        assert th.equal(loaded.plastic_state["L2Init:auto"]["theta0"][key], value)
+    # the control: a loaded model whose theta_0 is lost (re-taken at its training start) ends elsewhere
+    lost = PlasticPPO.load(path, env=make_vec_env("CartPole-v1", n_envs=1, seed=3))
+    lost.plastic_state.data.pop("L2Init:auto")
+    lost.set_random_seed(5)
+    lost.learn(128, reset_num_timesteps=False)
+    assert any(not th.equal(a, b) for a, b in zip(model.policy.parameters(), lost.policy.parameters()))
+
+
+def test_zero_coefficient_is_sb3_bit_for_bit():
+    def run(callback):  # built and trained one after the other: the seed sets torch's global generator
+        model = DQN("MlpPolicy", "CartPole-v1", learning_starts=16, train_freq=4, seed=0)
+        return model.learn(64, callback=callback)
+
+    assert_same_parameters(run(None), run(L2Init(0.0)))
+    assert PlasticPPO("MlpPolicy", "CartPole-v1", **PPO_FAST).intervention_callbacks() == []
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), "0.1", True])
+def test_bad_l2_init_coef(bad):
+    with pytest.raises(ValueError, match="l2_init_coef"):
+        PlasticPPO("MlpPolicy", "CartPole-v1", l2_init_coef=bad)
+    with pytest.raises(ValueError, match="coef"):
+        L2Init(bad)
+
+
+def test_mismatched_saved_theta0_is_a_clear_error():
+    model = PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=16, n_epochs=1)
+    callback = L2Init(0.1)
+    _start(callback, model)
+    key = next(iter(callback.state["theta0"]))
+    callback.state["theta0"][key] = th.zeros(3)
+    with pytest.raises(ValueError, match="shape"):
+        callback.on_training_start({}, {})
+
+
+@pytest.mark.parametrize("plastic_cls", list(PAIRS))
+def test_l2_init_keyword_on_every_plastic_algorithm(plastic_cls):
+    kwargs = algo_kwargs(plastic_cls, "mlp")
+    model = plastic_cls(policy_name(plastic_cls, "mlp"), make_env(plastic_cls, "mlp"), l2_init_coef=0.1, seed=0, **kwargs)
+    assert [type(c) for c in model.intervention_callbacks()] == [L2Init]
+    start = {n: p.detach().clone() for n, p in model.policy.named_parameters()}
+    model.learn(96)
+    state = model.plastic_state["L2Init:auto"]["theta0"]
+    optimizers = {id(s.optimizer): s.optimizer for s in _networks(model)}.values()
+    trained = {id(p) for opt in optimizers for g in opt.param_groups for p in g["params"]}
+    assert len(state) == len(trained)
+    names = {id(p): n for n, p in model.policy.named_parameters()}
+    # every theta_0 entry is a trained parameter's value before training
+    by_value = [start[names[id(p)]] for p in model.policy.parameters() if id(p) in trained]
+    assert sorted(float(v.double().sum()) for v in state.values()) == pytest.approx(
+        sorted(float(v.double().sum()) for v in by_value)
+    )
+
+
+def _networks(model):
+    from sb3_plastic.common.surgery import find_networks
+
+    return find_networks(model)
+
+
+def test_gradient_penalty_is_the_one_mechanism():
+    assert issubclass(L2Init, GradientPenalty)
