@@ -2,23 +2,47 @@
 
 FIRE (ICLR 2026, arXiv 2602.08040) restores plasticity at a training midpoint or a task switch by
 moving each weight matrix ``W`` to the closest orthogonal matrix in Frobenius norm, its polar factor
-``W (W^T W)^(-1/2) = U V^T`` (``W = U S V^T``). The polar factor is computed by Newton–Schulz iteration
-exactly as in the reference implementation (isaac7778/FIRE, ``vision/interventions/fire.py``):
+``W (W^T W)^(-1/2) = U V^T`` (``W = U S V^T``).
 
-* the iteration runs on a tall matrix (a wide ``W`` is transposed, and transposed back at the end),
-  in fp32 (or the weight's precision if it is higher);
-* ``X <- X / ||X||_F`` (all singular values in (0, 1]);
-* 10 iterations of the cubic map ``X <- 1.5 X - 0.5 X (X^T X)``, which sends every singular value in
-  (0, sqrt(3)) to 1. After the Frobenius normalisation a singular value ``sigma`` grows by about 1.5x per
-  iteration while it is small, so 10 iterations converge to ``U V^T`` (relative error < 1e-5) when
-  ``sigma_min(W) / ||W||_F`` is above roughly 1/60; directions with smaller singular values stay short.
-  This is the reference's behaviour and is kept on purpose. (Muon's quintic bf16 iteration converges to
-  ``U S' V^T`` with ``S'`` roughly in [0.7, 1.2], not to an isometry, and is not used.)
+The polar factor (default, ``iterations=None``): ``U V^T`` from ``torch.linalg.svd`` in float64 on the
+layer's device (:func:`polar_factor`), cast back to the weight's dtype. FIRE runs once (or once per task),
+so the cost is negligible (a few ms per layer, see ``bench/README.md``). This is what the paper defines.
+The reference implementation (isaac7778/FIRE, ``vision/interventions/fire.py``) approximates it with
+Newton–Schulz: a wide matrix is transposed, ``X <- X / ||X||_F`` (all singular values in (0, 1]), then 10
+iterations of the cubic map ``X <- 1.5 X - 0.5 X (X^T X)`` in fp32. After the Frobenius normalisation a
+singular value ``sigma`` grows only by about 1.5x per iteration while it is small, so 10 iterations reach
+``U V^T`` only when ``sigma_min(W) / ||W||_F`` is above roughly 1/60. Tall, wide and conv-tap matrices of SB3's
+default initialisation are (errors < 3e-6), square hidden layers are not: measured 18 % relative error
+against ``U V^T`` on a default-initialised ``nn.Linear(64, 64)`` (DQN, PPO), 22 % on (128, 128) and 26 % on
+(256, 256) (SAC), their smallest singular values left far below 1. ``iterations=10`` (``fire_iterations=10``)
+reproduces the reference exactly (:func:`newton_schulz_polar`). (Muon's quintic bf16 iteration converges to
+``U S' V^T`` with ``S'`` roughly in [0.7, 1.2], not to an isometry, and is not offered.)
+
+Rank-deficient matrices: the polar factor is unique only for full rank. For a matrix of rank ``r`` the
+result is ``U V^T`` of the thin SVD: on the range of ``W`` it is ``W``'s polar factor (``Q v_i = u_i`` for
+``sigma_i > 0``), and the null directions are completed by the SVD's orthonormal singular vectors, so the
+result is still an exact isometry (``Q^T Q = I`` for tall ``Q``), the nearest one to ``W``; which completion
+is picked is up to the SVD routine (arbitrary but deterministic on one device). Tiny positive singular values are
+no special case: they map to 1 as the definition says (the directions of singular values near float32's
+resolution are themselves numerically arbitrary). The all-zero matrix has no direction to keep and stays zero,
+as under the reference's iteration. The reference's Newton–Schulz instead leaves null and tiny directions short
+(a partial isometry in the limit).
+
+Shapes and scale:
+
 * a Conv2d kernel ``(out, in, kh, kw)`` is orthogonalised per spatial tap: each ``W[:, :, i, j]`` gets its
-  own polar factor;
-* the result is multiplied by the reference's scale (see :func:`fire_scale`):
+  own polar factor (the reference's rule);
+* hidden layers are multiplied by the reference's scale (see :func:`fire_scale`):
   ``sqrt(out / in)`` for a Linear weight, ``sqrt(out / in) / (kh * kw)`` for a Conv2d kernel, with
   ``in = weight.shape[1]`` (input features, or input channels per group: *not* ``in * kh * kw``);
+* output heads (``layers="all"``) keep their initialisation's scale by default (``head_scale="init"``,
+  :func:`init_scale`): the polar factor times the RMS singular value of the layer's initialiser (SB3's PPO:
+  0.01 for the action head, 1 for the value head; PyTorch's default init of DQN / SAC heads:
+  ``sqrt(out / (3 min(out, in)))``, ~0.58). ``head_scale="reference"`` gives heads the hidden-layer scale
+  ``sqrt(out / in)`` as the reference code does; for PPO's 0.01-gain action head that is ~0.18-0.25 times the
+  polar factor, i.e. logits 20x the fresh head's and a far less uniform policy right after FIRE. Measured on
+  the continual bandit grid (``bench/README.md``, "FIRE with the true polar factor"): see there for the
+  numbers behind this default;
 * biases are left as they are.
 
 With that scaling a Linear weight's singular values all become ``sqrt(out / in)`` (an exact isometry only
@@ -64,7 +88,7 @@ import math
 import numbers
 import time
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
@@ -73,6 +97,7 @@ from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from torch import nn
 
 from sb3_plastic.callbacks.base import PlasticCallback, TaskChangeWatch
+from sb3_plastic.callbacks.redo import layer_init_scheme
 from sb3_plastic.callbacks.schedule import expected_end_timesteps
 from sb3_plastic.common.surgery import norms_fed_by, reset_norm_, sync_target
 from sb3_plastic.isometry import as_blocks, deviation_from_isometry
@@ -83,8 +108,12 @@ from sb3_plastic.recurrent import recurrent_weights
 FIRE_LAYER_TYPES: tuple[type[nn.Module], ...] = (nn.Linear, nn.Conv2d)
 #: Allowed values of ``layers`` / ``fire_layers``.
 FIRE_LAYER_SELECTIONS = ("all", "hidden")
+#: Allowed values of ``head_scale`` / ``fire_head_scale``.
+FIRE_HEAD_SCALES = ("init", "reference")
 #: Coefficients of the reference's cubic Newton–Schulz map ``X <- a X + b X (X^T X)``.
 NS_COEFFICIENTS = (1.5, -0.5)
+#: Newton–Schulz steps of the reference implementation (``iterations=REFERENCE_ITERATIONS`` reproduces it).
+REFERENCE_ITERATIONS = 10
 
 _UNSET: Any = object()
 
@@ -94,12 +123,39 @@ _UNSET: Any = object()
 # ----------------------------------------------------------------------------------------------------------
 
 
-def newton_schulz_polar(matrix: th.Tensor, iterations: int = 10) -> th.Tensor:
-    """Polar factor ``U V^T`` of a matrix (or of each matrix of a batch ``(..., m, n)``) by Newton–Schulz.
+def polar_factor(matrix: th.Tensor) -> th.Tensor:
+    """The polar factor ``U V^T`` of a matrix (or of each matrix of a batch ``(..., m, n)``), by SVD.
 
-    Reference settings of FIRE (arXiv 2602.08040): a wide matrix is transposed, ``X <- X / ||X||_F``, then
-    ``iterations`` steps of ``X <- 1.5 X - 0.5 X (X^T X)``, in fp32 (float64 input stays float64). No
-    scaling is applied here (see :func:`fire_weight`). A zero matrix maps to zero.
+    ``torch.linalg.svd`` (thin) in float64 on the matrix's device (MPS, which has no float64, computes on the
+    CPU), cast back to the input's dtype. Rank-deficient input: ``U V^T`` of the SVD, an exact isometry that
+    equals the polar factor on the matrix's range (null directions completed by the SVD's singular vectors,
+    see the module docstring); the all-zero matrix maps to zero. No scaling is applied (see
+    :func:`fire_weight`).
+
+    :param matrix: a ``(m, n)`` tensor or a batch ``(..., m, n)``; not modified.
+    :return: a new tensor of the input's shape, dtype and device.
+    """
+    if matrix.dim() < 2:
+        raise ValueError(f"polar_factor needs a matrix (>= 2 dims), got shape {tuple(matrix.shape)}")
+    device = th.device("cpu") if matrix.device.type == "mps" else matrix.device
+    x = matrix.detach().to(device=device, dtype=th.float64)
+    u, _, vh = th.linalg.svd(x, full_matrices=False)
+    q = u @ vh
+    zero = (x == 0).flatten(-2).all(dim=-1)
+    if bool(zero.any()):
+        q = th.where(zero[..., None, None], th.zeros_like(q), q)
+    return q.to(device=matrix.device, dtype=matrix.dtype).contiguous()
+
+
+def newton_schulz_polar(matrix: th.Tensor, iterations: int = REFERENCE_ITERATIONS) -> th.Tensor:
+    """The reference's Newton–Schulz approximation of the polar factor ``U V^T`` of a matrix (or of each
+    matrix of a batch ``(..., m, n)``).
+
+    Reference settings of FIRE (arXiv 2602.08040, isaac7778/FIRE): a wide matrix is transposed,
+    ``X <- X / ||X||_F``, then ``iterations`` steps of ``X <- 1.5 X - 0.5 X (X^T X)``, in fp32 (float64 input
+    stays float64). Small singular values grow ~1.5x per step, so 10 steps leave square default-initialised
+    layers 18-26 % away from ``U V^T`` (module docstring); :func:`polar_factor` is exact. No scaling is
+    applied here (see :func:`fire_weight`). A zero matrix maps to zero.
 
     :param matrix: a ``(m, n)`` tensor or a batch ``(..., m, n)``; not modified.
     :param iterations: number of Newton–Schulz steps (>= 1; the reference uses 10).
@@ -138,44 +194,86 @@ def fire_scale(weight_shape: Union[th.Size, tuple[int, ...]]) -> float:
     raise ValueError(f"FIRE handles Linear (2-d) and Conv2d (4-d) weights, got shape {shape}")
 
 
-def fire_weight(weight: th.Tensor, iterations: int = 10, scaled: bool = True, blocks: int = 1) -> th.Tensor:
+def init_scale(model: Any, layer: nn.Module) -> float:
+    """The scale of a layer's initialisation in FIRE's terms: the RMS singular value of a fresh draw (in
+    expectation), per spatial tap for a Conv2d kernel, so that ``init_scale * polar factor`` has the Frobenius
+    norm of a freshly initialised layer. Used for output heads with ``head_scale="init"``.
+
+    The initialiser is the model's (:func:`sb3_plastic.callbacks.redo.layer_init_scheme`): orthogonal with gain
+    ``g`` on the ``(out, in * kh * kw)`` view (SB3's ``ortho_init``, plastic policies): ``g`` for a Linear layer,
+    ``g * sqrt(min(out, in k) / (k min(out, in)))`` per tap of a ``k = kh * kw`` kernel; PyTorch's default
+    (Kaiming-uniform, ``a = sqrt(5)``, entries ``U(-b, b)`` with ``b = 1 / sqrt(fan_in)``, variance
+    ``1 / (3 fan_in)``): ``E||W||_F^2 = out / 3``, so ``sqrt(out / (3 k min(out, in)))``. Nothing is drawn.
+
+    :param model: the SB3 algorithm (or policy) the layer belongs to.
+    :param layer: a Linear / Conv2d layer of it.
+    """
+    shape = tuple(layer.weight.shape)
+    if len(shape) not in (2, 4):
+        raise ValueError(f"init_scale handles Linear (2-d) and Conv2d (4-d) weights, got shape {shape}")
+    out, fan = shape[0], shape[1]
+    taps = shape[2] * shape[3] if len(shape) == 4 else 1
+    kind, gain = layer_init_scheme(model)(layer)
+    if kind == "orthogonal":
+        square_norm = gain**2 * min(out, fan * taps)
+    else:
+        square_norm = out / 3.0
+    return math.sqrt(square_norm / (taps * min(out, fan)))
+
+
+def fire_weight(
+    weight: th.Tensor,
+    iterations: Optional[int] = None,
+    scaled: bool = True,
+    blocks: int = 1,
+    scale: Optional[float] = None,
+) -> th.Tensor:
     """FIRE's image of one weight (a new tensor; ``weight`` is not modified).
 
-    A Linear weight ``(out, in)`` is replaced by its Newton–Schulz polar factor; a Conv2d kernel
-    ``(out, in, kh, kw)`` by the polar factor of each spatial tap ``W[:, :, i, j]``. With ``scaled=True``
-    (the reference) the result is multiplied by :func:`fire_scale`; ``scaled=False`` gives the plain polar
-    factor (the SAC reference's ``scaler_type="ortho_init"``).
+    A Linear weight ``(out, in)`` is replaced by its polar factor; a Conv2d kernel ``(out, in, kh, kw)`` by
+    the polar factor of each spatial tap ``W[:, :, i, j]``. With ``scaled=True`` (the reference) the result is
+    multiplied by :func:`fire_scale`; ``scaled=False`` gives the plain polar factor (the SAC reference's
+    ``scaler_type="ortho_init"``).
 
     :param weight: a 2-d or 4-d weight tensor.
-    :param iterations: Newton–Schulz steps (the reference uses 10).
+    :param iterations: ``None`` (default): the exact polar factor (:func:`polar_factor`, SVD); an int ``k``:
+        ``k`` Newton–Schulz steps (:func:`newton_schulz_polar`; 10 reproduces the reference implementation).
     :param scaled: apply the reference scaling ``sqrt(out/in)`` (``/ (kh*kw)`` for convolutions).
     :param blocks: a 2-d weight ``(k*m, n)`` made of ``k`` stacked matrices (an LSTM's gate blocks, ``k = 4``):
         each block ``(m, n)`` gets its own polar factor and the Linear scale ``sqrt(m / n)``.
+    :param scale: multiply by this instead of the reference scale (e.g. :func:`init_scale` for a head);
+        ignored when ``scaled=False``.
     """
+    _check_iterations("iterations", iterations)
+
+    def polar(x: th.Tensor) -> th.Tensor:
+        return polar_factor(x) if iterations is None else newton_schulz_polar(x, iterations)
+
     if blocks != 1:
         if weight.dim() != 2:
             raise ValueError(f"blocks={blocks} needs a 2-d weight, got shape {tuple(weight.shape)}")
         stacked = as_blocks(weight, blocks)
-        result = newton_schulz_polar(stacked, iterations)
+        result = polar(stacked)
         if scaled:
-            result = result * fire_scale(stacked.shape[1:])
+            result = result * (fire_scale(stacked.shape[1:]) if scale is None else scale)
         return result.reshape(weight.shape)
     if weight.dim() == 2:
-        result = newton_schulz_polar(weight, iterations)
+        result = polar(weight)
     elif weight.dim() == 4:
         taps = weight.permute(2, 3, 0, 1)  # (kh, kw, out, in): one matrix per spatial tap
-        result = newton_schulz_polar(taps, iterations).permute(2, 3, 0, 1).contiguous()
+        result = polar(taps).permute(2, 3, 0, 1).contiguous()
     else:
         raise ValueError(f"FIRE handles Linear (2-d) and Conv2d (4-d) weights, got shape {tuple(weight.shape)}")
     if scaled:
-        result = result * fire_scale(weight.shape)
+        result = result * (fire_scale(weight.shape) if scale is None else scale)
     return result
 
 
 def fire_(
     module_or_layers: Union[nn.Module, Iterable[nn.Module]],
-    iterations: int = 10,
+    iterations: Optional[int] = None,
     scaled: bool = True,
+    scales: Optional[Mapping[nn.Module, float]] = None,
 ) -> list[nn.Module]:
     """Apply FIRE in place to every Linear / Conv2d weight of a module (or to the given layers).
 
@@ -187,8 +285,11 @@ def fire_(
 
     :param module_or_layers: a module (all its Linear / Conv2d / recurrent layers, itself included) or an
         iterable of such layers.
-    :param iterations: Newton–Schulz steps.
+    :param iterations: ``None``: the exact polar factor (SVD); an int: that many Newton–Schulz steps (10: the
+        reference implementation). See :func:`fire_weight`.
     :param scaled: apply the reference scaling (see :func:`fire_weight`).
+    :param scales: layers whose result is multiplied by the given scale instead of the reference's (FIRE's
+        output heads with ``head_scale="init"``).
     :return: the layers that were rewritten, each once, in order.
     """
     if isinstance(module_or_layers, nn.Module):
@@ -206,7 +307,8 @@ def fire_(
                 continue
             seen.add(id(layer))
             for weight, blocks in fire_weights(layer):
-                weight.copy_(fire_weight(weight, iterations, scaled, blocks))
+                scale = None if scales is None else scales.get(layer)
+                weight.copy_(fire_weight(weight, iterations, scaled, blocks, scale))
             done.append(layer)
     return done
 
@@ -262,6 +364,19 @@ def _check_layers(name: str, value: Any) -> None:
         raise ValueError(f"Unknown {name} {value!r}; allowed: {list(FIRE_LAYER_SELECTIONS)}")
 
 
+def _check_iterations(name: str, value: Any) -> None:
+    if value is not None and (not _is_int(value) or value < 1):
+        raise ValueError(
+            f"{name} must be None (the exact polar factor) or an int >= 1 of Newton–Schulz steps "
+            f"({REFERENCE_ITERATIONS}: the reference implementation), got {value!r}"
+        )
+
+
+def _check_head_scale(name: str, value: Any) -> None:
+    if value not in FIRE_HEAD_SCALES:
+        raise ValueError(f"Unknown {name} {value!r}; allowed: {list(FIRE_HEAD_SCALES)}")
+
+
 def _check_bool(name: str, value: Any) -> None:
     if not isinstance(value, bool):
         raise ValueError(f"{name} must be True or False, got {value!r}")
@@ -277,7 +392,8 @@ class FIRE(PlasticCallback):
 
     When it fires, every selected Linear / Conv2d weight of every online network (PPO/A2C: the policy;
     DQN: ``q_net``; QR-DQN: ``quantile_net``; SAC/TQC: actor and critic) is replaced in place by
-    :func:`fire_weight` (reference Newton–Schulz polar factor and scaling, see the module docstring); the
+    :func:`fire_weight` (the polar factor, hidden layers scaled as the reference, heads keeping their
+    initialisation's scale by default; see the module docstring); the
     optimizer state of each rewritten weight is dropped (Adam/AdamO moments and step count; biases keep
     theirs); every target network is hard-synced to its online network. Off-policy algorithms fire in
     ``_on_step`` (between gradient steps). On-policy algorithms (``OnPolicyAlgorithm``: PPO, A2C, ...) only
@@ -331,12 +447,17 @@ class FIRE(PlasticCallback):
         given, else ``None``.
     :param every: fire every ``every`` env steps (``num_timesteps`` counts steps of all envs), or ``None``.
     :param on_task_change: fire when ``info["task_id"]`` changes.
-    :param iterations: Newton–Schulz steps (reference: 10).
+    :param iterations: ``None`` (default): the exact polar factor ``U V^T`` (SVD, :func:`polar_factor`); an int
+        ``k``: ``k`` Newton–Schulz steps instead (``10`` reproduces the reference implementation exactly,
+        including its 18-26 % error on square hidden layers).
     :param layers: ``"all"`` (every Linear / Conv2d, heads included: the reference's choice, default) or
         ``"hidden"`` (output heads left alone).
+    :param head_scale: with ``layers="all"``, the scale of a rewritten output head: ``"init"`` (default) the
+        RMS singular value of the layer's initialiser (:func:`init_scale`; SB3 PPO's action head 0.01, value head
+        1), ``"reference"`` the hidden-layer scale ``sqrt(out / in)`` of the reference code.
     :param name: distinguishes several FIRE callbacks on one model (separate persistent state).
     :param verbose: 1 prints a line per fire.
-    :raises ValueError: for a bad trigger, ``iterations`` or ``layers``, or when no trigger is set.
+    :raises ValueError: for a bad trigger, ``iterations``, ``layers`` or ``head_scale``, or when no trigger is set.
     """
 
     def __init__(
@@ -344,8 +465,9 @@ class FIRE(PlasticCallback):
         at: Optional[Union[float, int]] = _UNSET,
         every: Optional[int] = None,
         on_task_change: bool = False,
-        iterations: int = 10,
+        iterations: Optional[int] = None,
         layers: str = "all",
+        head_scale: str = "init",
         name: Optional[str] = None,
         verbose: int = 0,
     ) -> None:
@@ -355,8 +477,9 @@ class FIRE(PlasticCallback):
         _check_at("at", at)
         _check_every("every", every)
         _check_bool("on_task_change", on_task_change)
-        _check_int_at_least("iterations", iterations, 1)
+        _check_iterations("iterations", iterations)
         _check_layers("layers", layers)
+        _check_head_scale("head_scale", head_scale)
         if at is None and every is None and not on_task_change:
             raise ValueError("FIRE needs a trigger: set at (fraction in (0, 1) or int timestep), every, or on_task_change")
         self.at = at
@@ -364,6 +487,7 @@ class FIRE(PlasticCallback):
         self.on_task_change = on_task_change
         self.iterations = iterations
         self.layers = layers
+        self.head_scale = head_scale
         self._on_policy = False
         self._task_watch = TaskChangeWatch("FIRE on_task_change=True (fire_on_task_change)", "fire")
         self._at_skipped = False
@@ -522,12 +646,24 @@ class FIRE(PlasticCallback):
                 chosen.setdefault(id(layer), layer)
         return list(chosen.values())
 
+    def _head_ids(self) -> set[int]:
+        return {id(h) for spec in self.networks for h in spec.heads()}
+
+    def layer_scale(self, layer: nn.Module) -> float:
+        """The scale FIRE gives a Linear / Conv2d layer's polar factor: :func:`init_scale` for an output head
+        with ``head_scale="init"``, else the reference's :func:`fire_scale`."""
+        if self.head_scale == "init" and id(layer) in self._head_ids():
+            return init_scale(self.model, layer)
+        return fire_scale(layer.weight.shape)
+
     def _fire(self, reasons: list[str]) -> None:
         layers = self.selected_layers()
         weights = [pair for layer in layers for pair in fire_weights(layer)]
         dfi_before = sum(deviation_from_isometry(w, blocks=b) for w, b in weights)
         start = time.perf_counter()
-        fire_(layers, self.iterations)
+        heads = self._head_ids() if self.head_scale == "init" else set()
+        scales = {layer: init_scale(self.model, layer) for layer in layers if id(layer) in heads}
+        fire_(layers, self.iterations, scales=scales)
         optimizers: dict[int, th.optim.Optimizer] = {}
         for spec in self.networks:
             if spec.optimizer is not None:
@@ -578,16 +714,20 @@ class FIREConfig:
         inside the ``learn()`` call); ``None``: off.
     :param fire_on_task_change: fire when any env's ``info["task_id"]`` changes (warns when the env's infos have
         no ``task_id``).
-    :param fire_iterations: Newton–Schulz steps (reference: 10).
+    :param fire_iterations: ``None`` (default): the exact polar factor (SVD); an int: that many Newton–Schulz
+        steps instead (10 reproduces the reference implementation).
     :param fire_layers: ``"all"`` (every Linear / Conv2d including output heads, as the reference does; the
         default) or ``"hidden"`` (output heads untouched).
+    :param fire_head_scale: ``"init"`` (default: rewritten heads keep their initialisation's scale) or
+        ``"reference"`` (heads scaled ``sqrt(out / in)`` like hidden layers, as the reference code).
     """
 
     fire_at: Optional[Union[float, int]] = None
     fire_every: Optional[int] = None
     fire_on_task_change: bool = False
-    fire_iterations: int = 10
+    fire_iterations: Optional[int] = None
     fire_layers: str = "all"
+    fire_head_scale: str = "init"
 
     def __post_init__(self) -> None:
         self.validate()
@@ -597,8 +737,9 @@ class FIREConfig:
         _check_at("fire_at", self.fire_at)
         _check_every("fire_every", self.fire_every)
         _check_bool("fire_on_task_change", self.fire_on_task_change)
-        _check_int_at_least("fire_iterations", self.fire_iterations, 1)
+        _check_iterations("fire_iterations", self.fire_iterations)
         _check_layers("fire_layers", self.fire_layers)
+        _check_head_scale("fire_head_scale", self.fire_head_scale)
 
     @property
     def enabled(self) -> bool:
@@ -622,6 +763,7 @@ class FIREConfig:
             on_task_change=self.fire_on_task_change,
             iterations=self.fire_iterations,
             layers=self.fire_layers,
+            head_scale=self.fire_head_scale,
             name=name,
             verbose=verbose,
         )
