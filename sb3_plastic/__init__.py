@@ -9,6 +9,7 @@ from sb3_plastic.callbacks import (
     PlasticityMonitor,
     ReDo,
     ShrinkPerturb,
+    SpectralRegularisation,
     TaskScheduleSync,
 )
 from sb3_plastic.config import IsometryConfig
@@ -48,6 +49,7 @@ __all__ = [
     "PlasticityMonitor",
     "ReDo",
     "ShrinkPerturb",
+    "SpectralRegularisation",
     "TaskScheduleSync",
     "dfi_per_layer",
     "get_activation",

@@ -16,7 +16,7 @@ from stable_baselines3.common.env_util import make_vec_env
 from test_sb3_parity import PAIRS, algo_kwargs, make_env, policy_name
 
 from sb3_plastic import PlasticPPO
-from sb3_plastic.callbacks import L2Init
+from sb3_plastic.callbacks import L2Init, SpectralRegularisation
 from sb3_plastic.callbacks.regularisers import GradientPenalty
 
 PPO_FAST = dict(n_steps=64, batch_size=32, n_epochs=2, seed=0)
@@ -98,24 +98,35 @@ def test_l2_init_theta0_is_the_initial_parameters_and_the_pull_shrinks_the_dista
     assert 0 < pulled < 0.7 * free  # Adam bounds each step by ~lr: the pull shows as a shorter walk
 
 
-def test_l2_init_save_load_continue_equals_the_uninterrupted_run(tmp_path):
-    model = PlasticPPO("MlpPolicy", "CartPole-v1", l2_init_coef=0.5, learning_rate=3e-3, **PPO_FAST)
+def _continued(model, path):
+    """``model`` (or the model saved at ``path``) continued for 128 steps on a fresh env, seeds fixed."""
+    if path is not None:
+        model = PlasticPPO.load(path, env=make_vec_env("CartPole-v1", n_envs=1, seed=3))
+    else:
+        model.set_env(make_vec_env("CartPole-v1", n_envs=1, seed=3))
+    model.set_random_seed(5)
+    return model.learn(128, reset_num_timesteps=False)
+
+
+@pytest.mark.parametrize(
+    "kwargs, key, field",
+    [(dict(l2_init_coef=0.5), "L2Init:auto", "theta0"), (dict(spectral_coef=0.5), "SpectralRegularisation:auto", "u")],
+)
+def test_save_load_continue_equals_the_uninterrupted_run(tmp_path, kwargs, key, field):
+    model = PlasticPPO("MlpPolicy", "CartPole-v1", learning_rate=3e-3, **kwargs, **PPO_FAST)
     model.learn(128)
     path = tmp_path / "ppo.zip"
     model.save(path)
-    loaded = PlasticPPO.load(path, env=make_vec_env("CartPole-v1", n_envs=1, seed=3))
-    model.set_env(make_vec_env("CartPole-v1", n_envs=1, seed=3))
-    for m in (model, loaded):
-        m.set_random_seed(5)
-        m.learn(128, reset_num_timesteps=False)
+    loaded = _continued(None, path)
+    _continued(model, None)
     assert_same_parameters(model, loaded)
-    for key, value in model.plastic_state["L2Init:auto"]["theta0"].items():
-        assert th.equal(loaded.plastic_state["L2Init:auto"]["theta0"][key], value)
-    # the control: a loaded model whose theta_0 is lost (re-taken at its training start) ends elsewhere
-    lost = PlasticPPO.load(path, env=make_vec_env("CartPole-v1", n_envs=1, seed=3))
-    lost.plastic_state.data.pop("L2Init:auto")
-    lost.set_random_seed(5)
-    lost.learn(128, reset_num_timesteps=False)
+    for name, value in model.plastic_state[key][field].items():
+        assert th.equal(loaded.plastic_state[key][field][name], value)
+    # the control: a loaded model whose state is lost (re-made at its training start) ends elsewhere
+    lost = PlasticPPO.load(path)
+    lost.plastic_state.data.pop(key)
+    lost.save(path)
+    lost = _continued(None, path)
     assert any(not th.equal(a, b) for a, b in zip(model.policy.parameters(), lost.policy.parameters()))
 
 
@@ -147,10 +158,11 @@ def test_mismatched_saved_theta0_is_a_clear_error():
 
 
 @pytest.mark.parametrize("plastic_cls", list(PAIRS))
-def test_l2_init_keyword_on_every_plastic_algorithm(plastic_cls):
+def test_penalty_keywords_on_every_plastic_algorithm(plastic_cls):
     kwargs = algo_kwargs(plastic_cls, "mlp")
-    model = plastic_cls(policy_name(plastic_cls, "mlp"), make_env(plastic_cls, "mlp"), l2_init_coef=0.1, seed=0, **kwargs)
-    assert [type(c) for c in model.intervention_callbacks()] == [L2Init]
+    env = make_env(plastic_cls, "mlp")
+    model = plastic_cls(policy_name(plastic_cls, "mlp"), env, l2_init_coef=0.1, spectral_coef=0.1, seed=0, **kwargs)
+    assert [type(c) for c in model.intervention_callbacks()] == [L2Init, SpectralRegularisation]
     start = {n: p.detach().clone() for n, p in model.policy.named_parameters()}
     model.learn(96)
     state = model.plastic_state["L2Init:auto"]["theta0"]
@@ -163,6 +175,10 @@ def test_l2_init_keyword_on_every_plastic_algorithm(plastic_cls):
     assert sorted(float(v.double().sum()) for v in state.values()) == pytest.approx(
         sorted(float(v.double().sum()) for v in by_value)
     )
+    spectral = model.plastic_state["SpectralRegularisation:auto"]
+    assert spectral["sigma"] and set(spectral["sigma"]) == set(spectral["u"])
+    for p in model.policy.parameters():
+        assert th.isfinite(p).all()
 
 
 def _networks(model):
@@ -172,4 +188,128 @@ def _networks(model):
 
 
 def test_gradient_penalty_is_the_one_mechanism():
-    assert issubclass(L2Init, GradientPenalty)
+    assert issubclass(L2Init, GradientPenalty) and issubclass(SpectralRegularisation, GradientPenalty)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Spectral regularisation
+# ---------------------------------------------------------------------------------------------------
+def _augmented(layer, include_bias=True):
+    weight = layer.weight.reshape(layer.weight.shape[0], -1)
+    return th.cat([weight, layer.bias.unsqueeze(1)], 1) if include_bias else weight
+
+
+@pytest.mark.parametrize("exponent, include_bias", [(2.0, True), (1.0, False)])
+def test_spectral_gradient_is_autograd_of_the_svd_penalty(exponent, include_bias):
+    th.manual_seed(1)
+    model = PPO("MlpPolicy", "CartPole-v1", seed=0)
+    policy = model.policy
+    with th.no_grad():  # SB3's orthogonal init has equal singular values (no unique top pair): break the tie
+        for p in policy.parameters():
+            p.add_(0.1 * th.randn_like(p))
+    obs = th.randn(16, 4)
+    coef = 0.3
+    layers = [m for m in policy.modules() if isinstance(m, th.nn.Linear)]
+    # reference: autograd of loss + coef * sum_l (svd sigma_1(M_l)^k - 1)^2, then SB3's clipping
+    policy.zero_grad()
+    penalty = sum((th.linalg.svdvals(_augmented(m, include_bias))[0] ** exponent - 1) ** 2 for m in layers)
+    (_hand_loss(policy, obs) + coef * penalty).backward()
+    th.nn.utils.clip_grad_norm_(policy.parameters(), 0.5)
+    expected = [p.grad.clone() for p in policy.parameters()]
+    # the callback with enough power iterations to converge on the first update
+    callback = SpectralRegularisation(coef, exponent=exponent, include_bias=include_bias, power_iterations=500)
+    _start(callback, model)
+    assert len(callback.blocks()) == len(layers)
+    policy.zero_grad()
+    _hand_loss(policy, obs).backward()
+    th.nn.utils.clip_grad_norm_(policy.parameters(), 0.5)
+    for (name, p), want in zip(policy.named_parameters(), expected):
+        th.testing.assert_close(p.grad, want, rtol=1e-4, atol=1e-6, msg=name)
+    for m in layers:  # the estimates are the SVD's largest singular values
+        key = f"policy.{callback.networks[0].layer_names[id(m)]}"
+        svd = float(th.linalg.svdvals(_augmented(m, include_bias).detach())[0])
+        assert callback.state["sigma"][key] == pytest.approx(svd, rel=1e-5)
+
+
+def test_spectral_power_iteration_persists_one_step_per_update():
+    th.manual_seed(2)
+    model = PPO("MlpPolicy", "CartPole-v1", seed=0)
+    layer = model.policy.mlp_extractor.policy_net[0]  # Linear(4, 64)
+    with th.no_grad():  # known spectrum: singular values 3, 2.4, 1, 0.5, 0.1 of [W | b] (5 columns)
+        u, _ = th.linalg.qr(th.randn(64, 5))
+        v, _ = th.linalg.qr(th.randn(5, 5))
+        target = u @ th.diag(th.tensor([3.0, 2.4, 1.0, 0.5, 0.1])) @ v.T
+        layer.weight.copy_(target[:, :4])
+        layer.bias.copy_(target[:, 4])
+    callback = SpectralRegularisation(1e-3)
+    _start(callback, model)
+    key = "policy.mlp_extractor.policy_net.0"
+    obs = th.randn(8, 4)
+    # hand-written reference loop: one power iteration per update from the persisted vector
+    ref_u = callback.state["u"][key].clone()
+    matrix = target.clone()
+    first = None
+    for _ in range(30):
+        ref_v = matrix.T @ ref_u
+        ref_v = ref_v / ref_v.norm()
+        ref_u = matrix @ ref_v
+        ref_u = ref_u / ref_u.norm()
+        for _twice in range(2):  # a second backward before the step does not advance the iteration
+            model.policy.zero_grad()
+            _hand_loss(model.policy, obs).backward()
+        th.testing.assert_close(callback.state["u"][key], ref_u, rtol=1e-5, atol=1e-6)
+        first = callback.state["sigma"][key] if first is None else first
+        with th.no_grad():  # an "optimizer step" that leaves the values: the version counter moves
+            layer.weight.add_(0.0)
+    ratio = 2.4 / 3.0
+    assert callback.state["sigma"][key] == pytest.approx(3.0, rel=4 * ratio ** (2 * 30))
+    assert abs(first - 3.0) > 1e-3  # one iteration from a random vector is far off: the persistence converges it
+
+
+def test_spectral_layers_hidden_leaves_heads_and_lstm_gate_blocks():
+    model = PPO("MlpPolicy", "CartPole-v1", seed=0)
+    callback = SpectralRegularisation(0.1, layers="hidden")
+    callback.init_callback(model)
+    keys = [b.key for b in callback.blocks()]
+    assert "policy.action_net" not in keys and "policy.value_net" not in keys and len(keys) == 4
+    from sb3_contrib import RecurrentPPO
+
+    lstm = RecurrentPPO("MlpLstmPolicy", "CartPole-v1", n_steps=16, batch_size=16, policy_kwargs=dict(lstm_hidden_size=8))
+    callback = SpectralRegularisation(0.1)
+    callback.init_callback(lstm)
+    blocks = [b for b in callback.blocks() if "lstm_actor.weight_hh_l0" in b.key]
+    assert [tuple(b.matrix().shape) for b in blocks] == [(8, 8)] * 4
+    assert th.equal(blocks[2].matrix(), lstm.policy.lstm_actor.weight_hh_l0.detach()[16:24])
+
+
+def test_spectral_pulls_sigma_max_towards_one():
+    def sigmas(coef):
+        fast = dict(PPO_FAST, batch_size=16, n_epochs=10)  # 160 updates
+        model = PlasticPPO("MlpPolicy", "CartPole-v1", spectral_coef=coef, learning_rate=3e-3, **fast)
+        model.learn(256)
+        return th.linalg.svdvals(_augmented(model.policy.mlp_extractor.policy_net[0]).detach())[0]
+
+    assert abs(float(sigmas(1.0)) - 1) < 0.5 * abs(float(sigmas(0.0)) - 1)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(spectral_coef=-1.0), "spectral_coef"),
+        (dict(spectral_exponent=0), "spectral_exponent"),
+        (dict(spectral_include_bias="yes"), "spectral_include_bias"),
+        (dict(spectral_layers="heads"), "heads"),
+        (dict(spectral_power_iterations=0), "spectral_power_iterations"),
+    ],
+)
+def test_bad_spectral_keywords(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        PlasticPPO("MlpPolicy", "CartPole-v1", **kwargs)
+
+
+def test_spectral_zero_coefficient_is_sb3_bit_for_bit():
+    def run(callback):
+        model = PPO("MlpPolicy", "CartPole-v1", seed=0, **{k: v for k, v in PPO_FAST.items() if k != "seed"})
+        return model.learn(128, callback=callback)
+
+    assert_same_parameters(run(None), run(SpectralRegularisation(0.0)))

@@ -7,6 +7,7 @@ They work on PPO, A2C, DQN, SAC, TD3 and sb3-contrib's QR-DQN and TQC, plain or 
 * :class:`ReDo`: recycle dormant units.
 * :class:`ShrinkPerturb`: shrink and perturb the weights, at events or continually.
 * :class:`L2Init`: L2 regularisation towards the initial parameters (Kumar et al., 2023).
+* :class:`SpectralRegularisation`: pull each layer's largest singular value towards 1 (Lewandowski et al., 2024).
 * :class:`PlasticityMonitor`: plasticity diagnostics (dormant units, ranks, DfI, NTK conditioning) in TensorBoard.
 * :class:`ContinualEvalCallback`: SB3's ``EvalCallback`` evaluating the task being trained on a continual env.
 * :class:`TaskScheduleSync`: the task schedule of a piecewise-stationary env follows the model's ``num_timesteps``
@@ -21,7 +22,12 @@ from sb3_plastic.callbacks.continual_eval import ContinualEvalCallback, continua
 from sb3_plastic.callbacks.fire import FIRE, FIREConfig, fire_, newton_schulz_polar
 from sb3_plastic.callbacks.monitor import PlasticityMonitor
 from sb3_plastic.callbacks.redo import ReDo, ReDoConfig, dormant_units
-from sb3_plastic.callbacks.regularisers import L2Init, L2InitConfig
+from sb3_plastic.callbacks.regularisers import (
+    L2Init,
+    L2InitConfig,
+    SpectralRegularisation,
+    SpectralRegularisationConfig,
+)
 from sb3_plastic.callbacks.schedule import TaskScheduleSync
 from sb3_plastic.callbacks.shrink_perturb import ShrinkPerturb, ShrinkPerturbConfig
 
@@ -40,6 +46,8 @@ __all__ = [
     "ReDoConfig",
     "ShrinkPerturb",
     "ShrinkPerturbConfig",
+    "SpectralRegularisation",
+    "SpectralRegularisationConfig",
     "TaskScheduleSync",
     "continual_eval_callback_class",
     "dormant_units",

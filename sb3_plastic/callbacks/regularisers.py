@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
 import numpy as np
@@ -231,6 +231,293 @@ class L2InitConfig:
     def make_callback(self) -> Optional[L2Init]:
         """The :class:`L2Init` callback for these settings, or ``None`` when it is off."""
         return L2Init(self.l2_init_coef) if self.enabled else None
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """The fields as keyword arguments."""
+        return asdict(self)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Spectral regularisation (Lewandowski et al., 2024)
+# ---------------------------------------------------------------------------------------------------
+@dataclass
+class SpectralBlock:
+    """One matrix whose largest singular value is regularised: rows ``rows`` of ``weight`` viewed as
+    ``(out, in * kh * kw)``, with the same rows of ``bias`` appended as a last column when ``bias`` is given
+    (the affine map ``[W | b]`` acting on ``[x; 1]``).
+
+    :param key: name of the block in the persistent state (``"<network>.<layer>"``, LSTM gate blocks
+        ``"<network>.<lstm>.weight_hh_l0[1]"``).
+    :param weight: the weight parameter.
+    :param bias: the bias parameter appended as a column, or ``None``.
+    :param rows: the rows of ``weight`` (and ``bias``) forming the block (``slice(None)``: all).
+    """
+
+    key: str
+    weight: nn.Parameter
+    bias: Optional[nn.Parameter] = None
+    rows: slice = field(default_factory=lambda: slice(None))
+
+    def matrix(self) -> th.Tensor:
+        """The block as a detached 2-D matrix (``[W | b]`` with a bias)."""
+        weight = self.weight.detach()[self.rows]
+        matrix = weight.reshape(weight.shape[0], -1)
+        if self.bias is not None:
+            matrix = th.cat([matrix, self.bias.detach()[self.rows].unsqueeze(1)], dim=1)
+        return matrix
+
+    def versions(self) -> tuple[int, ...]:
+        """Identity and in-place version counters of the tensors (they change at every optimizer step)."""
+        tensors = [self.weight] if self.bias is None else [self.weight, self.bias]
+        return tuple(x for t in tensors for x in (id(t), t._version))
+
+
+def _normalise(x: th.Tensor, eps: float = 1e-12) -> th.Tensor:
+    return x / x.norm().clamp_min(eps)
+
+
+@th.no_grad()
+def power_iteration(matrix: th.Tensor, u: th.Tensor, steps: int = 1) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
+    """``steps`` power iterations for the largest singular triple of ``matrix`` from the left vector ``u``, as
+    in spectral normalisation (Miyato et al., 2018): ``v <- M^T u / ||M^T u||``, ``u <- M v / ||M v||``.
+
+    :return: ``(u, v, sigma)`` with ``sigma = u^T M v``, the estimate of the largest singular value.
+    """
+    _check_positive_int("steps", steps)
+    v = u.new_empty(0)
+    for _ in range(steps):
+        v = _normalise(matrix.T @ u)
+        u = _normalise(matrix @ v)
+    return u, v, u @ matrix @ v
+
+
+def spectral_penalty(sigma: th.Tensor, exponent: float = 2.0) -> th.Tensor:
+    """``(sigma^k - 1)^2`` for one layer (``k = exponent``)."""
+    return (sigma**exponent - 1.0) ** 2
+
+
+def spectral_penalty_grad(u: th.Tensor, v: th.Tensor, sigma: th.Tensor, coef: float, exponent: float = 2.0) -> th.Tensor:
+    """Gradient of ``coef * (sigma_1(M)^k - 1)^2`` with respect to ``M``, with ``d sigma_1 / d M = u v^T`` for the
+    top singular vectors ``u``, ``v``: ``coef * 2 (sigma^k - 1) * k sigma^(k-1) * u v^T``."""
+    scale = coef * 2.0 * (sigma**exponent - 1.0) * exponent * sigma ** (exponent - 1.0)
+    return scale * th.outer(u, v)
+
+
+class SpectralRegularisation(GradientPenalty):
+    """Spectral regularisation (Lewandowski, Bortkiewicz, Kumar, György, Schuurmans, Ostaszewski & Machado,
+    ICLR 2025, "Learning Continually by Spectral Regularization") as an SB3 callback for every SB3 / sb3-contrib
+    algorithm (plain or plastic).
+
+    Adds ``coef * sum_l (sigma_1(M_l)^k - 1)^2`` to the loss of every network optimizer: the largest singular
+    value of each layer is pulled towards 1 (the value it has under an orthogonal initialisation), which the paper
+    shows keeps gradient diversity (trainability) without constraining the rest of the spectrum. The penalty
+    gradient ``coef * 2 (sigma^k - 1) k sigma^(k-1) u v^T`` joins the task gradient inside ``backward()``, before
+    SB3's clipping (:class:`GradientPenalty`).
+
+    What is implemented, and why (the paper's text could not be consulted while writing this; these are the
+    choices and what they follow):
+
+    * ``sigma_1`` is estimated by power iteration with persistent vectors, as the paper says and as spectral
+      normalisation (Miyato et al., 2018; ``torch.nn.utils.spectral_norm``) does: ``power_iterations`` (default 1)
+      iterations per update from the previous ``u``, run once per optimizer step of the layer (the first time its
+      gradient is needed after its weights changed), ``sigma = u^T M v``, and ``d sigma / d M = u v^T`` with
+      ``u``, ``v`` held constant. The initial ``u`` of each layer is drawn from a private generator (seed
+      :data:`POWER_ITERATION_SEED`), so the global random state (and the rest of the run) is untouched. ``u`` and
+      ``v`` are kept in the persistent state (``self.state["u"]``, ``["v"]``): saved and restored with the model.
+    * ``M_l`` is the affine map of layer ``l``: its weight (a conv kernel viewed as ``(out, in * kh * kw)``) with the
+      bias appended as a column, ``[W | b]`` (``include_bias=True``, the default; the paper regularises each
+      layer's parameters including the bias as an extra column; ``False``: the weight alone, biases free).
+    * ``exponent`` ``k`` (default 2): the penalty is ``(sigma^k - 1)^2``; ``k = 1`` gives ``(sigma - 1)^2``.
+    * Layers: every Linear / Conv2d of every online network, output heads included (``layers="all"``, "each
+      layer" in the paper); ``"hidden"`` leaves output heads free. RecurrentPPO's LSTMs: each gate block of
+      ``weight_ih`` / ``weight_hh`` is a layer (the matrix of one gate, as for the isometry penalty,
+      :mod:`sb3_plastic.recurrent`), without the LSTM biases. Normalisation layers (CrossQ's BatchRenorm) and
+      PPO's ``log_std`` are not matrices and are not regularised. Target networks follow their online network.
+
+    Logged at each rollout end: ``plasticity/spectral/sigma_max`` (largest estimate over the layers) and
+    ``plasticity/spectral/sigma_mean``.
+
+    :param coef: ``lambda`` >= 0 (0: off).
+    :param exponent: ``k`` > 0 of ``(sigma^k - 1)^2``.
+    :param include_bias: regularise ``[W | b]`` (True) or ``W`` alone.
+    :param layers: ``"all"`` or ``"hidden"``.
+    :param power_iterations: power iterations per update (>= 1).
+    :param name: distinguishes two callbacks of this class on one model.
+    :param verbose: SB3 verbosity.
+    """
+
+    def __init__(
+        self,
+        coef: float,
+        exponent: float = 2.0,
+        include_bias: bool = True,
+        layers: str = "all",
+        power_iterations: int = 1,
+        name: Optional[str] = None,
+        verbose: int = 0,
+    ) -> None:
+        super().__init__(coef, name=name, verbose=verbose)
+        _check_spectral(exponent, include_bias, layers, power_iterations, _CALLBACK_NAMES)
+        self.exponent = float(exponent)
+        self.include_bias = bool(include_bias)
+        self.layers = layers
+        self.power_iterations = int(power_iterations)
+        self._blocks: dict[str, list[SpectralBlock]] = {}
+        self._cache: dict[str, tuple[tuple[int, ...], th.Tensor]] = {}
+
+    def blocks(self) -> list[SpectralBlock]:
+        """The regularised matrices of the model (see the class docstring)."""
+        out: list[SpectralBlock] = []
+        seen: set[int] = set()
+        for spec in self.networks:
+            heads = {id(h) for h in spec.heads()}
+            for layer in spec.weight_layers():
+                if id(layer) in seen or (self.layers == "hidden" and id(layer) in heads):
+                    continue
+                seen.add(id(layer))
+                bias = getattr(layer, "bias", None) if self.include_bias else None
+                out.append(SpectralBlock(_layer_key(spec, layer), layer.weight, bias))
+            for module in spec.recurrent:
+                if id(module) in seen:
+                    continue
+                seen.add(id(module))
+                hidden = int(module.hidden_size)
+                for pname, param in module.named_parameters(recurse=False):
+                    if not pname.startswith(("weight_ih", "weight_hh")):
+                        continue
+                    name = f"{_layer_key(spec, module)}.{pname}"
+                    for gate in range(param.shape[0] // hidden):
+                        out.append(SpectralBlock(f"{name}[{gate}]", param, None, slice(gate * hidden, (gate + 1) * hidden)))
+        return out
+
+    def _prepare(self) -> None:
+        self._cache = {}
+        self._blocks = {}
+        names = {id(p): key for key, p in self.named_network_parameters()}
+        generator = th.Generator().manual_seed(POWER_ITERATION_SEED)
+        us, vs = self.state.setdefault("u", {}), self.state.setdefault("v", {})
+        for block in self.blocks():
+            rows = block.matrix().shape[0]
+            first = th.randn(rows, generator=generator, dtype=th.float64)  # drawn for every block: stable keys
+            if block.key not in us or us[block.key].shape[0] != rows:
+                us[block.key] = _normalise(first).to(block.weight.device, block.weight.dtype)
+                vs.pop(block.key, None)
+            for param in (block.weight, block.bias):
+                if param is not None and id(param) in names:
+                    self._blocks.setdefault(names[id(param)], []).append(block)
+
+    def _regularised(self) -> Iterator[tuple[str, nn.Parameter]]:
+        for key, param in self.named_network_parameters():
+            if key in self._blocks:
+                yield key, param
+
+    def _block_grad(self, block: SpectralBlock) -> th.Tensor:
+        """``coef * grad (sigma^k - 1)^2`` with respect to the block's matrix; the power iteration advances when the
+        block's tensors changed since the last call (once per optimizer step)."""
+        versions = block.versions()
+        cached = self._cache.get(block.key)
+        if cached is not None and cached[0] == versions:
+            return cached[1]
+        matrix = block.matrix()
+        u, v, sigma = power_iteration(matrix, self.state["u"][block.key].to(matrix), self.power_iterations)
+        self.state["u"][block.key], self.state["v"][block.key] = u, v
+        self.state.setdefault("sigma", {})[block.key] = float(sigma)
+        grad = spectral_penalty_grad(u, v, sigma, self.coef, self.exponent)
+        self._cache[block.key] = (versions, grad)
+        return grad
+
+    def _penalty_grad(self, key: str, param: th.Tensor) -> Optional[th.Tensor]:
+        out = th.zeros_like(param)
+        for block in self._blocks.get(key, []):
+            grad = self._block_grad(block)
+            if param is block.weight:
+                target = out[block.rows]
+                target += grad[:, : target[0].numel()].reshape(target.shape)
+            elif param is block.bias:
+                out[block.rows] += grad[:, -1]
+        return out
+
+    def _on_rollout_end(self) -> None:
+        sigmas = list(self.state.get("sigma", {}).values())
+        if sigmas:
+            prefix = "spectral" if self.name in (None, "auto") else f"spectral_{self.name}"
+            self.record(f"{prefix}/sigma_max", max(sigmas))
+            self.record(f"{prefix}/sigma_mean", sum(sigmas) / len(sigmas))
+
+
+def _layer_key(spec: Any, module: nn.Module) -> str:
+    """``"<network>.<layer name>"`` (layer names of SAC's / DQN's networks already start with the network's)."""
+    name = spec.layer_names.get(id(module), "?")
+    return name if name.startswith(f"{spec.name}.") else f"{spec.name}.{name}"
+
+
+def _check_spectral(exponent: Any, include_bias: Any, layers: Any, power_iterations: Any, names: dict[str, str]) -> None:
+    if isinstance(exponent, bool) or not isinstance(exponent, (int, float)) or not math.isfinite(exponent) or exponent <= 0:
+        raise ValueError(f"{names['exponent']} must be a finite number > 0, got {exponent!r}")
+    if not isinstance(include_bias, (bool, np.bool_)):
+        raise ValueError(f"{names['include_bias']} must be True or False, got {include_bias!r}")
+    if layers not in SPECTRAL_LAYERS:
+        raise ValueError(f"Unknown {names['layers']} {layers!r}; allowed: {list(SPECTRAL_LAYERS)}")
+    _check_positive_int(names["power_iterations"], power_iterations)
+
+
+_CALLBACK_NAMES = {k: k for k in ("exponent", "include_bias", "layers", "power_iterations")}
+_CONFIG_NAMES = {
+    "exponent": "spectral_exponent",
+    "include_bias": "spectral_include_bias",
+    "layers": "spectral_layers",
+    "power_iterations": "spectral_power_iterations",
+}
+
+
+@dataclass
+class SpectralRegularisationConfig:
+    """Spectral regularisation settings as top-level keywords of the plastic algorithms (and rl_zoo3 / optuna).
+
+    :param spectral_coef: ``lambda`` >= 0 of Lewandowski et al.'s (2024) penalty
+        ``lambda * sum_l (sigma_1(W_l)^k - 1)^2`` (:class:`SpectralRegularisation`); 0 (the default): off.
+    :param spectral_exponent: ``k`` > 0.
+    :param spectral_include_bias: regularise each layer's ``[W | b]`` (True) or its weight alone.
+    :param spectral_layers: ``"all"`` (every layer, heads included) or ``"hidden"``.
+    :param spectral_power_iterations: power iterations per update (>= 1; the vectors persist across updates).
+    """
+
+    spectral_coef: float = 0.0
+    spectral_exponent: float = 2.0
+    spectral_include_bias: bool = True
+    spectral_layers: str = "all"
+    spectral_power_iterations: int = 1
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the bad value and what is allowed."""
+        self.spectral_coef = _check_coef("spectral_coef", self.spectral_coef)
+        _check_spectral(
+            self.spectral_exponent,
+            self.spectral_include_bias,
+            self.spectral_layers,
+            self.spectral_power_iterations,
+            _CONFIG_NAMES,
+        )
+
+    @property
+    def enabled(self) -> bool:
+        """Whether spectral regularisation is on."""
+        return self.spectral_coef > 0
+
+    def make_callback(self) -> Optional[SpectralRegularisation]:
+        """The :class:`SpectralRegularisation` callback for these settings, or ``None`` when it is off."""
+        if not self.enabled:
+            return None
+        return SpectralRegularisation(
+            self.spectral_coef,
+            exponent=self.spectral_exponent,
+            include_bias=self.spectral_include_bias,
+            layers=self.spectral_layers,
+            power_iterations=self.spectral_power_iterations,
+        )
 
     def to_kwargs(self) -> dict[str, Any]:
         """The fields as keyword arguments."""

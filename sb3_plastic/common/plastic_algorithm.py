@@ -25,7 +25,7 @@ def intervention_config_classes() -> dict[str, type]:
     from sb3_plastic.callbacks.cbp import ContinualBackpropConfig
     from sb3_plastic.callbacks.fire import FIREConfig
     from sb3_plastic.callbacks.redo import ReDoConfig
-    from sb3_plastic.callbacks.regularisers import L2InitConfig
+    from sb3_plastic.callbacks.regularisers import L2InitConfig, SpectralRegularisationConfig
     from sb3_plastic.callbacks.shrink_perturb import ShrinkPerturbConfig
 
     return {
@@ -34,6 +34,7 @@ def intervention_config_classes() -> dict[str, type]:
         "redo": ReDoConfig,
         "shrink_perturb": ShrinkPerturbConfig,
         "l2_init": L2InitConfig,
+        "spectral": SpectralRegularisationConfig,
     }
 
 
@@ -62,8 +63,9 @@ class PlasticAlgorithmMixin:
         :class:`~sb3_plastic.callbacks.FIREConfig` (``fire_at``, ``fire_every``, ...),
         :class:`~sb3_plastic.callbacks.ContinualBackpropConfig` (``replacement_rate``, ``maturity_threshold``,
         ...), :class:`~sb3_plastic.callbacks.ReDoConfig` (``redo_period``, ...),
-        :class:`~sb3_plastic.callbacks.ShrinkPerturbConfig` (``shrink_perturb``, ...) and
-        :class:`~sb3_plastic.callbacks.L2InitConfig` (``l2_init_coef``). An enabled intervention
+        :class:`~sb3_plastic.callbacks.ShrinkPerturbConfig` (``shrink_perturb``, ...),
+        :class:`~sb3_plastic.callbacks.L2InitConfig` (``l2_init_coef``) and
+        :class:`~sb3_plastic.callbacks.SpectralRegularisationConfig` (``spectral_coef``, ...). An enabled intervention
         is added to the callbacks of every ``learn()`` call; it is the same class users can pass as a
         callback themselves.
     """
@@ -238,6 +240,7 @@ def plastic_keyword_docs() -> str:
         "shrink_perturb": "Shrink & Perturb",
         "l2_init": "L2-init (regenerative regularisation)",
     }
+        "spectral": "Spectral regularisation",
     groups: dict[str, tuple[type, Optional[dict[str, Any]]]] = {"Isometry": (IsometryConfig, isometry_defaults)}
     for key, config_cls in intervention_config_classes().items():
         groups[f"Intervention: {titles.get(key, key)}"] = (config_cls, None)
