@@ -249,7 +249,7 @@ def test_continual_shrink_perturb_exact() -> None:
 def test_continual_hook_only_in_training_and_removed() -> None:
     model = DQN("MlpPolicy", "CartPole-v1", policy_kwargs=dict(net_arch=[8]), learning_rate=0.01)
     model.set_logger(configure(None, [""]))
-    cb = ShrinkPerturb("continual", noise_std=1e-3, weight_decay=0.5)
+    cb = ShrinkPerturb("continual", noise_std=1e-3, weight_decay=0.5, weight_decay_mode="decoupled")
     cb.init_callback(model)
     cb.on_training_start({}, {})
     opt = model.policy.optimizer

@@ -8,7 +8,13 @@ References:
   initialisation (``lambda = 0.4``, ``p = 0.1`` in their experiments).
 * S. Dohare, J. F. Hernandez-Garcia, Q. Lan, P. Rahman, A. R. Mahmood, R. S. Sutton, "Loss of
   plasticity in deep continual learning", Nature 632, 2024: the continual variant, L2 weight decay plus
-  Gaussian noise ``N(0, sigma^2)`` added to every weight after each optimizer step.
+  Gaussian noise ``N(0, sigma^2)`` added to every weight after each optimizer step. Their code
+  (shibhansh/loss-of-plasticity) passes ``weight_decay`` to torch's Adam, i.e. the L2 gradient
+  ``weight_decay * theta`` joins the gradient that Adam normalises (a weight with no task gradient then moves
+  by ~``lr`` per step towards 0, measured: 0.05 -> ~6e-23 in 10k steps at wd 1e-4, lr 1e-3), and adds the noise
+  after ``step()``. That is the default here (``weight_decay_mode="coupled"``); the decoupled shrink
+  ``(1 - lr * wd) theta`` (AdamW-style, ~1e-7 per step at those settings, so practically no decay) is the
+  explicit option ``weight_decay_mode="decoupled"``.
 
 Both act on the weight and bias of every Linear / Conv2d layer of every online network (output heads
 included, as in both papers) and on every parameter of its recurrent layers (RecurrentPPO's LSTMs: weights
@@ -40,6 +46,9 @@ from sb3_plastic.optim import reset_optimizer_state
 from sb3_plastic.recurrent import fresh_recurrent_parameters, recurrent_init_scheme
 
 MODES = ("event", "continual")
+#: How the continual form's L2 reaches the weights: in the gradient the optimizer sees (Dohare et al.'s code) or
+#: as a decoupled shrink after the step.
+WEIGHT_DECAY_MODES = ("coupled", "decoupled")
 
 #: Ash & Adams (2020): shrink factor lambda and perturbation scale p.
 DEFAULT_SHRINK = 0.4
@@ -139,14 +148,25 @@ def shrink_perturb_recurrent_(
 
 
 @th.no_grad()
+def add_l2_gradient_(params: Sequence[th.Tensor], weight_decay: float) -> None:
+    """The L2 gradient of ``weight_decay / 2 * ||theta||^2`` added in place to each tensor's ``.grad``:
+    ``grad <- grad + weight_decay * theta``, the operation torch's Adam / SGD perform for ``weight_decay``
+    (tensors whose ``.grad`` is ``None`` are skipped, as those optimizers skip them)."""
+    for p in params:
+        if p.grad is not None:
+            p.grad.add_(p, alpha=float(weight_decay))
+
+
+@th.no_grad()
 def continual_shrink_perturb_(params: Sequence[th.Tensor], lr: float, weight_decay: float, noise_std: float) -> None:
-    """Dohare et al.'s continual shrink & perturb step, in place, on each tensor in order:
+    """The after-step part of the continual shrink & perturb, in place, on each tensor in order:
 
         theta <- (1 - lr * weight_decay) * theta + noise_std * eps,   eps ~ N(0, I).
 
-    The shrink is decoupled weight decay (AdamW-style): for plain SGD it is exactly the L2 penalty
-    ``weight_decay / 2 * ||theta||^2`` of Dohare et al.'s SGD experiments; with Adam it does not pass through
-    the moments (the reference's Adam runs put L2 into the gradient; use ``optimizer_kwargs`` for that).
+    With ``weight_decay > 0`` this is the decoupled form (``weight_decay_mode="decoupled"``, AdamW-style): for
+    plain SGD it equals the L2 penalty of Dohare et al.'s SGD experiments, with Adam it bypasses the moments.
+    The default coupled form calls it with ``weight_decay=0`` (noise only) after :func:`add_l2_gradient_`
+    before the step.
     """
     factor = 1.0 - float(lr) * float(weight_decay)
     for p in params:
@@ -181,11 +201,14 @@ def _check_settings(
     on_task_change: Any,
     noise_std: Any,
     weight_decay: Any,
+    weight_decay_mode: Any,
     names: dict[str, str],
 ) -> None:
     """Validate shrink & perturb settings; ``names`` maps each argument to the keyword the user typed."""
     if mode is not None and mode not in MODES:
         raise ValueError(f"Unknown {names['mode']} {mode!r}; allowed: {list(MODES)}")
+    if weight_decay_mode not in WEIGHT_DECAY_MODES:
+        raise ValueError(f"Unknown {names['weight_decay_mode']} {weight_decay_mode!r}; allowed: {list(WEIGHT_DECAY_MODES)}")
     _check_fraction(names["shrink"], shrink)
     _check_nonneg(names["perturb"], perturb)
     _check_nonneg(names["noise_std"], noise_std)
@@ -205,7 +228,9 @@ def _check_settings(
         )
 
 
-_CALLBACK_NAMES = {k: k for k in ("mode", "shrink", "perturb", "every", "on_task_change", "noise_std", "weight_decay")}
+_CALLBACK_NAMES = {
+    k: k for k in ("mode", "shrink", "perturb", "every", "on_task_change", "noise_std", "weight_decay", "weight_decay_mode")
+}
 _CONFIG_NAMES = {
     "mode": "shrink_perturb",
     "shrink": "shrink_factor",
@@ -214,6 +239,7 @@ _CONFIG_NAMES = {
     "on_task_change": "shrink_perturb_on_task_change",
     "noise_std": "perturb_noise_std",
     "weight_decay": "shrink_weight_decay",
+    "weight_decay_mode": "shrink_weight_decay_mode",
 }
 
 
@@ -234,13 +260,27 @@ class ShrinkPerturb(PlasticCallback):
     steps, never inside ``train()``); on-policy algorithms apply it at the next rollout start, after the
     current rollout has been trained on with the network that collected it.
 
-    ``mode="continual"`` (Dohare et al., 2024, "Loss of plasticity in deep continual learning", Nature):
-    after every optimizer step of a network optimizer (an ``optimizer.register_step_post_hook`` installed
-    at training start and removed at training end), for the weight and bias of every Linear / Conv2d layer
-    it trains, ``theta <- (1 - lr * weight_decay) * theta + noise_std * N(0, I)`` with ``lr`` the param
-    group's current learning rate (see :func:`continual_shrink_perturb_`). Only steps taken while the
-    policy is in training mode (inside ``train()``) are perturbed. The entropy-coefficient optimizer of
-    SAC / TQC is not a network optimizer and is left alone. Target networks follow by their own schedule.
+    ``mode="continual"`` (Dohare et al., 2024, "Loss of plasticity in deep continual learning", Nature), as
+    their code runs it, on the weight and bias of every Linear / Conv2d layer (and recurrent layer) a network
+    optimizer trains, at every step of that optimizer (``register_step_pre_hook`` / ``register_step_post_hook``,
+    installed at training start, removed at training end):
+
+    * ``weight_decay_mode="coupled"`` (default): before the step, ``grad <- grad + weight_decay * theta``
+      (:func:`add_l2_gradient_`), exactly what torch's ``Adam(weight_decay=...)`` of the reference does inside its
+      step; Adam / AdamO's moments see the sum and normalise it. In SB3 the step hook runs after ``train()``'s
+      ``clip_grad_norm_``, so the L2 term is not clipped, as with ``optimizer_kwargs=dict(weight_decay=wd)``
+      (bit for bit the same run for PPO with torch's Adam; tested). After the step ``.grad`` is restored to what
+      ``backward()`` and the clipping left. Then the noise: ``theta <- theta + noise_std * N(0, I)``.
+    * ``weight_decay_mode="decoupled"``: after the step, ``theta <- (1 - lr * weight_decay) * theta + noise_std *
+      N(0, I)`` with ``lr`` the param group's current learning rate (:func:`continual_shrink_perturb_`).
+
+    Only steps taken while the policy is in training mode (inside ``train()``) act. An optimizer whose ``step``
+    calls a hooked parent ``step`` (AdamO) runs the hooks twice; the callback acts once per step (outermost
+    call). The entropy-coefficient optimizer of SAC / TQC is not a network optimizer and is left alone, as are
+    parameters that are not layer parameters (PPO's ``log_std``; the reference's Adam decays every parameter it
+    holds, its policies having no such vector in the experiments this form comes from). Target networks
+    follow by their own schedule. Nothing besides the counters is stateful: save -> load carries the settings
+    (as keywords of the plastic algorithms) and ``noise_steps``.
 
     Logged: ``plasticity/shrink_perturb/events`` (event mode), ``plasticity/shrink_perturb/noise_steps``
     (continual mode). Persistent (``self.state``): ``events``, ``pending``, ``steps_since_event``,
@@ -255,6 +295,8 @@ class ShrinkPerturb(PlasticCallback):
         have no ``task_id``).
     :param noise_std: ``sigma`` >= 0 of the continual noise (Dohare et al.: 1e-4 .. 1e-6; default 1e-5).
     :param weight_decay: L2 strength >= 0 of the continual shrink (Dohare et al.: 1e-5 .. 1e-4; default 1e-4).
+    :param weight_decay_mode: ``"coupled"`` (default, the reference: L2 in the gradient the optimizer sees) or
+        ``"decoupled"`` (``theta *= 1 - lr * weight_decay`` after the step).
     :param name: distinguishes two ShrinkPerturb callbacks on one model.
     :param verbose: SB3 verbosity (1: print a line per event).
     """
@@ -268,11 +310,14 @@ class ShrinkPerturb(PlasticCallback):
         on_task_change: bool = False,
         noise_std: float = DEFAULT_NOISE_STD,
         weight_decay: float = DEFAULT_WEIGHT_DECAY,
+        weight_decay_mode: str = "coupled",
         name: Optional[str] = None,
         verbose: int = 0,
     ) -> None:
         super().__init__(name=name, verbose=verbose)
-        _check_settings(mode, shrink, perturb, every, on_task_change, noise_std, weight_decay, _CALLBACK_NAMES)
+        _check_settings(
+            mode, shrink, perturb, every, on_task_change, noise_std, weight_decay, weight_decay_mode, _CALLBACK_NAMES
+        )
         self.mode = mode
         self.shrink = float(shrink)
         self.perturb = float(perturb)
@@ -280,6 +325,7 @@ class ShrinkPerturb(PlasticCallback):
         self.on_task_change = bool(on_task_change)
         self.noise_std = float(noise_std)
         self.weight_decay = float(weight_decay)
+        self.weight_decay_mode = weight_decay_mode
         self._init: LayerInit = default_layer_init
         self._on_policy = False
         self._last_timesteps = 0
@@ -345,18 +391,31 @@ class ShrinkPerturb(PlasticCallback):
         # whose ``step`` calls ``super().step()`` (AdamO) fires them twice per step once any instance of the
         # parent class exists. The depth counter makes the perturbation act once, after the outermost step.
         depth = [0]
+        coupled = self.weight_decay_mode == "coupled"
+        task_grads: list[tuple[th.Tensor, th.Tensor]] = []  # (p.grad, its value before the L2 term)
 
         def pre(optimizer: th.optim.Optimizer, args: Any, kwargs: Any) -> None:
             depth[0] += 1
+            if depth[0] > 1 or not coupled or self.weight_decay == 0 or not self.model.policy.training:
+                return
+            params = [p for group in optimizer.param_groups for p in group["params"] if id(p) in ids]
+            task_grads[:] = [(p.grad, p.grad.clone()) for p in params if p.grad is not None]
+            # in place: AdamO recognises the gradient tensor it has already seen (coupled isometry mode)
+            add_l2_gradient_(params, self.weight_decay)
 
         def post(optimizer: th.optim.Optimizer, args: Any, kwargs: Any) -> None:
             depth[0] = max(depth[0] - 1, 0)
             if depth[0] > 0 or not self.model.policy.training:
                 return
+            with th.no_grad():
+                for grad, task_grad in task_grads:
+                    grad.copy_(task_grad)
+            task_grads.clear()
+            decay = 0.0 if coupled else self.weight_decay
             for group in optimizer.param_groups:
                 params = [p for p in group["params"] if id(p) in ids]
                 if params:
-                    continual_shrink_perturb_(params, group["lr"], self.weight_decay, self.noise_std)
+                    continual_shrink_perturb_(params, group["lr"], decay, self.noise_std)
             self.state["noise_steps"] = int(self.state.get("noise_steps", 0)) + 1
 
         return pre, post
@@ -426,7 +485,10 @@ class ShrinkPerturbConfig:
     :param shrink_perturb_on_task_change: event when ``info["task_id"]`` changes (event form; warns when the env has
         no ``task_id``).
     :param perturb_noise_std: noise std >= 0 of the continual form.
-    :param shrink_weight_decay: weight decay >= 0 of the continual form (``theta *= 1 - lr * wd`` per step).
+    :param shrink_weight_decay: L2 weight decay >= 0 of the continual form.
+    :param shrink_weight_decay_mode: ``"coupled"`` (default; Dohare et al.'s code: ``wd * theta`` joins the gradient
+        the optimizer sees, as torch Adam's ``weight_decay``) or ``"decoupled"`` (``theta *= 1 - lr * wd`` after each
+        step).
 
     The event-form fields are ignored when the mode is ``None``; with ``"event"`` at least one trigger is
     required, with ``"continual"`` none may be set.
@@ -439,6 +501,7 @@ class ShrinkPerturbConfig:
     shrink_perturb_on_task_change: bool = False
     perturb_noise_std: float = DEFAULT_NOISE_STD
     shrink_weight_decay: float = DEFAULT_WEIGHT_DECAY
+    shrink_weight_decay_mode: str = "coupled"
 
     def __post_init__(self) -> None:
         self.validate()
@@ -455,6 +518,7 @@ class ShrinkPerturbConfig:
             self.shrink_perturb_on_task_change,
             self.perturb_noise_std,
             self.shrink_weight_decay,
+            self.shrink_weight_decay_mode,
             _CONFIG_NAMES,
         )
 
@@ -476,6 +540,7 @@ class ShrinkPerturbConfig:
             on_task_change=self.shrink_perturb_on_task_change,
             noise_std=self.perturb_noise_std,
             weight_decay=self.shrink_weight_decay,
+            weight_decay_mode=self.shrink_weight_decay_mode,
         )
 
     def to_kwargs(self) -> dict[str, Any]:
