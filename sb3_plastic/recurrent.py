@@ -30,13 +30,14 @@ maps; nothing in the gate structure asks for that). The definitions used by sb3_
   ``theta_fresh`` a fresh draw of the initialisation above (:func:`fresh_recurrent_parameters`); the
   continual form adds decay and noise to every LSTM parameter as to Linear layers.
 * **Continual Backprop / ReDo**: a unit of an LSTM layer is a cell ``j`` (its output ``h_j``). Replacing it
-  (:func:`sb3_plastic.common.surgery.reset_lstm_cells_`): fresh rows ``j, H+j, 2H+j, 3H+j`` (all four gate
+  (:func:`sb3_plastic.common.unit_reset.replace_cells_`): fresh rows ``j, H+j, 2H+j, 3H+j`` (all four gate
   blocks) of ``weight_ih`` and ``weight_hh`` from the LSTM's own initialiser (:func:`fresh_gate_rows` with
   :func:`recurrent_init_scheme`: PyTorch's uniform draw, or per gate block orthogonal rows), zero biases
   ``bias_ih`` / ``bias_hh`` in those rows, zero outgoing weights: column ``j`` of ``weight_hh`` (all ``4H`` rows,
   the recurrent input from ``h_j``), of the next LSTM layer's ``weight_ih`` (below the top layer) and of the
   layers reading the LSTM output (the first Linear layers after it: ``mlp_extractor`` policy / value layers or
-  the heads); Adam / AdamO moments of exactly those rows / columns zeroed. Continual Backprop moves the
+  the heads); the Adam / AdamO state of exactly those rows / columns restarted (moments and per-element step,
+  :mod:`sb3_plastic.adam_restart`). Continual Backprop moves the
   removed cell's mean contribution into the readers' biases, ``b += W[:, j] * f_j`` (the consumers' biases and
   the next layer's ``bias_ih``) but not into ``bias_hh``: the recurrent input from ``h_j`` is absent at every
   episode start (zero state), so a constant there would add a gate input the old network never had at those
@@ -81,7 +82,10 @@ import torch as th
 from stable_baselines3.common.base_class import BaseAlgorithm
 from torch import nn
 
+from sb3_plastic.common.unit_reset import fresh_gate_rows
 from sb3_plastic.isometry import as_blocks
+
+__all__ = ["fresh_gate_rows"]  # defined with the other unit surgery; importable from here as before
 
 #: Stacked gate blocks per weight matrix, by ``nn.RNNBase.mode``.
 GATE_BLOCKS: dict[str, int] = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1, "RNN_RELU": 1}
@@ -172,49 +176,6 @@ def recurrent_init_scheme(model: Union[BaseAlgorithm, nn.Module]) -> tuple[str, 
     if config is not None and config.use_orthogonal_init:
         return "orthogonal", math.sqrt(config.isometry_scale)
     return "default", 1.0
-
-
-@th.no_grad()
-def fresh_gate_rows(weight: th.Tensor, cells: th.Tensor, init: str = "default", gain: float = 1.0) -> th.Tensor:
-    """Fresh rows for ``cells`` in every gate block of a stacked LSTM matrix ``weight`` ``(4H, in)``: the rows
-    ``j, H+j, 2H+j, 3H+j`` of each cell ``j``, drawn from the LSTM's initialiser (the layer is not modified).
-
-    * ``"default"``: PyTorch's ``U(-1/sqrt(H), 1/sqrt(H))``.
-    * ``"orthogonal"``: per gate block ``(H, in)``, as a Linear layer's new units are drawn
-      (:func:`sb3_plastic.callbacks.cbp.fresh_incoming_weights`): for a wide or square block (``H <= in``, the
-      recurrent blocks) rows of norm ``gain``, orthogonal to each other and to the block's kept rows, so an
-      orthogonal block stays orthogonal; for a tall block the rows of a fresh ``orthogonal_(gain)`` block.
-
-    :return: ``(4 * len(cells), in)``, block by block (gate 0's rows of every cell first), matching the row order
-        of :meth:`sb3_plastic.common.surgery.RecurrentUnits.gate_rows`.
-    """
-    _check_init(init)
-    n_rows, fan_in = weight.shape
-    hidden = n_rows // 4
-    cells = cells.to(weight.device).long().flatten()
-    k = int(cells.numel())
-    if init == "default":
-        stdv = 1.0 / math.sqrt(hidden) if hidden > 0 else 0.0
-        return th.empty(4 * k, fan_in, device=weight.device, dtype=weight.dtype).uniform_(-stdv, stdv)
-    rows = []
-    for block in as_blocks(weight.detach().float(), 4):
-        if hidden <= fan_in:
-            keep = th.ones(hidden, dtype=th.bool, device=weight.device)
-            keep[cells] = False
-            draw = th.randn(k, fan_in, device=weight.device)
-            if bool(keep.any()):
-                basis, _ = th.linalg.qr(block[keep].T)  # orthonormal columns spanning the kept rows
-                for _ in range(2):  # project twice for numerical orthogonality
-                    draw = draw - (draw @ basis) @ basis.T
-            q, r = th.linalg.qr(draw.T)
-            signs = th.sign(th.diagonal(r))
-            signs[signs == 0] = 1.0
-            rows.append((q * signs).T * gain)
-        else:
-            full = th.empty(hidden, fan_in, device=weight.device)
-            nn.init.orthogonal_(full, gain=gain)
-            rows.append(full[cells])
-    return th.cat(rows).to(weight.dtype)
 
 
 @th.no_grad()

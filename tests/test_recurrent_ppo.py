@@ -371,7 +371,10 @@ def test_forced_lstm_cell_replacement(policy_kwargs, extra, name):
     assert th.allclose(values, values_expected, atol=1e-5)
 
 
-def test_fresh_gate_rows_follow_the_lstm_initialiser():
+# seeds 14 and 389 drew rows orthogonal only to ~1e-3 when the projection ran in float32 (0.3 % of 5 000 seeds)
+@pytest.mark.parametrize("seed", [0, 14, 389])
+def test_fresh_gate_rows_follow_the_lstm_initialiser(seed):
+    th.manual_seed(seed)
     lstm = th.nn.LSTM(H, H)
     orthogonal_recurrent_init_(lstm, gain=1.3)
     cells = th.tensor([1, 5])
@@ -379,7 +382,7 @@ def test_fresh_gate_rows_follow_the_lstm_initialiser():
     new = lstm.weight_hh_l0.detach().clone()
     new[th.cat([cells + g * H for g in range(4)])] = rows
     for block in gate_blocks(new):  # square gate blocks stay orthogonal (scaled by the gain)
-        assert th.allclose(block @ block.T, 1.3**2 * th.eye(H), atol=1e-4)
+        assert th.allclose(block @ block.T, 1.3**2 * th.eye(H), atol=1e-5)
     big = fresh_gate_rows(th.empty(4 * 256, 300), th.arange(100))
     assert big.shape == (400, 300) and float(big.abs().max()) <= 1 / 16
     assert float(big.std()) == pytest.approx(1 / 16 / math.sqrt(3), rel=0.02)

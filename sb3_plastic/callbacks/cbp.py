@@ -73,10 +73,16 @@ from sb3_plastic.common.surgery import (
     find_networks,
     norm_affine,
     recurrent_units_problem,
-    reset_lstm_cells_,
-    reset_norm_features_,
 )
-from sb3_plastic.optim import reset_optimizer_state
+from sb3_plastic.common.unit_reset import (
+    INITS,
+    enable_unit_restarts,
+    features_of,
+    fresh_incoming_weights,
+    replace_cells_,
+    replace_units_,
+    zero_outgoing_,
+)
 from sb3_plastic.recurrent import lstm_layer_outputs, recurrent_init_scheme
 
 #: A unit layer of :class:`GenerateAndTest`: a Linear / Conv2d hidden layer or the cells of an LSTM layer.
@@ -84,8 +90,6 @@ UnitLayer = Union[HiddenLayer, RecurrentUnits]
 
 #: Utility measures: "contribution" and "adaptable_contribution" (contribution / mean |incoming weight|).
 UTILITIES: tuple[str, ...] = ("contribution", "adaptable_contribution")
-#: Initialisers for new units: "default" (PyTorch's default Linear/Conv2d init) or "orthogonal".
-INITS: tuple[str, ...] = ("default", "orthogonal")
 #: Activations whose outputs are >= 0, so that mean|h| = mean(h) (one reduction less per step).
 NONNEGATIVE_ACTIVATIONS: tuple[type[nn.Module], ...] = (nn.ReLU, nn.ReLU6, nn.Sigmoid, nn.Softplus)
 #: Slack when taking the integer part of the accumulated replacement count (0.1 added ten times is 1).
@@ -124,61 +128,6 @@ def check_cbp_args(
     if utility not in UTILITIES:
         raise ValueError(f"Unknown {n_util} {utility!r}; allowed: {list(UTILITIES)}")
     return float(replacement_rate), int(maturity_threshold), float(decay_rate), str(utility)
-
-
-# ---------------------------------------------------------------------------------------------- new units
-def fresh_incoming_weights(weight: th.Tensor, rows: th.Tensor, init: str = "default", gain: float = 1.0) -> th.Tensor:
-    """Fresh incoming weights for the output rows ``rows`` of a Linear / Conv2d ``weight``.
-
-    * ``"default"``: PyTorch's default init of a fresh layer of the same shape,
-      ``kaiming_uniform_(a=sqrt(5))``, i.e. ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))`` (what SB3's DQN, SAC, TQC,
-      QR-DQN and non-orthogonal PPO layers are built with). ``gain`` is ignored.
-    * ``"orthogonal"``: on the matrix view ``(out, fan_in)`` of the weight. When the layer is wide or square
-      (``out <= fan_in``, rows can be orthonormal) the new rows are orthonormal to each other and to the
-      span of the rows that are kept, scaled to norm ``gain``: the new rows add singular values exactly
-      ``gain`` and leave the others untouched, so replacing units never moves an isometric layer away from
-      isometry. When the layer is tall (``out > fan_in``, an orthogonal init has orthonormal *columns*)
-      the rows are drawn from a fresh ``orthogonal_(gain)`` matrix of the full shape.
-
-    :param weight: the layer's weight ``(out, in)`` or ``(out, in, kh, kw)``.
-    :param rows: indices of the output rows to draw.
-    :param init: ``"default"`` or ``"orthogonal"``.
-    :param gain: gain of the orthogonal init.
-    :return: a tensor of shape ``(len(rows), *weight.shape[1:])`` on the weight's device and dtype.
-    """
-    if init not in INITS:
-        raise ValueError(f"Unknown init {init!r}; allowed: {list(INITS)}")
-    rows = rows.to(weight.device).long()
-    k = int(rows.numel())
-    shape = (k, *weight.shape[1:])
-    with th.no_grad():
-        if init == "default":
-            out = th.empty(shape, device=weight.device, dtype=weight.dtype)
-            if k:
-                nn.init.kaiming_uniform_(out, a=math.sqrt(5))
-            return out
-        matrix = weight.detach().reshape(weight.shape[0], -1).float()
-        n_out, fan_in = matrix.shape
-        if k == 0:
-            return th.empty(shape, device=weight.device, dtype=weight.dtype)
-        if n_out <= fan_in:
-            keep = th.ones(n_out, dtype=th.bool, device=weight.device)
-            keep[rows] = False
-            draw = th.randn(k, fan_in, device=weight.device)
-            kept = matrix[keep]
-            if kept.shape[0] > 0:
-                basis, _ = th.linalg.qr(kept.T)  # (fan_in, n_kept), orthonormal columns spanning the kept rows
-                for _ in range(2):  # project twice: "twice is enough" for numerical orthogonality
-                    draw = draw - (draw @ basis) @ basis.T
-            q, r = th.linalg.qr(draw.T)  # (fan_in, k)
-            signs = th.sign(th.diagonal(r))
-            signs[signs == 0] = 1.0
-            new = (q * signs).T * gain
-        else:
-            full = th.empty(n_out, fan_in, device=weight.device)
-            nn.init.orthogonal_(full, gain=gain)
-            new = full[rows]
-        return new.reshape(shape).to(weight.dtype)
 
 
 # ---------------------------------------------------------------------------------------------- core
@@ -285,7 +234,7 @@ class GenerateAndTest:
 
     LSTM cells: the utility is the contribution utility of ``h_j`` with ``W_out`` every weight reading ``h_j``
     (the consumers' columns, the next LSTM layer's ``weight_ih`` column and this layer's ``weight_hh`` column,
-    pooled); a replaced cell goes through :func:`~sb3_plastic.common.surgery.reset_lstm_cells_` with the
+    pooled); a replaced cell goes through :func:`~sb3_plastic.common.unit_reset.replace_cells_` with the
     bias-corrected mean activation. The hook on an ``nn.LSTM`` collects its output sequences (``(L, N, H)``;
     several calls of one step each when sb3-contrib resets states inside a sequence) until the step;
     :meth:`set_sequence_mask` gives the padding mask of the minibatch (sb3-contrib's ``rollout_data.mask``) so
@@ -357,14 +306,8 @@ class GenerateAndTest:
         self._mask: Optional[th.Tensor] = None
         self.state: dict[str, dict[str, th.Tensor]] = {} if state is None else state
         self.after_step = after_step
-        #: every optimizer whose moments a replacement zeroes (``optimizer`` first), each once
+        #: every optimizer whose state a replacement restarts (``optimizer`` first), each once
         self.optimizers = list({id(o): o for o in (optimizer, *other_optimizers) if o is not None}.values())
-        #: the optimizers holding each parameter, by ``id(param)``
-        self._optimized: dict[int, list[th.optim.Optimizer]] = {}
-        for opt in self.optimizers:
-            for group in opt.param_groups:
-                for p in group["params"]:
-                    self._optimized.setdefault(id(p), []).append(opt)
         self._info = {spec.name: _LayerInfo.of(spec) for spec in layers}
         self._stored: dict[str, th.Tensor] = {}
         self._handles: list[RemovableHandle] = []
@@ -539,104 +482,31 @@ class GenerateAndTest:
             chosen[name] = candidates[order[:n]]
         return chosen
 
-    def _features_of(self, spec: HiddenLayer, units: th.Tensor) -> th.Tensor:
-        g = spec.group_size
-        if g == 1:
-            return units
-        return (units[:, None] * g + th.arange(g, device=units.device)[None, :]).flatten()
-
     def replace(self, name: str, units: th.Tensor) -> None:
-        """The generate part: give ``units`` of layer ``name`` fresh incoming weights, zero bias and zero
-        outgoing weights, move their mean contribution into the consumers' biases, zero the optimizer
-        moments of the touched rows / columns and restart their statistics."""
+        """The generate part: replace ``units`` of layer ``name`` (fresh incoming weights from the layer's
+        initialiser, zero bias, zero outgoing weights, their mean contribution moved into the consumers' biases,
+        the optimizer state of the touched rows / columns restarted: :func:`~sb3_plastic.common.unit_reset.replace_units_`
+        / :func:`~sb3_plastic.common.unit_reset.replace_cells_`) and restart their statistics."""
         spec = self.layers[name]
         entry = self.state[name]
-        if isinstance(spec, RecurrentUnits):
-            self._replace_cells(spec, units)
-            return
-        layer = spec.layer
-        device = layer.weight.device
-        units = units.to(device).long()
+        units = units.to(self._info[name].weight.device).long()
         if units.numel() == 0:
             return
-        feats = self._features_of(spec, units)
+        recurrent = isinstance(spec, RecurrentUnits)
+        feats = units if recurrent else features_of(spec, units)
         with th.no_grad():
-            if "mean_activation" in entry:
-                f_hat = self.bias_corrected_mean_activation(name)[feats]  # (k, positions)
+            f_hat = self.bias_corrected_mean_activation(name)[feats] if "mean_activation" in entry else None
+            if recurrent:
+                init, gain = self.recurrent_init
+                replace_cells_(spec, units, self.optimizers, init, gain, None if f_hat is None else f_hat[:, 0])
             else:
-                f_hat = th.zeros(feats.numel(), 1, device=device)
-            norm = spec.norm
-            if norm is not None and spec.norm_after_activation:
-                # the consumers read the norm's output: its mean is the norm's map of the mean activation
-                gain, shift = norm_affine(norm)
-                f_hat = gain[feats].to(f_hat.device)[:, None] * f_hat + shift[feats].to(f_hat.device)[:, None]
-            for consumer in spec.consumers:
-                # a Linear / Conv2d, or an LSTM reading a features extractor (weight_ih_l0 / bias_ih_l0: every gate
-                # block's columns; the absorption is exact at every step, the input term is outside the gates)
-                w_next, b_next = consumer.weight, consumer.bias
-                if isinstance(consumer.layer, nn.Conv2d):
-                    cols = feats + consumer.offset
-                    if b_next is not None:
-                        # a constant input map f_bar on channel c adds sum_taps W[k, c] * f_bar to every output
-                        # position (exact where no zero padding is involved)
-                        taps = w_next[:, cols].sum(dim=(2, 3))
-                        b_next.add_((taps.float() @ f_hat.mean(dim=1)).to(b_next.dtype))
-                else:
-                    p = consumer.columns_per_unit
-                    cols = consumer.columns(feats)
-                    if b_next is not None:
-                        if f_hat.shape[1] == p:
-                            f_cols = f_hat.reshape(-1)  # per column: channel c, position q -> column c*P + q
-                        else:
-                            f_cols = f_hat.mean(dim=1).repeat_interleave(p)
-                        b_next.add_((w_next[:, cols].float() @ f_cols).to(b_next.dtype))
-                w_next.index_fill_(1, cols, 0.0)
-                self._reset_moments(w_next, cols, dim=1)
-            layer.weight[feats] = fresh_incoming_weights(layer.weight, feats, self.init, self.init_gain)
-            self._reset_moments(layer.weight, feats, dim=0)
-            if layer.bias is not None:
-                layer.bias[feats] = 0.0
-                self._reset_moments(layer.bias, feats, dim=0)
-            if norm is not None:  # the fresh unit starts with the norm's initial statistics
-                reset_norm_features_(norm, feats, self.optimizers)
+                fresh = fresh_incoming_weights(spec.layer.weight, feats, self.init, self.init_gain)
+                replace_units_(spec, feats, fresh, self.optimizers, f_hat)
             entry["age"][units.cpu()] = 0
             entry["utility"][units] = 0.0
             if "mean_activation" in entry:
                 entry["mean_activation"][feats] = 0.0
             entry["replaced"] += int(units.numel())
-
-    def _replace_cells(self, spec: RecurrentUnits, units: th.Tensor) -> None:
-        """:meth:`replace` for LSTM cells (:func:`~sb3_plastic.common.surgery.reset_lstm_cells_`)."""
-        entry = self.state[spec.name]
-        units = units.to(self._info[spec.name].weight.device).long()
-        if units.numel() == 0:
-            return
-        with th.no_grad():
-            f_hat = self.bias_corrected_mean_activation(spec.name)[units, 0] if "mean_activation" in entry else None
-            init, gain = self.recurrent_init
-            reset_lstm_cells_(spec, units, self.optimizers, init, gain, f_hat)
-            entry["age"][units.cpu()] = 0
-            entry["utility"][units] = 0.0
-            if "mean_activation" in entry:
-                entry["mean_activation"][units] = 0.0
-            entry["replaced"] += int(units.numel())
-
-    def _zero_outgoing(self, name: str, units: th.Tensor) -> None:
-        spec = self.layers[name]
-        if isinstance(spec, RecurrentUnits):
-            with th.no_grad():
-                for weight, _ in spec.outgoing():
-                    weight.index_fill_(1, units.to(weight.device).long(), 0.0)
-            return
-        feats = self._features_of(spec, units)
-        with th.no_grad():
-            for consumer in spec.consumers:
-                cols = feats + consumer.offset if isinstance(consumer.layer, nn.Conv2d) else consumer.columns(feats)
-                consumer.weight.index_fill_(1, cols, 0.0)
-
-    def _reset_moments(self, param: th.Tensor, index: th.Tensor, dim: int) -> None:
-        for opt in self._optimized.get(id(param), ()):
-            reset_optimizer_state(opt, param, index, dim)
 
     def step(self, activations: Optional[Mapping[str, th.Tensor]] = None) -> dict[str, th.Tensor]:
         """One generate-and-test step (call it after each optimizer step).
@@ -661,7 +531,8 @@ class GenerateAndTest:
         if len(chosen) > 1:
             # a fresh row of a consumer replaced in the same step must not re-open a replaced unit's output
             for name, units in chosen.items():
-                self._zero_outgoing(name, units)
+                spec = self.layers[name]
+                zero_outgoing_(spec, units if isinstance(spec, RecurrentUnits) else features_of(spec, units))
         if self.after_step is not None:
             self.after_step(chosen)
         return chosen
@@ -911,6 +782,7 @@ class ContinualBackprop(PlasticCallback):
                 recurrent_init=recurrent_init,
                 other_optimizers=spec.optimizers()[1:],
             )
+            enable_unit_restarts(engine.optimizers)  # also after SB3's load, which rebuilds the optimizer as plain Adam
             engine.attach()
             self.engines[spec.name] = engine
         self._watch_minibatches()

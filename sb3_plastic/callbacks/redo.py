@@ -15,7 +15,8 @@ paper's default, 0.1 an aggressive setting). Every ``period`` gradient steps ReD
 * sets its bias to zero,
 * sets its outgoing weights (the matching input columns of every consumer layer; for a conv layer
   read by a Linear through an NCHW flatten, the ``H*W`` columns of the channel) to zero,
-* zeroes the optimizer moments of exactly those rows / entries / columns.
+* restarts the optimizer state of exactly those rows / entries / columns (moments zeroed; for Adam the entries'
+  step count too, as the reference zeroes Adam's step: they are trained as freshly initialised entries).
 
 Output heads are never recycled. Scores are taken on the activation output; when a normalisation layer
 follows it (CrossQ: ``Linear -> ReLU -> BatchRenorm``) a dead unit is still dead (its normalised output is
@@ -47,15 +48,14 @@ from stable_baselines3.common.utils import obs_as_tensor
 from torch import nn
 
 from sb3_plastic.callbacks.base import PlasticCallback, preserved_numpy_rng
-from sb3_plastic.common.surgery import (
-    HiddenLayer,
-    NetworkSpec,
-    RecurrentUnits,
-    recurrent_units_problem,
-    reset_lstm_cells_,
-    reset_norm_features_,
+from sb3_plastic.common.surgery import HiddenLayer, NetworkSpec, RecurrentUnits, recurrent_units_problem
+from sb3_plastic.common.unit_reset import (
+    enable_unit_restarts,
+    features_of,
+    replace_cells_,
+    replace_units_,
+    unique_optimizers,
 )
-from sb3_plastic.optim import reset_optimizer_state
 from sb3_plastic.recurrent import lstm_first_step, lstm_first_step_layers, recurrent_init_scheme
 
 #: ``layer -> (fresh_weight, fresh_bias)``: a new draw from a layer's initialiser; the layer is untouched.
@@ -245,16 +245,6 @@ def probe_activity(layers: Sequence[HiddenLayer], forward: Callable[[], Any]) ->
 # ---------------------------------------------------------------------------------------------------
 # Resetting
 # ---------------------------------------------------------------------------------------------------
-def _reset_moments(optimizers: Iterable[th.optim.Optimizer], param: th.Tensor, index: th.Tensor, dim: int) -> None:
-    for opt in optimizers:
-        if any(param is p for group in opt.param_groups for p in group["params"]):
-            reset_optimizer_state(opt, param, index, dim)
-
-
-def _unique_optimizers(optimizers: Iterable[Optional[th.optim.Optimizer]]) -> list[th.optim.Optimizer]:
-    return list({id(o): o for o in optimizers if o is not None}.values())
-
-
 @th.no_grad()
 def redo_reset_(
     hidden: HiddenLayer,
@@ -266,15 +256,17 @@ def redo_reset_(
 
     Incoming weights of the units are re-drawn from ``init`` (a full fresh draw of which only the
     units' rows are used), their bias entries set to zero, their outgoing weights (input columns of every
-    consumer, with the conv -> linear flatten mapping) set to zero, and the optimizer moments of exactly
-    those rows / entries / columns zeroed in every optimizer of ``optimizers`` that holds the tensor
-    (the step counts are kept). A normalisation layer of the units (:attr:`HiddenLayer.norm`, CrossQ's
-    BatchRenorm) gets those features reset to its initial state (running mean 0, variance 1, scale 1, shift 0,
-    moments zeroed: :func:`~sb3_plastic.common.surgery.reset_norm_features_`).
+    consumer, with the conv -> linear flatten mapping) set to zero, and the optimizer state of exactly
+    those rows / entries / columns restarted in every optimizer of ``optimizers`` that holds the tensor:
+    moments zeroed and, for Adam / AdamO, the entries' step count restarted, so that they are trained as
+    freshly initialised Adam entries (the reference zeroes Adam's step: :mod:`sb3_plastic.adam_restart`). A
+    normalisation layer of the units (:attr:`HiddenLayer.norm`, CrossQ's BatchRenorm) gets those features reset to
+    its initial state (running mean 0, variance 1, scale 1, shift 0, state restarted). No bias absorption. The
+    operation is :func:`sb3_plastic.common.unit_reset.replace_units_`, shared with Continual Backprop.
 
     :param hidden: the layer with its consumers (see :meth:`sb3_plastic.common.surgery.NetworkSpec.hidden_layers`).
     :param units: a bool mask over the layer's units or unit indices (a unit is ``hidden.group_size`` features).
-    :param optimizers: optimizers whose moments are zeroed.
+    :param optimizers: optimizers whose state of the touched entries is restarted.
     :param init: the initialiser of fresh incoming weights.
     :return: the feature (row) indices that were reset.
     """
@@ -284,26 +276,12 @@ def redo_reset_(
             raise ValueError(f"unit mask has {units.numel()} entries, layer {hidden.name} has {hidden.n_units} units")
         units = units.nonzero().flatten()
     units = units.long().flatten()
-    g = hidden.group_size
-    features = (units.view(-1, 1) * g + th.arange(g).view(1, -1)).flatten()
+    features = features_of(hidden, units)
     if features.numel() == 0:
         return features
-    optimizers = _unique_optimizers(optimizers)
-    layer = hidden.layer
-    features = features.to(layer.weight.device)
-    fresh_weight, _ = init(layer)
-    layer.weight[features] = fresh_weight[features].to(layer.weight.dtype)
-    _reset_moments(optimizers, layer.weight, features, 0)
-    if getattr(layer, "bias", None) is not None:
-        layer.bias[features] = 0.0
-        _reset_moments(optimizers, layer.bias, features, 0)
-    for consumer in hidden.consumers:
-        cols = consumer.columns(features).to(consumer.weight.device)
-        consumer.weight.index_fill_(1, cols, 0.0)  # an LSTM reading the extractor: weight_ih_l0, every gate block
-        _reset_moments(optimizers, consumer.weight, cols, 1)
-    if hidden.norm is not None:  # CrossQ's BatchRenorm: the recycled unit starts with the initial statistics
-        reset_norm_features_(hidden.norm, features, optimizers)
-    return features
+    fresh_weight, _ = init(hidden.layer)
+    replace_units_(hidden, features, fresh_weight[features.to(fresh_weight.device)], optimizers)
+    return features.to(hidden.layer.weight.device)
 
 
 @dataclass
@@ -329,7 +307,7 @@ def redo_layers_(
     Layers that ``forward`` does not reach are skipped.
     """
     tau = _validate_tau(tau)
-    optimizers = _unique_optimizers(optimizers)
+    optimizers = unique_optimizers(optimizers)
     activity = probe_activity(layers, forward)
     results = []
     for hidden, mean_abs in zip(layers, activity):
@@ -378,8 +356,8 @@ def redo_recurrent_(
 ) -> list[ReDoLayerResult]:
     """One ReDo step on the LSTM cells of a recurrent policy's network (:meth:`NetworkSpec.recurrent_units`):
     scores from :func:`recurrent_probe_activity`, dormant cells replaced by
-    :func:`~sb3_plastic.common.surgery.reset_lstm_cells_` (fresh gate rows from the LSTM's initialiser,
-    :func:`sb3_plastic.recurrent.recurrent_init_scheme`; zero biases, zero outgoing columns, zeroed moments; no
+    :func:`~sb3_plastic.common.unit_reset.replace_cells_` (fresh gate rows from the LSTM's initialiser,
+    :func:`sb3_plastic.recurrent.recurrent_init_scheme`; zero biases, zero outgoing columns, restarted optimizer state; no
     bias absorption, as ReDo does for every layer). LSTMs whose cells cannot be replaced are skipped.
 
     :param activity: the cells' scores computed beforehand (:func:`recurrent_probe_activity` over the replaceable
@@ -396,7 +374,7 @@ def redo_recurrent_(
         dormant = _units_from_scores(scores_from_activity(mean_abs), tau, 1)
         n_dormant = int(dormant.sum())
         if n_dormant:
-            reset_lstm_cells_(units, dormant, optimizers, init, gain)
+            replace_cells_(units, dormant, optimizers, init, gain)
         results.append(ReDoLayerResult(units.name, units.n_units, n_dormant, n_dormant / max(units.n_units, 1)))
     return results
 
@@ -460,7 +438,7 @@ class ReDo(PlasticCallback):
     algorithms count gradient steps) the hidden layers of every online network are scored on a probe
     batch and the tau-dormant units are recycled (see :mod:`sb3_plastic.callbacks.redo` and
     :func:`redo_reset_`): fresh incoming weights from the initialiser the model used
-    (:func:`model_layer_init`), zero bias, zero outgoing weights, zeroed optimizer moments of exactly
+    (:func:`model_layer_init`), zero bias, zero outgoing weights, restarted optimizer state (moments, Adam's step) of exactly
     those entries. Output heads are excluded; under MaxMin a sorted pair is one unit (dormant only if
     both features are); LSTM cells of a recurrent policy are units (:func:`redo_recurrent_`).
 
@@ -517,6 +495,8 @@ class ReDo(PlasticCallback):
         self.state.setdefault("total_resets", 0)
         self.state.setdefault("layer_resets", {})
         self._init = model_layer_init(self.model)
+        # Adam restarts the recycled entries per element (also after SB3's load, which rebuilds plain Adam)
+        enable_unit_restarts(opt for spec in self.networks for opt in spec.optimizers())
         self._on_policy = isinstance(self.model, OnPolicyAlgorithm)
         self._stash = None
 

@@ -20,8 +20,8 @@ Per-feature normalisation layers with running statistics (:data:`NORM_TYPES`: sb
 right after a hidden layer's activation (CrossQ's ``Linear, ReLU, BatchRenorm, Linear``) or right after the
 layer itself (``Linear, BatchNorm, ReLU``) belong to that layer: feature ``j`` of the norm normalises unit
 ``j``'s output, so :attr:`HiddenLayer.norm` records it and the interventions reset its statistics together
-with the unit (:func:`reset_norm_features_`, :func:`reset_norm_`). A norm in front of the first layer (CrossQ
-normalises its input) belongs to no hidden layer and is never touched.
+with the unit (:func:`sb3_plastic.common.unit_reset.reset_norm_features_`, :func:`reset_norm_`). A norm in
+front of the first layer (CrossQ normalises its input) belongs to no hidden layer and is never touched.
 """
 
 from __future__ import annotations
@@ -198,64 +198,6 @@ def recurrent_units_problem(units: RecurrentUnits) -> Optional[str]:
     return None
 
 
-@th.no_grad()
-def reset_lstm_cells_(
-    units: RecurrentUnits,
-    cells: th.Tensor,
-    optimizers: Iterable[Optional[th.optim.Optimizer]] = (),
-    init: str = "default",
-    gain: float = 1.0,
-    mean_activation: Optional[th.Tensor] = None,
-) -> th.Tensor:
-    """Replace LSTM cells in place (Continual Backprop, ReDo; definition in :mod:`sb3_plastic.recurrent`).
-
-    For each cell ``j``: with ``mean_activation`` (``f``, one value per cell), every reader with a bias absorbs
-    the cell's mean contribution, ``b += W[:, j] * f_j`` (the consumers' biases, ``bias_ih`` of the next LSTM
-    layer; not the recurrence); rows ``j, H+j, 2H+j, 3H+j`` of ``weight_ih`` and ``weight_hh`` are drawn afresh
-    (:func:`sb3_plastic.recurrent.fresh_gate_rows` with ``init`` / ``gain``), those rows of ``bias_ih`` and
-    ``bias_hh`` set to zero; column ``j`` of every reader (consumers, next layer's ``weight_ih``, this layer's
-    ``weight_hh``, all ``4H`` rows) set to zero, last, so the fresh rows leave no recurrent input from a replaced
-    cell. The optimizer moments of exactly those rows / columns / entries are zeroed (step counts kept) in every
-    optimizer of ``optimizers`` holding the tensor.
-
-    :param cells: cell indices, or a boolean mask over the ``H`` cells.
-    :return: the cell indices replaced.
-    """
-    from sb3_plastic.optim import reset_optimizer_state
-    from sb3_plastic.recurrent import fresh_gate_rows
-
-    weight_ih = units.param("weight_ih")
-    device = weight_ih.device
-    cells = th.as_tensor(cells, device=device)
-    cells = (cells.nonzero().flatten() if cells.dtype == th.bool else cells).long().flatten()
-    if cells.numel() == 0:
-        return cells
-    opts = list({id(o): o for o in optimizers if o is not None}.values())
-
-    def reset_moments(param: th.Tensor, index: th.Tensor, dim: int) -> None:
-        for opt in opts:
-            if any(param is p for group in opt.param_groups for p in group["params"]):
-                reset_optimizer_state(opt, param, index, dim)
-
-    outgoing = units.outgoing()
-    if mean_activation is not None:
-        f = mean_activation.reshape(-1).to(device=device, dtype=th.float32)
-        for weight, bias in outgoing:
-            if bias is not None:
-                bias.add_((weight[:, cells].float() @ f).to(bias.dtype))
-    rows = units.gate_rows(cells)
-    for weight in units.incoming():
-        weight[rows] = fresh_gate_rows(weight, cells, init, gain)
-        reset_moments(weight, rows, 0)
-    for bias in units.biases():
-        bias[rows] = 0.0
-        reset_moments(bias, rows, 0)
-    for weight, _ in outgoing:
-        weight.index_fill_(1, cells.to(weight.device), 0.0)
-        reset_moments(weight, cells, 1)
-    return cells
-
-
 @dataclass
 class NetworkSpec:
     """One online network of a model."""
@@ -424,41 +366,6 @@ def _norm_tensors(norm: nn.Module) -> tuple[Optional[th.Tensor], ...]:
 def norm_width(norm: nn.Module) -> int:
     """Number of features a :data:`NORM_TYPES` module normalises."""
     return int(norm.num_features)
-
-
-@th.no_grad()
-def reset_norm_features_(
-    norm: nn.Module, features: th.Tensor, optimizers: Iterable[Optional[th.optim.Optimizer]] = ()
-) -> None:
-    """Give ``features`` of a normalisation layer their initial state, in place: running mean 0, running
-    variance 1, scale 1, shift 0; the optimizer moments of those scale / shift entries are zeroed (step counts
-    kept) in every optimizer of ``optimizers`` that holds them. The layer-wide warm-up / batch counter is
-    left alone (the other features keep their statistics). Used when hidden units are replaced (Continual
-    Backprop, ReDo): a fresh unit must not be normalised with the statistics of the unit it replaces.
-
-    :param norm: a :data:`NORM_TYPES` module.
-    :param features: feature indices (or a boolean mask).
-    :param optimizers: optimizers whose moments of the touched entries are zeroed.
-    """
-    from sb3_plastic.optim import reset_optimizer_state
-
-    mean, var, scale, shift, _ = _norm_tensors(norm)
-    some = next(t for t in (mean, scale, shift) if t is not None)
-    idx = th.as_tensor(features, device=some.device)
-    idx = (idx.nonzero().flatten() if idx.dtype == th.bool else idx).long()
-    if idx.numel() == 0:
-        return
-    if mean is not None and var is not None:
-        mean[idx] = 0.0
-        var[idx] = 1.0
-    opts = list({id(o): o for o in optimizers if o is not None}.values())
-    for param, value in ((scale, 1.0), (shift, 0.0)):
-        if param is None:
-            continue
-        param[idx] = value
-        for opt in opts:
-            if any(param is p for group in opt.param_groups for p in group["params"]):
-                reset_optimizer_state(opt, param, idx, 0)
 
 
 @th.no_grad()
