@@ -62,8 +62,8 @@ def test_linear_formulas_match_direct_computation(utility, activation):
         age += 1
         f = ETA * f + (1 - ETA) * hn.mean(0)
         y = np.abs(w2).mean(0) * np.abs(hn).mean(0)
-        if utility == "adaptable_contribution":
-            y = y / np.abs(w1).mean(1)
+        if utility == "adaptable_contribution":  # GnT's: |h - f_hat| (centred on the updated mean) / mean|W_in|
+            y = np.abs(w2).mean(0) * np.abs(hn - f / (1 - ETA**age)).mean(0) / np.abs(w1).mean(1)
         u = ETA * u + (1 - ETA) * y
         u_hat = u / (1 - ETA**age)
         eligible = np.flatnonzero(age > maturity)
@@ -247,6 +247,27 @@ def test_conv_maxmin_signed_utility():
     z = th.randn(4, 9)
     z[2 * unit : 2 * unit + 2] = f_hat[2 * unit : 2 * unit + 2]
     th.testing.assert_close(net[3](z.flatten()), nn.functional.linear(z.flatten(), w2, b2), atol=1e-5, rtol=1e-5)
+
+
+def test_conv_adaptable_contribution_is_centred_per_position():
+    """GnT's adaptable contribution on a conv layer (MaxMin pairs): mean|W_out| * mean|h - f_hat| / mean|W_in| per
+    feature, ``f_hat`` per channel and spatial position, averaged over a pair's two features."""
+    th.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(2, 4, 3), MaxMin(), nn.Flatten(), nn.Linear(4 * 3 * 3, 3))
+    spec = NetworkSpec("net", net, None, None, [[net[0], net[3]]], {id(m): n for n, m in net.named_modules()})
+    (layer,) = spec.hidden_layers()
+    gnt = GenerateAndTest([layer], None, replacement_rate=0.0, decay_rate=ETA, utility="adaptable_contribution")
+    with th.no_grad():
+        h1, h2 = (net[1](net[0](th.randn(6, 2, 5, 5))) for _ in range(2))
+    w_out = net[3].weight.detach().abs().view(3, 4, 9).mean(dim=(0, 2))
+    w_in = net[0].weight.detach().abs().flatten(1).mean(dim=1)
+    f, u = th.zeros(4, 3, 3), th.zeros(4)
+    for age, h in enumerate((h1, h2), start=1):
+        gnt.update({"0": h})
+        f = ETA * f + (1 - ETA) * h.mean(0)
+        f_hat = f / (1 - ETA**age)
+        u = ETA * u + (1 - ETA) * w_out * (h - f_hat).abs().mean(dim=(0, 2, 3)) / w_in
+        th.testing.assert_close(gnt.state["0"]["utility"], u.view(2, 2).mean(1))
 
 
 def adam_state_after_training_conv(net):
@@ -629,3 +650,11 @@ def test_shared_extractor_continual_backprop_learns(cls):
     counts = cb.counts()
     assert counts.get("actor/actor.features_extractor.mlp.3", 0) > 0, counts
     assert all(th.isfinite(p).all() for p in model.policy.parameters())
+
+
+def test_maturity_defaults_to_dohares_rl_value():
+    """Dohare et al.'s RL runs use a maturity of 10 000 updates (100 is their supervised setting)."""
+    assert ContinualBackprop().maturity_threshold == 10_000
+    assert ContinualBackpropConfig().maturity_threshold == 10_000
+    model = PlasticPPO("MlpPolicy", "CartPole-v1", replacement_rate=1e-4, n_steps=64, batch_size=32)
+    assert model.intervention_configs["cbp"].maturity_threshold == 10_000

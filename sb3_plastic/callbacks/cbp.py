@@ -10,7 +10,8 @@ step, each hidden unit ``j`` of each hidden layer is updated as
 * ``f_j <- eta f_j + (1 - eta) mean(h_j)`` (running mean activation)
 * ``u_j <- eta u_j + (1 - eta) y_j`` with the *contribution* utility
   ``y_j = mean_k |W_out[k, j]| * mean|h_j|`` or the *adaptable contribution*
-  ``y_j / mean_i |W_in[j, i]|``,
+  ``y_j = mean_k |W_out[k, j]| * mean|h_j - f_hat_j| / mean_i |W_in[j, i]|`` (GnT's: the activation centred on
+  its bias-corrected running mean, updated with this minibatch; per spatial position for a conv layer),
 
 and the bias-corrected utility is ``u_hat_j = u_j / (1 - eta^age_j)``. Units older than the maturity
 threshold are eligible; ``rho * #eligible`` units per step are replaced (fractions accumulate per layer),
@@ -44,10 +45,22 @@ eps)``). The contribution utility therefore weighs ``mean|h_j|`` by ``|gain_j|``
 0, variance 1, scale 1, shift 0, moments of the scale / shift entries zeroed).
 
 Differences from the public reference code (shibhansh/loss-of-plasticity, ``gnt.py``/``convGnT.py``):
-the optimizer moments of the touched rows and columns are reset (the RL code skipped it), the conv
-utility is the product of the means over positions (the reference averages per-position products), and
-"adaptable contribution" is the contribution divided by the mean incoming weight magnitude, as in our
-design brief (the reference additionally centres ``h`` on its running mean).
+
+* the optimizer state of the touched rows and columns is restarted (the RL code skipped it): Adam's moments
+  zeroed and the entries' step count restarted, so a new unit is trained as a freshly initialised Adam entry,
+  as Dohare's AdamGnT does for its per-feature steps (:mod:`sb3_plastic.adam_restart`);
+* the bias absorption ``b_next += W_out[:, j] * f_hat_j`` is the algorithm as the paper describes it. The
+  published ``gnt.py`` zeroes the running mean activation of the units it replaces *before* reading it for the
+  absorption, so its absorption adds exactly 0, and ``convGnT.py`` has none; a run of the reference therefore
+  corresponds to this callback without absorption;
+* the conv utility is the product of the means over positions (the reference averages per-position products).
+
+The unit surgery itself (fresh weights, zero bias and outgoing weights, absorption, normalisation features, LSTM
+cells, optimizer state) is :mod:`sb3_plastic.common.unit_reset`, shared with ReDo.
+
+Maturity: :class:`ContinualBackprop` and the ``maturity_threshold`` keyword default to 10 000 updates, the value of
+Dohare et al.'s RL runs (PPO on Slippery Ant); 100 is their supervised setting, the default of the RL-free core
+:class:`GenerateAndTest`.
 """
 
 from __future__ import annotations
@@ -245,11 +258,12 @@ class GenerateAndTest:
         replacement; :meth:`attach` hooks its steps); ``None`` for no optimizer state to reset. Parameters it
         does not hold are skipped.
     :param replacement_rate: ``rho``, fraction of eligible units replaced per step (fractions accumulate).
-    :param maturity_threshold: units with ``age > maturity_threshold`` steps are eligible.
+    :param maturity_threshold: units with ``age > maturity_threshold`` steps are eligible (default 100: Dohare et al.'s
+        supervised setting; their RL runs, and :class:`ContinualBackprop`, use 10 000).
     :param decay_rate: ``eta`` of the running utility and mean activation.
-    :param utility: ``"contribution"`` or ``"adaptable_contribution"``.
+    :param utility: ``"contribution"`` or ``"adaptable_contribution"`` (``|h - f_hat|``, see the module docstring).
     :param init: initialiser of new incoming weights, ``"default"`` or ``"orthogonal"``
-        (see :func:`fresh_incoming_weights`).
+        (see :func:`~sb3_plastic.common.unit_reset.fresh_incoming_weights`).
     :param init_gain: gain of the orthogonal initialiser.
     :param state: dict to keep the per-layer statistics in (persisted by the RL callback); created if None.
         Entry per layer name: ``age`` (units, int64, kept on the CPU), ``utility`` (units), ``mean_activation``
@@ -435,6 +449,11 @@ class GenerateAndTest:
                 ages += 1
                 # f <- eta f + (1 - eta) mean(h)
                 f.mul_(eta).add_(h_sum, alpha=(1.0 - eta) / n_batch)
+                if self.utility == "adaptable_contribution":
+                    # GnT's adaptable contribution reads |h - f_hat|, centred on the updated bias-corrected mean
+                    f_hat = self.bias_corrected_mean_activation(name)  # (features, positions)
+                    centred = h - (f_hat.unsqueeze(0) if info.is_conv else f_hat[:, 0])
+                    abs_sum = centred.abs().sum(dim=(0, 2) if info.is_conv else 0)
                 if info.post_norm is not None:  # the consumers read gain * h + shift: weigh |h| by |gain|
                     abs_sum = abs_sum * norm_affine(info.post_norm)[0].abs().to(abs_sum.device)
                 # y = mean|W_out| * mean|h|  [/ mean|W_in|], averaged over the features of a unit
@@ -719,9 +738,11 @@ class ContinualBackprop(PlasticCallback):
 
     :param replacement_rate: ``rho`` in [0, 1]: fraction of the eligible units replaced per optimizer step
         (fractions accumulate per layer); 0 turns the callback off. Dohare et al. use 1e-4 for PPO.
-    :param maturity_threshold: units are eligible after this many optimizer steps (Dohare et al.: 10 000 for PPO).
+    :param maturity_threshold: units are eligible after this many optimizer steps (default 10 000, Dohare et al.'s RL
+        value for PPO; 100 is their supervised setting). A run of fewer updates replaces nothing: PPO with SB3's
+        defaults (one env) makes 320 updates per 2 048 env steps, so its first units mature after 64 000 env steps.
     :param decay_rate: ``eta`` in [0, 1) of the running utility and mean activation (0.99).
-    :param utility: ``"contribution"`` or ``"adaptable_contribution"``.
+    :param utility: ``"contribution"`` or ``"adaptable_contribution"`` (GnT's centred ``|h - f_hat|``).
     :param name: distinguishes two instances on one model (part of the state key).
     :param verbose: 1 prints the replacement counts at training end, 2 every replacement.
     """
@@ -729,7 +750,7 @@ class ContinualBackprop(PlasticCallback):
     def __init__(
         self,
         replacement_rate: float = 1e-4,
-        maturity_threshold: int = 100,
+        maturity_threshold: int = 10_000,
         decay_rate: float = 0.99,
         utility: str = "contribution",
         name: Optional[str] = None,
@@ -877,14 +898,14 @@ class ContinualBackpropConfig:
 
     :param replacement_rate: ``rho`` in [0, 1], fraction of eligible hidden units replaced per optimizer
         step (fractions accumulate); 0 (default) turns Continual Backprop off. Reference RL value: 1e-4.
-    :param maturity_threshold: optimizer steps before a unit may be replaced (reference RL value: 10 000).
+    :param maturity_threshold: optimizer steps before a unit may be replaced (default 10 000, the reference RL value).
     :param cbp_decay_rate: ``eta`` in [0, 1) of the running utility and mean activation (0.99).
     :param cbp_utility: ``"contribution"`` (``mean|W_out| * mean|h|``) or ``"adaptable_contribution"``
-        (divided by ``mean|W_in|``).
+        (``mean|W_out| * mean|h - f_hat| / mean|W_in|``, GnT's).
     """
 
     replacement_rate: float = 0.0
-    maturity_threshold: int = 100
+    maturity_threshold: int = 10_000
     cbp_decay_rate: float = 0.99
     cbp_utility: str = "contribution"
 
