@@ -332,10 +332,10 @@ register(Entry(
 ))
 register(Entry(
     name="ppo-cnn-maxmin",
-    description="PlasticPPO CnnPolicy maxmin (orthogonal init), AdamO+isometry 1e-3 (default isometry_interval='auto': "
+    description="PlasticPPO CnnPolicy maxmin (orthogonal init), AdamO+isometry 1e-3 (isometry_interval='auto': "
     "4 for batch 256) vs PPO CnnPolicy, Breakout; no target: the MaxMin activation's own cost comes on top of AdamO's",
     baseline=ppo_atari(PPO),
-    candidate=ppo_atari(PlasticPPO, activation="maxmin", isometry_coef=1e-3, isometry_mode="decoupled"),
+    candidate=ppo_atari(PlasticPPO, activation="maxmin", isometry_coef=1e-3, isometry_interval="auto"),
     steps=PPO_STEPS,
     in_quick=False,
 ))
@@ -405,10 +405,10 @@ def dqn_mlp_monitor(ctx: Context) -> BaseCallback:
 
 register(Entry(
     name="dqn-mlp-relu",
-    description="PlasticDQN MlpPolicy [256,256] relu, AdamO+isometry 1e-3 (default isometry_interval='auto': 16 for "
+    description="PlasticDQN MlpPolicy [256,256] relu, AdamO+isometry 1e-3 (isometry_interval='auto': 16 for "
     "batch 64) vs DQN, CartPole-v1 (zoo hyperparameters)",
     baseline=dqn_cartpole(DQN),
-    candidate=dqn_cartpole(PlasticDQN, activation="relu", isometry_coef=1e-3),
+    candidate=dqn_cartpole(PlasticDQN, activation="relu", isometry_coef=1e-3, isometry_interval="auto"),
     steps=DQN_MLP_STEPS,
     target=0.95,
     in_quick=False,
@@ -496,10 +496,10 @@ register(Entry(
 ))
 register(Entry(
     name="dqn-cnn-relu-auto",
-    description="as dqn-cnn-relu with the default isometry_interval='auto' (32 for batch 32: the isometry step every "
+    description="as dqn-cnn-relu with isometry_interval='auto' (32 for batch 32: the isometry step every "
     "32nd update, 32x as large)",
     baseline=dqn_atari(DQN),
-    candidate=dqn_atari(PlasticDQN, activation="relu", isometry_coef=1e-3),
+    candidate=dqn_atari(PlasticDQN, activation="relu", isometry_coef=1e-3, isometry_interval="auto"),
     steps=DQN_CNN_STEPS,
     target=0.95,
     in_quick=False,
@@ -532,10 +532,10 @@ SAC_STEPS = {"quick": Steps(120, 100), "full": Steps(200, 500)}
 
 register(Entry(
     name="sac-mlp-relu",
-    description="PlasticSAC MlpPolicy [256,256] relu, AdamO+isometry 1e-3 (default isometry_interval='auto': 4 for "
+    description="PlasticSAC MlpPolicy [256,256] relu, AdamO+isometry 1e-3 (isometry_interval='auto': 4 for "
     "batch 256) vs SAC, Pendulum-v1",
     baseline=sac_pendulum(SAC),
-    candidate=sac_pendulum(PlasticSAC, activation="relu", isometry_coef=1e-3),
+    candidate=sac_pendulum(PlasticSAC, activation="relu", isometry_coef=1e-3, isometry_interval="auto"),
     steps=SAC_STEPS,
     target=0.95,
 ))

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Optional, Union
 
 from sb3_plastic.activations import ACTIVATIONS
+from sb3_plastic.optim import coupled_interval_message
 
 ISOMETRY_MODES = ("decoupled", "coupled", "off")
 OPTIMIZERS = ("adamo", "adam", "adam_equal_betas")
@@ -76,21 +77,28 @@ class IsometryConfig:
         task may want a larger value (the zoo_configs entries use 0.1); tune it with ``-optimize``.
     :param isometry_scale: target scale ``s`` > 0 (1 = orthogonal; 2 is an option for ReLU).
     :param isometry_mode: ``"decoupled"`` (AdamO: the penalty step bypasses Adam's moments),
-        ``"coupled"`` (the penalty gradient is added to the task gradient before Adam; ablation) or
-        ``"off"`` (no penalty).
+        ``"coupled"`` (the ablation: plain Adam on ``loss + lambda R``; the penalty gradient joins the task
+        gradient inside ``backward()``, so SB3's ``max_grad_norm`` clips them together, as SB3 would clip the
+        gradient of that loss; :class:`sb3_plastic.optim.IsometryStepMixin`) or ``"off"`` (no penalty).
     :param isometry_layers: which weights are regularised: ``"hidden"`` (every Linear/Conv layer except
         output heads: action logits / mean, log_std, value, Q-values), ``"all"`` (every parameter with >= 2
         dims), or a list of ``fnmatch`` patterns over the policy's parameter names
         (e.g. ``["features_extractor.*", "mlp_extractor.*"]``).
-    :param isometry_interval: apply the isometry step every ``k`` updates with ``k`` times the step size
-        (:class:`sb3_plastic.AdamO`). The step costs two matrix products of each weight's size per update, so
-        relative to a minibatch's own forward/backward pass its cost grows as the batch shrinks (cost ratio per
-        layer ~ ``in_features / (k * batch_size)``), while the pull is so slow (``lr * lambda`` per update) that
-        a larger ``k`` differs from the exact per-update method (``k = 1``) only by terms of order
-        ``(k * lr * lambda)^2``. ``"auto"`` (the algorithms' default) resolves to
-        :func:`auto_isometry_interval` of the algorithm's ``batch_size``: ``ceil(1024 / batch_size)`` clipped to
-        [1, 64] (PPO / SAC with batch 256: 4; DQN with batch 32: 32), which keeps the isometry step's share of
-        ``train()`` about the same whatever the batch size. See bench/README.md for the cost.
+    :param isometry_interval: ``1`` (the default): the exact AdamO of the paper, the isometry step at every
+        update. ``k > 1`` or ``"auto"`` is a documented speed option of the decoupled mode only: the step every
+        ``k`` updates with ``k`` times the step size (:class:`sb3_plastic.AdamO`). The step costs two matrix
+        products of each weight's size per update, so relative to a minibatch's own forward/backward pass its
+        cost grows as the batch shrinks (cost ratio per layer ~ ``in_features / (k * batch_size)``). The price is
+        a first-order error, not ``O((k * lr * lambda)^2)``: the task's Adam steps move the weights by ~``lr``
+        per update while the window reuses the gradient of ``R`` at its first weights, so each window's isometry
+        displacement is off by a relative error linear in ``k`` that does not vanish with ``lambda`` (derivation:
+        :mod:`sb3_plastic.optim`; measured 8-12 % at ``k = 32``, lr 1e-3; its effect on the supervised probe and
+        the continual grid: bench/README.md).
+        ``"auto"`` resolves to :func:`auto_isometry_interval` of the algorithm's ``batch_size``:
+        ``ceil(1024 / batch_size)`` clipped to [1, 64] (PPO / SAC with batch 256: 4; DQN with batch 32: 32), which
+        keeps the isometry step's share of ``train()`` about the same whatever the batch size. With
+        ``isometry_mode="coupled"`` only 1 is allowed (``ValueError``): coupled mode is plain Adam on
+        ``loss + lambda R`` at every update, and an interval would feed Adam's second moment a ``k``-times spike.
     :param optimizer: ``"adamo"`` (:class:`sb3_plastic.AdamO`), ``"adam"`` (``torch.optim.Adam``, as SB3) or
         ``"adam_equal_betas"`` (Adam with beta1 = beta2 = 0.99, Dohare et al. 2024). With ``"adam"`` and
         ``"adam_equal_betas"`` the penalty can only be ``"coupled"`` or ``"off"``. A ``policy_kwargs["optimizer_class"]``
@@ -108,7 +116,7 @@ class IsometryConfig:
     isometry_scale: float = 1.0
     isometry_mode: str = "decoupled"
     isometry_layers: Union[str, list[str]] = "hidden"
-    isometry_interval: Union[int, str] = 4
+    isometry_interval: Union[int, str] = 1
     optimizer: str = "adamo"
     orthogonal_init: Optional[bool] = None
 
@@ -151,6 +159,8 @@ class IsometryConfig:
         interval = self.isometry_interval
         if interval != AUTO and (isinstance(interval, bool) or not isinstance(interval, int) or interval < 1):
             raise ValueError(f"isometry_interval must be an int >= 1 or {AUTO!r}, got {interval!r}")
+        if self.isometry_mode == "coupled" and interval != 1:
+            raise ValueError(coupled_interval_message(interval))
         if self.orthogonal_init not in (None, True, False):
             raise ValueError(f"orthogonal_init must be True, False or None, got {self.orthogonal_init!r}")
 

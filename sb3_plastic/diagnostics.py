@@ -24,7 +24,10 @@ matrix ``(N, F)`` with ``F = C*H*W`` for a conv layer; ``sigma_i``: its singular
   of all its trained parameters (weights and biases).
 * **distance from initialisation**: ``||W - W_0||_F`` per layer, ``||theta - theta_0||`` per network.
 * **DfI** (deviation from isometry, FIRE, arXiv 2602.08040): ``||W^T W - I||_F^2`` (tall) or
-  ``||W W^T - I||_F^2`` (wide), :func:`sb3_plastic.isometry.deviation_from_isometry`.
+  ``||W W^T - I||_F^2`` (wide), :func:`sb3_plastic.isometry.deviation_from_isometry`: the isometry penalty
+  ``R(W)`` itself (one definition: the smaller Gram matrix). FIRE's reference writes ``||W^T W - I||_F^2`` for
+  every shape, which for a wide ``W`` is this value plus the constant ``in - out``; why the smaller one: the
+  :mod:`sb3_plastic.isometry` module docstring.
 * **sigma_max, sigma_min, condition number** of a layer's weight (matrix view ``(out, in*k*k)`` of a
   conv kernel): the largest and smallest of its ``min(out, in)`` singular values and their ratio
   (capped at ``COND_CAP = 1e14``, the float32 round-off level, which also stands for ``sigma_min = 0``).
@@ -302,7 +305,8 @@ def capped_ratio(largest: float, smallest: float, cap: float = COND_CAP) -> floa
 
 
 def dfi(weight: th.Tensor, scale: float = 1.0) -> float:
-    """Deviation from isometry of one weight (:func:`sb3_plastic.isometry.deviation_from_isometry`)."""
+    """Deviation from isometry of one weight: the isometry penalty ``R(W)`` on the smaller Gram matrix
+    (:func:`sb3_plastic.isometry.deviation_from_isometry`)."""
     return deviation_from_isometry(weight, scale)
 
 

@@ -6,8 +6,17 @@ the penalty of Rosseau, Müller & Nowé (2026) is
     R(W) = ||W^T W - s I||_F^2   if out >= in,      R(W) = ||W W^T - s I||_F^2   otherwise,
 
 with target scale ``s`` (1 by default; ``s = 2`` is an option for ReLU layers). Its gradient is
-``4 W (W^T W - s I)`` or ``4 (W W^T - s I) W``; no autograd is needed. With ``s = 1`` the penalty is
-the "deviation from isometry" DfI of FIRE (arXiv 2602.08040).
+``4 W (W^T W - s I)`` or ``4 (W W^T - s I) W``; no autograd is needed.
+
+Deviation from isometry (DfI), one definition everywhere (the diagnostics, the monitor, FIRE's logs): the
+penalty with ``s = 1``, always on the smaller Gram matrix, ``||W^T W - I||_F^2`` for ``out >= in`` and
+``||W W^T - I||_F^2`` for a wide ``W``. FIRE's reference writes ``||W^T W - I||_F^2`` for every shape; for a wide
+``W`` (``out < in``) that larger ``in x in`` Gram matrix has ``in - out`` extra zero eigenvalues, so it equals
+this DfI plus the constant ``in - out`` (a floor no matrix can go below) and has the same gradient
+(``W (W^T W - I) = (W W^T - I) W``). The smaller Gram matrix is chosen because its DfI is 0 exactly when ``W`` is
+as isometric as its shape allows (orthonormal columns, or orthonormal rows for a wide ``W``: all ``min(out, in)``
+singular values 1), so values of layers of different shapes are comparable and an orthogonally initialised
+network reads 0; and it is what the penalty optimises, so the logged DfI is the regulariser's own objective.
 
 Stacked blocks (``blocks=k``): a recurrent layer stores several matrices in one tensor. PyTorch's
 ``nn.LSTM`` keeps the four gate matrices (input, forget, cell, output gates) of layer ``l`` stacked along
@@ -89,7 +98,8 @@ def isometry_penalty_grad(weight: th.Tensor, scale: float = 1.0, blocks: int = 1
 
 
 def deviation_from_isometry(weight: th.Tensor, scale: float = 1.0, blocks: int = 1) -> float:
-    """DfI of one weight: ``R(W)`` with target scale ``scale`` as a Python float (summed over ``blocks``)."""
+    """DfI of one weight: ``R(W)`` (the smaller Gram matrix, see the module docstring) with target scale
+    ``scale`` as a Python float (summed over ``blocks``)."""
     with th.no_grad():
         return float(isometry_penalty(weight.detach().float(), scale, blocks))
 

@@ -7,20 +7,39 @@ only the task gradient, and the penalty acts through its own step,
 
 where ``R`` is :func:`sb3_plastic.isometry.isometry_penalty` and ``lambda = isometry_coef``.
 Mixing ``lambda * grad R`` into the gradient (``isometry_mode="coupled"``) lets Adam's second moment
-rescale the penalty; that ablation is kept so users can compare.
+rescale the penalty; that ablation is kept so users can compare. Coupled mode is exactly Adam on the gradient
+of ``loss + lambda * R`` as SB3 computes it: the penalty gradient enters ``p.grad`` inside ``backward()``
+(a post-accumulate-grad hook on each regularised weight, the mechanism of
+:class:`~sb3_plastic.callbacks.regularisers.GradientPenalty`, here owned by the optimizer), so SB3's
+``clip_grad_norm_`` between ``backward()`` and ``step()`` clips the sum; it enters at every step
+(``isometry_interval`` must be 1 there).
+
+``isometry_interval=k`` (decoupled mode; default 1, the exact AdamO step at every update) applies
+``k * lr * lambda * grad R(W_t)`` once every ``k`` steps in place of ``lr * lambda * grad R(W_{t+j})`` at each
+step ``j = 0 .. k-1`` of the window. Its error is first order, not ``O((k * lr * lambda)^2)``: that bound counts
+only the penalty's own motion (``lr * lambda`` per step), but the task's Adam steps move each weight by about
+``lr`` per update (Adam's normalised step), far faster. With ``V`` the weights' motion per update,
+``grad R(W_{t+j}) - grad R(W_t) ~ j * H V`` (``H`` the Hessian of ``R``), so the window's displacement is off by
+``lr * lambda * H V * k (k - 1) / 2`` against ``k * lr * lambda * grad R``: a relative error
+``(k - 1) / 2 * ||H V|| / ||grad R||``, linear in the window length and independent of ``lambda`` as long as the
+task's motion dominates. Measured by ``bench/isometry_interval.py`` (bench/README.md: random-label memorisation,
+MLP 64-128-128-10, lr 3e-4 .. 3e-3): ~0.3 % of the window's displacement per update of window length, 7-12 % at
+``k = 32`` for ``lambda`` 0.01 .. 1 (27 % at lr 3e-3, ``lambda`` 1), ~equal for ``lambda`` 0.01 and 0.1.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, Optional, Union
 
 import torch as th
+from torch.utils.weak import WeakIdKeyDictionary
 
 from sb3_plastic.adam_restart import AdamRestartMixin, mark_restarted_, supports_restart
-from sb3_plastic.isometry import as_blocks, as_matrix
+from sb3_plastic.isometry import as_blocks, as_matrix, isometry_penalty_grad
 
 ISOMETRY_MODES = ("decoupled", "coupled")
 
@@ -46,6 +65,8 @@ def _check_group(group: dict[str, Any]) -> None:
         raise ValueError(f"isometry_interval must be an int >= 1, got {interval!r}")
     if group["isometry_mode"] not in ISOMETRY_MODES:
         raise ValueError(f"Unknown isometry_mode {group['isometry_mode']!r} for AdamO; allowed: {list(ISOMETRY_MODES)}")
+    if group["isometry_mode"] == "coupled" and interval != 1:
+        raise ValueError(coupled_interval_message(interval))
     blocks = group.get("isometry_blocks", 1)
     if isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 1:
         raise ValueError(f"isometry_blocks must be an int >= 1, got {blocks!r}")
@@ -55,6 +76,27 @@ def _check_group(group: dict[str, Any]) -> None:
                 raise ValueError(
                     f"isometry_blocks={blocks} does not divide the {p.shape[0]} rows of a parameter of shape {tuple(p.shape)}"
                 )
+
+
+def coupled_interval_message(interval: Any) -> str:
+    """The error for an ``isometry_interval`` other than 1 in coupled mode (shared with the config)."""
+    return (
+        f"isometry_mode='coupled' needs isometry_interval=1, got isometry_interval={interval!r}: coupled mode is plain "
+        "Adam on loss + lambda * R at every step, and an interval would add k * lambda * grad R once every k steps "
+        "(a k-times spike in Adam's second moment). Use isometry_interval=1, or isometry_mode='decoupled' (AdamO), "
+        "where the interval is a speed option"
+    )
+
+
+#: ``param -> (hook handle, weakref to its optimizer)``: a weight's coupled-penalty hook belongs to the newest
+#: isometry optimizer built over it (a plastic policy rebuilds SB3's optimizer with its own param groups).
+_COUPLED_HOOKS: Any = WeakIdKeyDictionary()
+
+
+def _coupled_hook(owner: Any, param: th.Tensor) -> None:
+    optimizer = owner()
+    if optimizer is not None:
+        optimizer._add_coupled_gradient(param)
 
 
 def reset_optimizer_state(
@@ -109,6 +151,15 @@ class IsometryStepMixin:
     ``isometry_interval`` and optionally ``isometry_blocks``; the update rule, the blow-up clamp and the state
     entries (``isometry_count``, ``isometry_step``) are the ones described in :class:`AdamO`, with the base
     optimizer's update in place of Adam's.
+
+    Coupled mode: every regularised weight of a coupled group carries a post-accumulate-grad hook that adds
+    ``lambda * grad R(W)`` to ``W.grad`` inside ``backward()`` (see the module docstring: gradient clipping
+    between ``backward()`` and ``step()`` then clips the sum). ``step()`` adds it itself to a gradient the hook
+    has not seen (a ``.grad`` assigned by hand, or a group switched to coupled after construction). Every
+    ``backward()`` that reaches the weight adds the penalty once, as differentiating ``loss + lambda * R`` in each
+    of them would. The hooks belong to the newest isometry optimizer built over a weight (an older one over the
+    same weight stops adding); they are set up again after ``load_state_dict`` and read the param group's
+    current ``isometry_coef`` / ``isometry_scale`` at every call.
     """
 
     param_groups: list[dict[str, Any]]
@@ -131,6 +182,53 @@ class IsometryStepMixin:
             isometry_mode=isometry_mode,
             isometry_interval=isometry_interval,
         )
+        self._register_coupled_hooks()
+
+    def _register_coupled_hooks(self) -> None:
+        """Take over the coupled-penalty hook of every weight of this optimizer: install one on the weights of
+        coupled groups, remove another optimizer's hook from every weight this optimizer holds."""
+        self._coupled_groups: dict[int, dict[str, Any]] = {}
+        self._coupled_seen: dict[int, Any] = {}
+        me = weakref.ref(self)
+        for group in self.param_groups:
+            coupled = group.get("isometry_mode") == "coupled"
+            for p in group["params"]:
+                held = _COUPLED_HOOKS.get(p)
+                if held is not None and held[1]() is not self:
+                    held[0].remove()
+                    del _COUPLED_HOOKS[p]
+                    held = None
+                if not (coupled and p.dim() >= 2 and p.requires_grad):
+                    if held is not None:
+                        held[0].remove()
+                        del _COUPLED_HOOKS[p]
+                    continue
+                self._coupled_groups[id(p)] = group
+                if held is None:
+                    handle = p.register_post_accumulate_grad_hook(functools.partial(_coupled_hook, me))
+                    _COUPLED_HOOKS[p] = (handle, me)
+
+    def _add_coupled_gradient(self, param: th.Tensor) -> None:
+        """The hook's work: ``param.grad += lambda * grad R(param)`` for a weight of a coupled group."""
+        group = getattr(self, "_coupled_groups", {}).get(id(param))
+        if param.grad is None or group is None or group.get("isometry_mode") != "coupled":
+            return
+        if not self.is_regularised(param, group):
+            return
+        with th.no_grad():
+            param.grad.add_(self._coupled_gradient(param, group).to(param.grad.dtype))
+        self._coupled_seen[id(param)] = weakref.ref(param.grad)
+
+    @staticmethod
+    def _coupled_gradient(param: th.Tensor, group: dict[str, Any]) -> th.Tensor:
+        """``lambda * grad R(W)`` (per gate block with ``isometry_blocks``), at the current weights."""
+        blocks = group.get("isometry_blocks", 1)
+        return group["isometry_coef"] * isometry_penalty_grad(param.detach(), group["isometry_scale"], blocks)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)  # type: ignore[misc]
+        if all("isometry_mode" in group for group in self.param_groups):  # load_state_dict, copy.deepcopy
+            self._register_coupled_hooks()
 
     def _isometry_base_step(self) -> Callable[..., Any]:
         """The ``step`` of the torch optimizer class this mixin sits on (the next class in the MRO)."""
@@ -141,7 +239,12 @@ class IsometryStepMixin:
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         super().add_param_group(param_group)
         if "isometry_mode" in self.param_groups[-1]:  # defaults exist (not called from Adam.__init__)
-            _check_group(self.param_groups[-1])
+            try:
+                _check_group(self.param_groups[-1])
+            except ValueError:
+                self.param_groups.pop()
+                raise
+            self._register_coupled_hooks()
 
     @staticmethod
     def is_regularised(param: th.Tensor, group: dict[str, Any]) -> bool:
@@ -158,6 +261,9 @@ class IsometryStepMixin:
                 loss = closure()
         pending: list[tuple[th.Tensor, th.Tensor, th.Tensor]] = []
         counted: list[tuple[th.Tensor, int]] = []
+        coupled_groups = getattr(self, "_coupled_groups", {})
+        seen = getattr(self, "_coupled_seen", {})
+        reregister = False
         for group in self.param_groups:
             _check_group(group)
             interval = group["isometry_interval"]
@@ -168,15 +274,18 @@ class IsometryStepMixin:
                 count = int(state["isometry_count"]) if "isometry_count" in state else 0
                 # written after the base step: Adam, RMSprop, ... initialise a state only while it is empty
                 counted.append((p, count + 1))
+                if group["isometry_mode"] == "coupled":
+                    added = seen.pop(id(p), None)
+                    if added is None or added() is not p.grad:  # the hook has not seen this gradient
+                        p.grad.add_(self._coupled_gradient(p, group).to(p.grad.dtype))
+                    reregister = reregister or coupled_groups.get(id(p)) is not group
+                    continue
                 if count % interval:
                     continue
                 blocks = group.get("isometry_blocks", 1)
                 if blocks > 1:
                     update, step = self._block_isometry_update(p, group, blocks)
-                    if step is None:
-                        p.grad.add_(update)
-                    else:
-                        pending.append((p, update, step))
+                    pending.append((p, update, step))
                     continue
                 # Gradient of R at the current (pre-step) parameters, as in the update rule above; the Gram
                 # matrix is computed once for the gradient and for the blow-up bound.
@@ -185,15 +294,11 @@ class IsometryStepMixin:
                 gram = w.T @ w if tall else w @ w.T
                 bound = gram.abs().sum(dim=1).max().clamp_min(1e-12)
                 gram.diagonal().sub_(group["isometry_scale"])
-                if group["isometry_mode"] == "coupled":
-                    gram.mul_(4.0 * group["isometry_coef"] * interval)
-                    p.grad.add_((w @ gram if tall else gram @ w).view_as(p))
-                else:
-                    limit = float(group["lr"]) * group["isometry_coef"] * interval
-                    step = th.clamp(MAX_ISOMETRY_STEP / (4.0 * bound), max=limit)
-                    # fold 4 * step into the small Gram residual: the full-size product is the update itself
-                    gram.mul_(4.0 * step)
-                    pending.append((p, (w @ gram if tall else gram @ w).view_as(p), step))
+                limit = float(group["lr"]) * group["isometry_coef"] * interval
+                step = th.clamp(MAX_ISOMETRY_STEP / (4.0 * bound), max=limit)
+                # fold 4 * step into the small Gram residual: the full-size product is the update itself
+                gram.mul_(4.0 * step)
+                pending.append((p, (w @ gram if tall else gram @ w).view_as(p), step))
         # torch wraps every optimizer class's ``step`` to run step hooks; calling the wrapped base step from
         # here would run the hooks registered on this optimizer twice per step.
         base_step = self._isometry_base_step()
@@ -205,23 +310,20 @@ class IsometryStepMixin:
             self.state[p]["isometry_step"] = step.detach()
         for p, count in counted:
             self.state[p]["isometry_count"] = count
+        if reregister:  # a group switched to coupled after construction: hooks from the next backward on
+            self._register_coupled_hooks()
         return loss
 
     @staticmethod
-    def _block_isometry_update(
-        p: th.Tensor, group: dict[str, Any], blocks: int
-    ) -> tuple[th.Tensor, Optional[th.Tensor]]:
-        """The isometry update of a weight made of ``blocks`` stacked matrices, each with its own Gram matrix
-        and clamp: ``(gradient term, None)`` in coupled mode, ``(update, per-block step)`` in decoupled mode."""
+    def _block_isometry_update(p: th.Tensor, group: dict[str, Any], blocks: int) -> tuple[th.Tensor, th.Tensor]:
+        """The decoupled isometry update of a weight made of ``blocks`` stacked matrices, each with its own Gram
+        matrix and clamp: ``(update, per-block step)``."""
         w = as_blocks(p, blocks)
         tall = w.shape[-2] >= w.shape[-1]
         gram = w.mT @ w if tall else w @ w.mT
         bound = gram.abs().sum(dim=-1).amax(dim=-1).clamp_min(1e-12)
         gram.diagonal(dim1=-2, dim2=-1).sub_(group["isometry_scale"])
         interval = group["isometry_interval"]
-        if group["isometry_mode"] == "coupled":
-            gram.mul_(4.0 * group["isometry_coef"] * interval)
-            return (w @ gram if tall else gram @ w).view_as(p), None
         limit = float(group["lr"]) * group["isometry_coef"] * interval
         step = th.clamp(MAX_ISOMETRY_STEP / (4.0 * bound), max=limit)
         gram.mul_(4.0 * step.view(-1, 1, 1))
@@ -252,13 +354,16 @@ class AdamO(IsometryStepMixin, AdamRestartMixin, th.optim.Adam):
     :param isometry_coef: ``lambda`` >= 0. Every parameter with >= 2 dimensions in a group with
         ``isometry_coef > 0`` is regularised; 0 makes AdamO step for step equal to ``torch.optim.Adam``.
     :param isometry_scale: target scale ``s`` > 0 of ``W^T W`` (1: orthogonal; 2 is an option for ReLU).
-    :param isometry_mode: ``"decoupled"`` (AdamO proper) or ``"coupled"``: ``lambda * grad R`` is added to
-        ``p.grad`` before the Adam update (plain Adam on loss + lambda R; the ablation).
-    :param isometry_interval: apply the isometry step every ``k`` optimizer steps of a tensor, with ``k`` times the
-        step size (the same average pull; ``k = 1`` is the exact AdamO update). The step costs two matrix
-        products of the weight's size, more than a small minibatch's forward/backward pass for wide layers
-        (see bench/README.md): ``k = 4`` to ``8`` makes it nearly free; the pull is slow (``lr * lambda`` per
-        step), so the difference to ``k = 1`` is of order ``(k * lr * lambda)^2``.
+    :param isometry_mode: ``"decoupled"`` (AdamO proper) or ``"coupled"``: plain Adam on ``loss + lambda R``
+        (the ablation): ``lambda * grad R`` joins ``p.grad`` inside ``backward()``, so gradient clipping before
+        ``step()`` clips the sum (see :class:`IsometryStepMixin`), at every step.
+    :param isometry_interval: decoupled mode only (coupled mode needs 1: ``ValueError`` otherwise). Default 1:
+        the exact AdamO update, the isometry step at every step. ``k > 1`` is a speed option: the step every
+        ``k`` optimizer steps of a tensor with ``k`` times the step size (the same average pull). The step costs
+        two matrix products of the weight's size, more than a small minibatch's forward/backward pass for wide
+        layers (see bench/README.md). It is not free in accuracy: the error is first order, linear in ``k`` and
+        not vanishing with ``lambda`` (derivation in the module docstring; measured: 8-12 % of the isometry
+        displacement of a 32-step window at lr 1e-3, bench/README.md).
     :param amsgrad: as in ``torch.optim.Adam``.
     :param kwargs: other ``torch.optim.Adam`` keywords (``foreach``, ``fused``, ``maximize``, ...).
 

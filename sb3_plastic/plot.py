@@ -73,7 +73,7 @@ METRIC_LABELS = {
     "feature_norm": "mean feature norm",
     "weight_norm": "weight norm",
     "dist_from_init": "distance from the initial weights",
-    "dfi": "deviation from isometry ‖WᵀW − I‖²",
+    "dfi": "deviation from isometry ‖WᵀW − I‖² (WWᵀ if wide)",
     "sigma_max": "largest singular value of the weight",
     "sigma_min": "smallest singular value of the weight",
     "cond": "condition number of the weight (σmax / σmin)",

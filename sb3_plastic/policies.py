@@ -23,7 +23,7 @@ from torch import nn
 
 from sb3_plastic.activations import get_activation
 from sb3_plastic.common.surgery import head_layers
-from sb3_plastic.config import EQUAL_BETA, IsometryConfig
+from sb3_plastic.config import AUTO, EQUAL_BETA, IsometryConfig
 from sb3_plastic.isometry import WEIGHT_LAYERS, orthogonal_init_
 from sb3_plastic.networks import PlasticCNN, PlasticCombinedExtractor, check_even_widths
 from sb3_plastic.optim import AdamO, IsometryStepMixin, with_isometry_step
@@ -70,7 +70,7 @@ class PlasticPolicyMixin:
         isometry_scale: float = 1.0,
         isometry_mode: str = "decoupled",
         isometry_layers: Union[str, list[str]] = "hidden",
-        isometry_interval: int = 4,
+        isometry_interval: int = 1,
         optimizer: str = "adamo",
         orthogonal_init: Optional[bool] = None,
         **kwargs: Any,
@@ -139,6 +139,11 @@ class PlasticPolicyMixin:
             if user_class is None or user_class in (th.optim.Adam, AdamO):
                 user_opt_kwargs.setdefault("eps", self._plastic_adam_eps)  # what SB3 does for this policy's Adam
         use_adamo = config.optimizer == "adamo" or config.isometry_mode == "coupled"
+        if config.isometry_interval == AUTO:
+            raise ValueError(
+                f"isometry_interval='auto' is resolved from the algorithm's batch_size by the plastic algorithms; "
+                f"{type(self).__name__} built directly needs an int >= 1 (1: the exact AdamO step)"
+            )
         if user_class is not None and not use_adamo:
             return kwargs  # plasticity off: the user's optimizer exactly as SB3 would build it
         if use_adamo:

@@ -164,9 +164,11 @@ def test_optimizer_choices_and_modes():
     adamo_off = PlasticPPO("MlpPolicy", "CartPole-v1", isometry_mode="off", **PPO_FAST)
     assert all(g["isometry_coef"] == 0.0 for g in adamo_off.policy.optimizer.param_groups)
     assert adamo_off.policy.optimizer.param_groups[0]["eps"] == 1e-5  # SB3's PPO epsilon
-    # "auto" (the default): ceil(1024 / batch_size) clipped to [1, 64]
-    assert adamo_off.policy.optimizer.param_groups[0]["isometry_interval"] == 32  # PPO_FAST's batch of 32
-    assert adamo_off.isometry_config.isometry_interval == 32
+    # the default: the exact AdamO step (1); "auto": ceil(1024 / batch_size) clipped to [1, 64]
+    assert adamo_off.policy.optimizer.param_groups[0]["isometry_interval"] == 1
+    auto = PlasticPPO("MlpPolicy", "CartPole-v1", isometry_mode="off", isometry_interval="auto", **PPO_FAST)
+    assert auto.policy.optimizer.param_groups[0]["isometry_interval"] == 32  # PPO_FAST's batch of 32
+    assert auto.isometry_config.isometry_interval == 32
     for cls, kwargs, expected in [
         (PlasticPPO, {}, 16),  # SB3's PPO batch_size default: 64
         (PlasticPPO, dict(batch_size=256), 4),
@@ -177,6 +179,7 @@ def test_optimizer_choices_and_modes():
         (PlasticSAC, {}, 4),  # 256
     ]:
         env = "Pendulum-v1" if cls is PlasticSAC else "CartPole-v1"
+        kwargs = dict(kwargs, isometry_interval="auto")
         model = cls("MlpPolicy", env, buffer_size=1000, **kwargs) if cls is not PlasticPPO else cls("MlpPolicy", env, **kwargs)
         optimizers = [model.actor.optimizer, model.critic.optimizer] if cls is PlasticSAC else [model.policy.optimizer]
         groups = [g for opt in optimizers for g in opt.param_groups if g.get("isometry_coef", 0) > 0]

@@ -55,8 +55,9 @@ class PlasticAlgorithmMixin:
     :param isometry_scale: target scale ``s`` of ``W^T W``.
     :param isometry_mode: ``"decoupled"`` (AdamO), ``"coupled"`` or ``"off"``.
     :param isometry_layers: ``"hidden"``, ``"all"`` or a list of fnmatch patterns.
-    :param isometry_interval: apply the isometry step every ``k`` updates (``k`` times larger); ``"auto"``
-        (default): ``ceil(1024 / batch_size)`` clipped to [1, 64] (:func:`~sb3_plastic.config.auto_isometry_interval`).
+    :param isometry_interval: ``1`` (default): the exact AdamO step at every update; ``k`` or ``"auto"``
+        (``ceil(1024 / batch_size)`` clipped to [1, 64], :func:`~sb3_plastic.config.auto_isometry_interval`): the
+        step every ``k`` updates, ``k`` times larger, a speed option with a first-order error (decoupled mode only).
     :param optimizer: ``"adamo"``, ``"adam"`` or ``"adam_equal_betas"``.
     :param orthogonal_init: orthogonal hidden layers (default: only with MaxMin).
     :param kwargs: SB3's keyword arguments, unchanged, and the intervention keywords: the fields of
@@ -91,7 +92,7 @@ class PlasticAlgorithmMixin:
         isometry_scale: float = 1.0,
         isometry_mode: str = "decoupled",
         isometry_layers: Union[str, list[str]] = "hidden",
-        isometry_interval: Union[int, str] = AUTO,
+        isometry_interval: Union[int, str] = 1,
         optimizer: str = "adamo",
         orthogonal_init: Optional[bool] = None,
         **kwargs: Any,
