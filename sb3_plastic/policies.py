@@ -73,8 +73,13 @@ class PlasticPolicyMixin:
         isometry_interval: int = 1,
         optimizer: str = "adamo",
         orthogonal_init: Optional[bool] = None,
+        layer_norm: bool = False,
         **kwargs: Any,
     ) -> None:
+        if not isinstance(layer_norm, bool):
+            raise ValueError(f"layer_norm must be True or False, got {layer_norm!r}")
+        #: NaP's layer norms before every nonlinearity (:func:`sb3_plastic.callbacks.nap.insert_layer_norms_`)
+        self.plastic_layer_norm = layer_norm
         config = IsometryConfig(
             activation=activation,
             isometry_coef=isometry_coef,
@@ -174,9 +179,23 @@ class PlasticPolicyMixin:
 
     def _build(self, lr_schedule: Schedule) -> None:
         super()._build(lr_schedule)  # type: ignore[misc]
+        self._plastic_insert_layer_norms()
         if self.isometry_config.use_orthogonal_init:
             self._plastic_orthogonal_init()
         self._plastic_regroup_optimizers()
+
+    def _plastic_insert_layer_norms(self) -> None:
+        """With ``layer_norm=True`` (NaP, Lyle et al., 2024): a layer norm between every hidden layer and its
+        activation, online and target networks alike, its parameters added to the optimizer of the layer it follows
+        (:mod:`sb3_plastic.callbacks.nap`)."""
+        if not self.plastic_layer_norm:
+            return
+        from sb3_plastic.callbacks.nap import add_norm_parameters_to_optimizers, insert_layer_norms_
+
+        inserted = insert_layer_norms_(self)  # type: ignore[arg-type]
+        optimizers = [getattr(owner, attr, None) for owner, attr in self.plastic_optimizers()]
+        add_norm_parameters_to_optimizers(inserted, [o for o in optimizers if o is not None])
+        self.sync_targets()
 
     # ------------------------------------------------------------------ per-policy hooks
     def plastic_heads(self) -> list[nn.Module]:
@@ -273,6 +292,8 @@ class PlasticPolicyMixin:
             else:
                 data.pop(key, None)
         data.update(self.isometry_config.to_kwargs())
+        if self.plastic_layer_norm:
+            data["layer_norm"] = True
         return data
 
 

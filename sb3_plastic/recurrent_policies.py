@@ -55,6 +55,7 @@ class PlasticRecurrentActorCriticPolicy(PlasticActorCriticPolicy, RecurrentActor
     def _build(self, lr_schedule: Schedule) -> None:
         # SB3's _build only: the LSTMs do not exist yet (see the class docstring)
         super(PlasticPolicyMixin, self)._build(lr_schedule)  # type: ignore[misc]
+        self._plastic_insert_layer_norms()  # NaP; sb3-contrib's later optimizer takes every parameter
 
     def plastic_recurrent_modules(self) -> list[nn.RNNBase]:
         """The policy's LSTMs: ``lstm_actor`` and, if present, ``lstm_critic``."""

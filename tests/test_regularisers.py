@@ -98,7 +98,7 @@ def test_l2_init_theta0_is_the_initial_parameters_and_the_pull_shrinks_the_dista
     assert 0 < pulled < 0.7 * free  # Adam bounds each step by ~lr: the pull shows as a shorter walk
 
 
-def _continued(model, path):
+def continued_ppo(model, path):
     """``model`` (or the model saved at ``path``) continued for 128 steps on a fresh env, seeds fixed."""
     if path is not None:
         model = PlasticPPO.load(path, env=make_vec_env("CartPole-v1", n_envs=1, seed=3))
@@ -108,25 +108,32 @@ def _continued(model, path):
     return model.learn(128, reset_num_timesteps=False)
 
 
+def assert_resume_equals_uninterrupted(model, tmp_path):
+    """Train ``model`` 128 steps, save it, continue the saved copy and ``model`` itself on equal fresh envs and seeds:
+    bit-identical parameters. Returns the continued copy and the path of the save."""
+    model.learn(128)
+    path = tmp_path / "ppo.zip"
+    model.save(path)
+    loaded = continued_ppo(None, path)
+    continued_ppo(model, None)
+    assert_same_parameters(model, loaded)
+    return loaded, path
+
+
 @pytest.mark.parametrize(
     "kwargs, key, field",
     [(dict(l2_init_coef=0.5), "L2Init:auto", "theta0"), (dict(spectral_coef=0.5), "SpectralRegularisation:auto", "u")],
 )
 def test_save_load_continue_equals_the_uninterrupted_run(tmp_path, kwargs, key, field):
     model = PlasticPPO("MlpPolicy", "CartPole-v1", learning_rate=3e-3, **kwargs, **PPO_FAST)
-    model.learn(128)
-    path = tmp_path / "ppo.zip"
-    model.save(path)
-    loaded = _continued(None, path)
-    _continued(model, None)
-    assert_same_parameters(model, loaded)
+    loaded, path = assert_resume_equals_uninterrupted(model, tmp_path)
     for name, value in model.plastic_state[key][field].items():
         assert th.equal(loaded.plastic_state[key][field][name], value)
     # the control: a loaded model whose state is lost (re-made at its training start) ends elsewhere
     lost = PlasticPPO.load(path)
     lost.plastic_state.data.pop(key)
     lost.save(path)
-    lost = _continued(None, path)
+    lost = continued_ppo(None, path)
     assert any(not th.equal(a, b) for a, b in zip(model.policy.parameters(), lost.policy.parameters()))
 
 

@@ -8,6 +8,7 @@ They work on PPO, A2C, DQN, SAC, TD3 and sb3-contrib's QR-DQN and TQC, plain or 
 * :class:`ShrinkPerturb`: shrink and perturb the weights, at events or continually.
 * :class:`L2Init`: L2 regularisation towards the initial parameters (Kumar et al., 2023).
 * :class:`SpectralRegularisation`: pull each layer's largest singular value towards 1 (Lewandowski et al., 2024).
+* :class:`NormalizeAndProject`: Normalize-and-Project's weight projection (Lyle et al., 2024).
 * :class:`PlasticityMonitor`: plasticity diagnostics (dormant units, ranks, DfI, NTK conditioning) in TensorBoard.
 * :class:`ContinualEvalCallback`: SB3's ``EvalCallback`` evaluating the task being trained on a continual env.
 * :class:`TaskScheduleSync`: the task schedule of a piecewise-stationary env follows the model's ``num_timesteps``
@@ -21,6 +22,7 @@ from sb3_plastic.callbacks.cbp import ContinualBackprop, ContinualBackpropConfig
 from sb3_plastic.callbacks.continual_eval import ContinualEvalCallback, continual_eval_callback_class
 from sb3_plastic.callbacks.fire import FIRE, FIREConfig, fire_, newton_schulz_polar
 from sb3_plastic.callbacks.monitor import PlasticityMonitor
+from sb3_plastic.callbacks.nap import NaPConfig, NormalizeAndProject, insert_layer_norms_
 from sb3_plastic.callbacks.redo import ReDo, ReDoConfig, dormant_units
 from sb3_plastic.callbacks.regularisers import (
     L2Init,
@@ -40,6 +42,8 @@ __all__ = [
     "GenerateAndTest",
     "L2Init",
     "L2InitConfig",
+    "NaPConfig",
+    "NormalizeAndProject",
     "PlasticCallback",
     "PlasticityMonitor",
     "ReDo",
@@ -52,5 +56,6 @@ __all__ = [
     "continual_eval_callback_class",
     "dormant_units",
     "fire_",
+    "insert_layer_norms_",
     "newton_schulz_polar",
 ]

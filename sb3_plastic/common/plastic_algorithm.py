@@ -24,6 +24,7 @@ def intervention_config_classes() -> dict[str, type]:
     """The intervention configs whose fields are top-level keywords of every plastic algorithm."""
     from sb3_plastic.callbacks.cbp import ContinualBackpropConfig
     from sb3_plastic.callbacks.fire import FIREConfig
+    from sb3_plastic.callbacks.nap import NaPConfig
     from sb3_plastic.callbacks.redo import ReDoConfig
     from sb3_plastic.callbacks.regularisers import L2InitConfig, SpectralRegularisationConfig
     from sb3_plastic.callbacks.shrink_perturb import ShrinkPerturbConfig
@@ -35,6 +36,7 @@ def intervention_config_classes() -> dict[str, type]:
         "shrink_perturb": ShrinkPerturbConfig,
         "l2_init": L2InitConfig,
         "spectral": SpectralRegularisationConfig,
+        "nap": NaPConfig,
     }
 
 
@@ -65,8 +67,10 @@ class PlasticAlgorithmMixin:
         :class:`~sb3_plastic.callbacks.ContinualBackpropConfig` (``replacement_rate``, ``maturity_threshold``,
         ...), :class:`~sb3_plastic.callbacks.ReDoConfig` (``redo_period``, ...),
         :class:`~sb3_plastic.callbacks.ShrinkPerturbConfig` (``shrink_perturb``, ...),
-        :class:`~sb3_plastic.callbacks.L2InitConfig` (``l2_init_coef``) and
-        :class:`~sb3_plastic.callbacks.SpectralRegularisationConfig` (``spectral_coef``, ...). An enabled intervention
+        :class:`~sb3_plastic.callbacks.L2InitConfig` (``l2_init_coef``),
+        :class:`~sb3_plastic.callbacks.SpectralRegularisationConfig` (``spectral_coef``, ...) and
+        :class:`~sb3_plastic.callbacks.NaPConfig` (``nap``, ``nap_project``; ``nap=True`` also builds the networks
+        with layer norms). An enabled intervention
         is added to the callbacks of every ``learn()`` call; it is the same class users can pass as a
         callback themselves.
     """
@@ -128,6 +132,8 @@ class PlasticAlgorithmMixin:
             interval = auto_isometry_interval(batch_size) if batch_size is not None else 4
             config = dataclasses.replace(config, isometry_interval=interval)
         policy_kwargs.update(config.to_kwargs())
+        if interventions["nap"].enabled:
+            policy_kwargs["layer_norm"] = True  # NaP's norms are part of the networks (sb3_plastic.callbacks.nap)
         bound.arguments["policy_kwargs"] = policy_kwargs
         self.isometry_config = config
         self.intervention_configs = interventions
@@ -140,7 +146,7 @@ class PlasticAlgorithmMixin:
 
         :raises ValueError: for an isometry keyword.
         """
-        fixed = sorted(set(kwargs) & set(ISOMETRY_KEYS))
+        fixed = sorted(set(kwargs) & {*ISOMETRY_KEYS, "nap"})
         if fixed:
             raise ValueError(
                 f"{fixed} are fixed when the networks and optimizer are built and cannot be changed by load(); "
@@ -240,8 +246,9 @@ def plastic_keyword_docs() -> str:
         "redo": "ReDo",
         "shrink_perturb": "Shrink & Perturb",
         "l2_init": "L2-init (regenerative regularisation)",
-    }
         "spectral": "Spectral regularisation",
+        "nap": "Normalize-and-Project",
+    }
     groups: dict[str, tuple[type, Optional[dict[str, Any]]]] = {"Isometry": (IsometryConfig, isometry_defaults)}
     for key, config_cls in intervention_config_classes().items():
         groups[f"Intervention: {titles.get(key, key)}"] = (config_cls, None)

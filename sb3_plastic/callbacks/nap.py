@@ -1,0 +1,336 @@
+"""Normalize-and-Project (NaP; Lyle, Zheng, Khetarpal, Martens, van Hasselt, Pascanu & Dabney, NeurIPS 2024,
+"Normalization and effective learning rates in reinforcement learning", arXiv 2407.01800).
+
+NaP has two parts, both implemented here:
+
+1. **Normalize**: a layer normalisation before every nonlinearity. :func:`insert_layer_norms_` puts one between
+   each Linear / Conv2d layer and the activation module that follows it in an ``nn.Sequential`` (SB3's MLPs,
+   ``NatureCNN``, the plastic extractors): ``nn.LayerNorm(out_features)`` after a Linear layer and
+   :class:`ChannelLayerNorm` (a LayerNorm over the channels at each spatial position, as the paper normalises conv
+   layers) after a Conv2d layer, both with their learnable scale and offset (``elementwise_affine=True``, PyTorch's
+   and the paper's standard layer norm). Output heads are not followed by a nonlinearity and get none. The plastic
+   algorithms do this when the policy is built (keyword ``nap=True``, which sets the policy keyword
+   ``layer_norm=True``), right after SB3's ``_build``: the new scale / offset parameters join the optimizer that
+   trains the layer they follow, as a param group of their own (no isometry penalty on them), and the target
+   networks get the same norms (then re-synced). ``save`` / ``load`` rebuild the networks with the norms.
+   RecurrentPPO's LSTMs keep their own gates (no norm is inserted inside them).
+2. **Project**: a layer followed by a normalisation is scale-invariant (``LN(c (W x + b)) = LN(W x + b)`` for
+   ``c > 0``), so the growth of its parameter norm only shrinks its effective learning rate. After every optimizer
+   step, :class:`NormalizeAndProject` rescales each such layer's parameters ``[W, b]`` (weight and bias together,
+   the pair the normalisation is invariant to, so the network's function is unchanged up to the norm's ``eps``)
+   back to their norm at initialisation: ``[W, b] <- [W, b] * ||[W_0, b_0]|| / ||[W, b]||``. The initial norms are
+   taken at the first training start and saved with the model. ``project="all"`` also projects the layers that are
+   not followed by a normalisation (output heads: not function-preserving, it fixes the output scale as well).
+
+**Effective learning rate.** For a scale-invariant layer of parameter norm ``rho`` an update of size ``eta * g`` moves
+the normalised layer by ``eta / rho`` (Adam: the step is ~``eta`` per coordinate, so the effective learning rate is
+``eta / rho``; plain SGD: ``eta / rho^2``). Without projection ``rho`` grows during training and the effective learning
+rate decays implicitly; with NaP ``rho = ||[W_0, b_0]||`` stays fixed, so the effective learning rate of every projected
+layer is the constant ``eta / ||[W_0, b_0]||`` and the schedule becomes the explicit one of ``learning_rate``. The paper
+shows that in RL part of the benefit of the unprojected network came from that implicit decay, and pairs NaP with an
+explicit schedule: a learning rate decaying over training (linearly in their Atari runs) and, for sequences of tasks,
+re-warmed at each task boundary. :func:`nap_learning_rate_schedule` builds such a schedule in SB3's form (a function of
+``progress_remaining``), linear from ``initial`` to ``final_fraction * initial`` within each of ``n_tasks`` equal
+segments of the run (``n_tasks=1``: one decay over the run). It is not applied by default: ``nap=True`` keeps the
+algorithm's ``learning_rate`` (constant in SB3's defaults), which NaP turns into a constant effective learning rate.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass
+from typing import Any, Optional
+
+import torch as th
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from sb3_plastic.activations import MaxMin
+from sb3_plastic.callbacks.base import PlasticCallback
+
+#: Layer selections of the projection.
+PROJECT_CHOICES = ("normalized", "all")
+#: Modules counted as a nonlinearity: a norm is inserted between a weight layer and one of these.
+NONLINEARITIES: tuple[type[nn.Module], ...] = (
+    nn.ReLU,
+    nn.Tanh,
+    nn.LeakyReLU,
+    nn.ELU,
+    nn.GELU,
+    nn.SiLU,
+    nn.Sigmoid,
+    nn.Softplus,
+    nn.Mish,
+    MaxMin,
+)
+
+
+class ChannelLayerNorm(nn.LayerNorm):
+    """Layer normalisation over the channels of an ``(N, C, H, W)`` tensor, at each spatial position, with a
+    learnable scale and offset per channel (the conv form of NaP's normalisation)."""
+
+    def __init__(self, channels: int, eps: float = 1e-5) -> None:
+        super().__init__(channels, eps=eps)
+
+    def forward(self, x: th.Tensor) -> th.Tensor:
+        return F.layer_norm(x.movedim(1, -1), self.normalized_shape, self.weight, self.bias, self.eps).movedim(-1, 1)
+
+
+LAYER_NORMS: tuple[type[nn.Module], ...] = (nn.LayerNorm,)
+
+
+def _sequentials(module: nn.Module) -> Iterator[nn.Sequential]:
+    for child in module.modules():
+        if isinstance(child, nn.Sequential):
+            yield child
+
+
+def insert_layer_norms_(module: nn.Module) -> list[tuple[nn.Module, nn.Module]]:
+    """Insert a layer normalisation between every Linear / Conv2d layer and the nonlinearity right after it, in
+    every ``nn.Sequential`` inside ``module`` (in place; existing layers keep their Parameter objects). Layers already
+    followed by a layer norm are left as they are (the call is idempotent).
+
+    :return: ``(layer, norm)`` for every inserted norm.
+    """
+    inserted: list[tuple[nn.Module, nn.Module]] = []
+    for seq in list(_sequentials(module)):
+        children = list(seq)
+        index = 0
+        while index < len(children) - 1:
+            layer, nxt = children[index], children[index + 1]
+            if isinstance(layer, (nn.Linear, nn.Conv2d)) and isinstance(nxt, NONLINEARITIES):
+                if isinstance(layer, nn.Linear):
+                    norm: nn.Module = nn.LayerNorm(layer.out_features)
+                else:
+                    norm = ChannelLayerNorm(layer.out_channels)
+                norm.to(layer.weight.device, layer.weight.dtype)
+                seq.insert(index + 1, norm)
+                children.insert(index + 1, norm)
+                inserted.append((layer, norm))
+                index += 1
+            index += 1
+    return inserted
+
+
+def normalized_layers(module: nn.Module) -> list[nn.Module]:
+    """Linear / Conv2d layers of ``module`` directly followed by a layer norm in their ``nn.Sequential``."""
+    found: dict[int, nn.Module] = {}
+    for seq in _sequentials(module):
+        children = list(seq)
+        for layer, nxt in itertools.pairwise(children):
+            if isinstance(layer, (nn.Linear, nn.Conv2d)) and isinstance(nxt, LAYER_NORMS):
+                found[id(layer)] = layer
+    return list(found.values())
+
+
+def add_norm_parameters_to_optimizers(
+    inserted: Iterable[tuple[nn.Module, nn.Module]], optimizers: Iterable[th.optim.Optimizer]
+) -> None:
+    """Give each inserted norm's scale and offset to the optimizer that trains the layer it follows, as one new
+    param group per optimizer (with ``isometry_coef=0`` for AdamO-style optimizers: norms are not regularised)."""
+    from sb3_plastic.optim import IsometryStepMixin
+
+    for optimizer in {id(o): o for o in optimizers}.values():
+        held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        params = [p for layer, norm in inserted if id(layer.weight) in held for p in norm.parameters()]
+        if not params:
+            continue
+        group: dict[str, Any] = {"params": params}
+        if isinstance(optimizer, IsometryStepMixin):
+            group["isometry_coef"] = 0.0
+        optimizer.add_param_group(group)
+
+
+def _layer_params(layer: nn.Module) -> list[th.Tensor]:
+    return [p for p in (layer.weight, getattr(layer, "bias", None)) if p is not None]
+
+
+def _norm(params: Iterable[th.Tensor]) -> th.Tensor:
+    return th.sqrt(sum(p.detach().double().pow(2).sum() for p in params))
+
+
+@th.no_grad()
+def project_(layer: nn.Module, target_norm: float) -> None:
+    """Rescale ``layer``'s weight and bias together, in place, so that ``||[W, b]|| = target_norm``."""
+    params = _layer_params(layer)
+    current = float(_norm(params))
+    if current > 0:
+        for p in params:
+            p.mul_(target_norm / current)
+
+
+class NormalizeAndProject(PlasticCallback):
+    """The projection step of Normalize-and-Project (Lyle et al., 2024; see :mod:`sb3_plastic.callbacks.nap`) as an
+    SB3 callback for every SB3 / sb3-contrib algorithm.
+
+    After every optimizer step of a network optimizer taken in training mode (a step post-hook installed at
+    training start, removed at training end), each projected layer's ``[W, b]`` is rescaled to its norm at the first
+    training start: ``[W, b] <- [W, b] * ||[W_0, b_0]|| / ||[W, b]||``. Projected layers: those followed by a layer
+    norm (``project="normalized"``, the default: the rescaling does not change the network's function) or every
+    Linear / Conv2d layer of every online network (``project="all"``). Target networks follow their online network
+    by SB3's own updates. The initial norms (``self.state["norms"]``) are saved and restored with the model.
+
+    The "normalize" part needs layer norms in the networks: the plastic algorithms' ``nap=True`` builds them; for a
+    plain SB3 model call :func:`insert_layer_norms_` on its policy and :func:`add_norm_parameters_to_optimizers` before
+    training (such a model cannot be re-loaded by SB3's ``load``, which rebuilds the policy without them). A model
+    without a layer norm and ``project="normalized"`` has nothing to project: ``ValueError``.
+
+    Logged at each rollout end: ``plasticity/nap/projections`` (optimizer steps projected so far).
+
+    :param project: ``"normalized"`` or ``"all"``.
+    :param name: distinguishes two callbacks of this class on one model.
+    :param verbose: SB3 verbosity.
+    """
+
+    def __init__(self, project: str = "normalized", name: Optional[str] = None, verbose: int = 0) -> None:
+        super().__init__(name=name, verbose=verbose)
+        _check_project("project", project)
+        self.project = project
+        self._handles: list[RemovableHandle] = []
+        self._layers: dict[int, list[tuple[str, nn.Module]]] = {}
+
+    def projected_layers(self) -> list[tuple[str, nn.Module, Optional[th.optim.Optimizer]]]:
+        """``(key, layer, optimizer)`` of every projected layer."""
+        out = []
+        seen: set[int] = set()
+        for spec in self.networks:
+            chosen = spec.weight_layers() if self.project == "all" else normalized_layers(spec.module)
+            for layer in chosen:
+                if id(layer) in seen:
+                    continue
+                seen.add(id(layer))
+                name = spec.layer_names.get(id(layer), "?")
+                key = name if name.startswith(f"{spec.name}.") else f"{spec.name}.{name}"
+                out.append((key, layer, spec.optimizer))
+        return out
+
+    def _on_training_start(self) -> None:
+        super()._on_training_start()
+        self._remove_hooks()
+        layers = self.projected_layers()
+        if not layers:
+            raise ValueError(
+                "NormalizeAndProject(project='normalized') found no layer followed by a layer norm: build the model "
+                "with nap=True (plastic algorithms) or insert_layer_norms_(model.policy), or use project='all'"
+            )
+        norms = self.state.setdefault("norms", {})
+        self.state.setdefault("projections", 0)
+        self._layers = {}
+        optimizers: dict[int, th.optim.Optimizer] = {}
+        for key, layer, optimizer in layers:
+            norms.setdefault(key, float(_norm(_layer_params(layer))))
+            if optimizer is not None:
+                optimizers[id(optimizer)] = optimizer
+                self._layers.setdefault(id(optimizer), []).append((key, layer))
+        for optimizer in optimizers.values():
+            self._handles += outermost_step_hooks(optimizer, self._after_step, lambda: self.model.policy.training)
+
+    def _after_step(self, optimizer: th.optim.Optimizer) -> None:
+        norms = self.state["norms"]
+        for key, layer in self._layers.get(id(optimizer), []):
+            project_(layer, norms[key])
+        self.state["projections"] = int(self.state.get("projections", 0)) + 1
+
+    def _on_training_end(self) -> None:
+        self._remove_hooks()
+
+    def _remove_hooks(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def _on_rollout_end(self) -> None:
+        prefix = "nap" if self.name in (None, "auto") else f"nap_{self.name}"
+        self.record(f"{prefix}/projections", int(self.state.get("projections", 0)))
+
+
+def outermost_step_hooks(
+    optimizer: th.optim.Optimizer, after: Callable[[th.optim.Optimizer], None], active: Callable[[], bool]
+) -> list[RemovableHandle]:
+    """Step pre/post hooks on ``optimizer`` that call ``after(optimizer)`` once after each outermost ``step()`` while
+    ``active()`` (torch fires the hooks of every hooked ``step`` in a class hierarchy, so a ``step`` calling
+    ``super().step()`` would otherwise run them twice; a depth counter keeps one call per update).
+
+    :return: the two hook handles (remove them to uninstall).
+    """
+    depth = [0]
+
+    def pre(opt: th.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        depth[0] += 1
+
+    def post(opt: th.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        depth[0] = max(depth[0] - 1, 0)
+        if depth[0] == 0 and active():
+            after(opt)
+
+    return [optimizer.register_step_pre_hook(pre), optimizer.register_step_post_hook(post)]
+
+
+def nap_learning_rate_schedule(initial: float, final_fraction: float = 0.0, n_tasks: int = 1) -> Callable[[float], float]:
+    """The explicit learning-rate schedule NaP is paired with in the paper (see the module docstring), in SB3's form
+    ``progress_remaining -> learning rate``: within each of ``n_tasks`` equal segments of the run, linear from
+    ``initial`` down to ``final_fraction * initial``, re-warmed to ``initial`` at each segment start.
+
+    :param initial: learning rate at the start of each segment (> 0).
+    :param final_fraction: fraction of ``initial`` reached at the end of each segment, in [0, 1].
+    :param n_tasks: number of segments (tasks of equal length; 1: one decay over the whole run).
+    :raises ValueError: for values outside those ranges.
+    """
+    if isinstance(initial, bool) or not isinstance(initial, (int, float)) or not initial > 0:
+        raise ValueError(f"initial must be a number > 0, got {initial!r}")
+    if isinstance(final_fraction, bool) or not isinstance(final_fraction, (int, float)) or not 0 <= final_fraction <= 1:
+        raise ValueError(f"final_fraction must be in [0, 1], got {final_fraction!r}")
+    if isinstance(n_tasks, bool) or not isinstance(n_tasks, int) or n_tasks < 1:
+        raise ValueError(f"n_tasks must be an integer >= 1, got {n_tasks!r}")
+
+    def schedule(progress_remaining: float) -> float:
+        elapsed = min(max(1.0 - float(progress_remaining), 0.0), 1.0) * n_tasks
+        within = 1.0 if elapsed >= n_tasks else elapsed - int(elapsed)
+        return float(initial) * (1.0 - (1.0 - float(final_fraction)) * within)
+
+    return schedule
+
+
+def _check_project(name: str, value: Any) -> None:
+    if value not in PROJECT_CHOICES:
+        raise ValueError(f"Unknown {name} {value!r}; allowed: {list(PROJECT_CHOICES)}")
+
+
+@dataclass
+class NaPConfig:
+    """Normalize-and-Project settings as top-level keywords of the plastic algorithms (and rl_zoo3 / optuna).
+
+    :param nap: Lyle et al.'s (2024) Normalize-and-Project: layer norms before every nonlinearity of the policy's
+        networks (built with the networks, :func:`insert_layer_norms_`) and, after every optimizer step, each
+        normalised layer's ``[W, b]`` projected back to its initial norm (:class:`NormalizeAndProject`). ``False``
+        (the default): off.
+    :param nap_project: ``"normalized"`` (project the layers followed by a layer norm) or ``"all"`` (every
+        Linear / Conv2d layer, output heads included).
+    """
+
+    nap: bool = False
+    nap_project: str = "normalized"
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the bad value and what is allowed."""
+        if not isinstance(self.nap, bool):
+            raise ValueError(f"nap must be True or False, got {self.nap!r}")
+        _check_project("nap_project", self.nap_project)
+
+    @property
+    def enabled(self) -> bool:
+        """Whether NaP is on."""
+        return self.nap
+
+    def make_callback(self) -> Optional[NormalizeAndProject]:
+        """The :class:`NormalizeAndProject` callback for these settings, or ``None`` when NaP is off."""
+        return NormalizeAndProject(self.nap_project) if self.enabled else None
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """The fields as keyword arguments."""
+        return asdict(self)
