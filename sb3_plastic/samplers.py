@@ -29,6 +29,20 @@ on rl_zoo3's PPO sampler: rl_zoo3 has none for MaskablePPO, see :data:`SAMPLER_B
 which hand ``isometry_coef`` to AdamO and ``replacement_rate`` / ``maturity_threshold`` to the
 :class:`~sb3_plastic.callbacks.ContinualBackprop` they add to ``learn()`` (``model.intervention_configs``).
 A yaml's top-level plastic keys that are not sampled (``fire_at``, ``isometry_mode``, ...) stay in force.
+
+The isometry paper's baselines (issue #15) have search spaces of their own, used *instead of* the plastic space
+above (:data:`BASELINE_SPACES`, :func:`plastic_sampler_for` with ``method=``): ``"l2_init"`` samples
+``l2_init_coef`` log-uniform in [1e-6, 1e-1] (Kumar et al., 2023, sweep 1e-5 ... 1e-2), ``"spectral"`` samples
+``spectral_coef`` log-uniform in [1e-6, 1e-1] (Lewandowski et al., 2024, sweep a similar decade range),
+``"nap"`` turns Normalize-and-Project on and samples ``nap_project`` (``"normalized"`` / ``"all"``). To compare
+against the plain baseline, set ``isometry_mode: "off"`` and ``optimizer: adam`` in the yaml (otherwise AdamO's
+default penalty stays on), and register the sampler before running rl_zoo3::
+
+    from rl_zoo3 import hyperparams_opt
+    from sb3_plastic.samplers import plastic_sampler_for
+    sampler, converter = plastic_sampler_for("ppo", method="spectral")
+    hyperparams_opt.HYPERPARAMS_SAMPLER["plastic_ppo"] = sampler
+    hyperparams_opt.HYPERPARAMS_CONVERTER["plastic_ppo"] = converter
 As everywhere in rl_zoo3, sampled keys override the yaml's, and the sampled ``policy_kwargs`` (net_arch,
 ...) replace the yaml's ``policy_kwargs`` as a whole.
 """
@@ -49,6 +63,14 @@ ISOMETRY_COEF_RANGE = (1e-3, 10.0)
 REPLACEMENT_RATE_RANGE = (1e-6, 1e-2)
 #: Search range of ``maturity_threshold`` (integer, log-uniform; counts gradient steps).
 MATURITY_THRESHOLD_RANGE = (100, 10_000)
+#: Search range of ``l2_init_coef`` (log-uniform).
+L2_INIT_COEF_RANGE = (1e-6, 1e-1)
+#: Search range of ``spectral_coef`` (log-uniform).
+SPECTRAL_COEF_RANGE = (1e-6, 1e-1)
+#: ``nap_project`` choices.
+NAP_PROJECT_CHOICES = ("normalized", "all")
+#: The optuna parameters of the baselines' spaces (:data:`BASELINE_SPACES`).
+BASELINE_PARAMS: tuple[str, ...] = ("l2_init_coef", "spectral_coef", "nap_project")
 #: ``activation`` choices of on-policy samplers (rl_zoo3's tanh / relu, plus MaxMin).
 ON_POLICY_ACTIVATIONS = ("tanh", "relu", "maxmin")
 #: ``activation`` choices of off-policy samplers (rl_zoo3 keeps SB3's ReLU there; MaxMin added).
@@ -67,6 +89,29 @@ def sample_plastic_params(trial: optuna.Trial) -> dict[str, Any]:
         "replacement_rate": trial.suggest_float("replacement_rate", *REPLACEMENT_RATE_RANGE, log=True),
         "maturity_threshold": trial.suggest_int("maturity_threshold", *MATURITY_THRESHOLD_RANGE, log=True),
     }
+
+
+def sample_l2_init_params(trial: optuna.Trial) -> dict[str, Any]:
+    """L2-init's space: ``l2_init_coef`` (:class:`~sb3_plastic.callbacks.L2Init`)."""
+    return {"l2_init_coef": trial.suggest_float("l2_init_coef", *L2_INIT_COEF_RANGE, log=True)}
+
+
+def sample_spectral_params(trial: optuna.Trial) -> dict[str, Any]:
+    """Spectral regularisation's space: ``spectral_coef`` (:class:`~sb3_plastic.callbacks.SpectralRegularisation`)."""
+    return {"spectral_coef": trial.suggest_float("spectral_coef", *SPECTRAL_COEF_RANGE, log=True)}
+
+
+def sample_nap_params(trial: optuna.Trial) -> dict[str, Any]:
+    """Normalize-and-Project's space: ``nap=True`` and ``nap_project`` (:mod:`sb3_plastic.callbacks.nap`)."""
+    return {"nap": True, "nap_project": trial.suggest_categorical("nap_project", list(NAP_PROJECT_CHOICES))}
+
+
+#: method -> its search space, used in place of :func:`sample_plastic_params` (see the module docstring).
+BASELINE_SPACES: dict[str, Callable[[optuna.Trial], dict[str, Any]]] = {
+    "l2_init": sample_l2_init_params,
+    "spectral": sample_spectral_params,
+    "nap": sample_nap_params,
+}
 
 
 class _ActivationTrial:
@@ -150,7 +195,9 @@ def make_plastic_converter(base_converter: Converter, base_samples_activation: b
 
     def convert(sampled_params: dict[str, Any]) -> dict[str, Any]:
         params = dict(sampled_params)
-        plastic = {key: params.pop(key) for key in PLASTIC_PARAMS if key in params}
+        plastic = {key: params.pop(key) for key in (*PLASTIC_PARAMS, *BASELINE_PARAMS) if key in params}
+        if "nap_project" in plastic:
+            plastic["nap"] = True
         activation = params.pop("activation", None)
         if activation is not None and base_samples_activation:
             params["activation_fn"] = activation if activation in ("tanh", "relu") else "relu"
@@ -258,10 +305,19 @@ _ON_POLICY = ("ppo", "a2c", "trpo", "ppo_lstm")
 SAMPLER_BASES: dict[str, str] = {"crossq": "sac", "ppo_mask": "ppo"}
 
 
-def plastic_sampler_for(base_name: str) -> tuple[Sampler, Converter] | None:
+def plastic_sampler_for(base_name: str, method: str | None = None) -> tuple[Sampler, Converter] | None:
     """The plastic sampler and converter for a plastic algorithm built on rl_zoo3's ``base_name``
-    (``"ppo"``, ``"dqn"``, ``"sac"``, ``"qrdqn"``, ...); ``None`` when rl_zoo3 has no sampler for it."""
+    (``"ppo"``, ``"dqn"``, ``"sac"``, ``"qrdqn"``, ...); ``None`` when rl_zoo3 has no sampler for it.
+
+    :param base_name: the rl_zoo3 algorithm the plastic one extends.
+    :param method: ``None`` (the plastic space, :func:`sample_plastic_params`) or a key of :data:`BASELINE_SPACES`
+        (``"l2_init"``, ``"spectral"``, ``"nap"``): the base space + ``activation`` + that baseline's space.
+    :raises ValueError: for an unknown ``method``.
+    """
     from rl_zoo3 import hyperparams_opt
+
+    if method is not None and method not in BASELINE_SPACES:
+        raise ValueError(f"Unknown method {method!r}; allowed: None or {sorted(BASELINE_SPACES)}")
 
     source = SAMPLER_BASES.get(base_name, base_name)
     if not hasattr(hyperparams_opt, f"sample_{source}_params") or source not in hyperparams_opt.HYPERPARAMS_CONVERTER:
@@ -279,5 +335,9 @@ def plastic_sampler_for(base_name: str) -> tuple[Sampler, Converter] | None:
     base_sampler, base_converter = _base(source)
     on_policy = source in _ON_POLICY
     activations = ON_POLICY_ACTIVATIONS if on_policy else OFF_POLICY_ACTIVATIONS
+    converter = make_plastic_converter(base_converter, base_samples_activation=on_policy)
+    if method is not None:
+        space = sample_crossq_params if base_name == "crossq" else base_sampler
+        return make_plastic_sampler(space, activations, plastic=BASELINE_SPACES[method]), converter
     sampler = named.get(base_name) or make_plastic_sampler(base_sampler, activations)
-    return sampler, make_plastic_converter(base_converter, base_samples_activation=on_policy)
+    return sampler, converter

@@ -1,0 +1,40 @@
+"""Optuna search spaces of the isometry paper's baselines (issue #15): each sampled trial builds a plastic model with
+the baseline on, and rl_zoo3's ``--trial-id`` path (optuna params -> hyperparameters) gives the same keywords."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import optuna
+import pytest
+
+from sb3_plastic import PlasticDQN, PlasticPPO, PlasticSAC
+from sb3_plastic.samplers import BASELINE_SPACES, plastic_sampler_for
+
+CASES = [("ppo", PlasticPPO, "CartPole-v1"), ("dqn", PlasticDQN, "CartPole-v1"), ("sac", PlasticSAC, "Pendulum-v1")]
+
+
+@pytest.mark.parametrize("method", sorted(BASELINE_SPACES))
+@pytest.mark.parametrize("base, cls, env_id", CASES)
+def test_baseline_sampler_builds_the_model_and_round_trips(method, base, cls, env_id):
+    sampler, converter = plastic_sampler_for(base, method=method)
+    trial = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=2)).ask()
+    env = gym.make(env_id)
+    n_actions = env.action_space.shape[0] if env.action_space.shape else 0
+    params = sampler(trial, n_actions, 1, {"using_her_replay_buffer": False, "her_kwargs": {}})
+    assert "isometry_coef" not in params and "replacement_rate" not in params  # the baseline's space only
+    extra = {"buffer_size": 100} if base != "ppo" else {}
+    model = cls("MlpPolicy", env, isometry_mode="off", optimizer="adam", **extra, **params)
+    configs = model.intervention_configs
+    if method == "l2_init":
+        assert configs["l2_init"].l2_init_coef == trial.params["l2_init_coef"] > 0
+    elif method == "spectral":
+        assert configs["spectral"].spectral_coef == trial.params["spectral_coef"] > 0
+    else:
+        assert configs["nap"].nap and configs["nap"].nap_project == trial.params["nap_project"]
+        assert model.policy.plastic_layer_norm
+    assert converter(trial.params) == params
+
+
+def test_unknown_method_is_a_clear_error():
+    with pytest.raises(ValueError, match="shrinkage"):
+        plastic_sampler_for("ppo", method="shrinkage")
