@@ -135,6 +135,8 @@ class MethodParams:
     :param cbp_rate: Continual Backprop replacement rate per optimizer step.
     :param cbp_maturity: Continual Backprop maturity threshold (optimizer steps).
     :param isometry_coef: ``lambda`` of the isometry penalty (AdamO) of the plastic methods.
+    :param isometry_interval: ``isometry_interval`` of the plastic methods: an int ``k`` or ``"auto"``
+        (``"1"``: the exact per-update AdamO step, the library default).
     """
 
     l2: float = 1e-3
@@ -143,6 +145,7 @@ class MethodParams:
     cbp_rate: float = 1e-4
     cbp_maturity: int = 100
     isometry_coef: float = 0.1
+    isometry_interval: str = "1"
 
 
 # ------------------------------------------------------------------------------------------- one run
@@ -221,6 +224,7 @@ def build_model(method: str, setting: Setting, params: MethodParams, seed: int, 
             env,
             activation=activation,
             isometry_coef=params.isometry_coef,
+            isometry_interval="auto" if params.isometry_interval == "auto" else int(params.isometry_interval),
             policy_kwargs=dict(net_arch=net_arch),
             **common,
         )

@@ -161,6 +161,7 @@ def _method_defaults() -> dict[str, Any]:
         fire_layers=None,
         isometry_coef=0.0,
         isometry_scale=1.0,
+        isometry_interval=1,
     )
 
 
@@ -266,6 +267,7 @@ def make_optimizer(net: nn.Sequential, settings: dict[str, Any], lr: float) -> t
             isometry_coef=settings["isometry_coef"],
             isometry_scale=settings["isometry_scale"],
             isometry_mode="decoupled",
+            isometry_interval=settings["isometry_interval"],
         )
     return th.optim.Adam(net.parameters(), lr=lr, weight_decay=settings["weight_decay"])
 

@@ -103,6 +103,25 @@ def test_coupled_penalty_gradient_is_in_grad_after_backward_once():
     assert th.allclose(opt.state[w]["exp_avg"], 0.9 * m + 0.1 * (g + penalty), atol=1e-6)
 
 
+def test_coupled_penalty_of_stacked_gate_blocks_in_backward():
+    """An LSTM-style weight (``isometry_blocks=4``): the hook adds the per-block penalty gradient."""
+    th.manual_seed(2)
+    w = nn.Parameter(th.randn(12, 5) * 0.5)
+    bias = nn.Parameter(th.zeros(12))
+    opt = AdamO([{"params": [w], "isometry_blocks": 4}, {"params": [bias]}], isometry_coef=0.1, isometry_mode="coupled")
+    x = th.randn(3, 5)
+    (x @ w.T + bias).sin().sum().backward()
+    with th.no_grad():
+        g = ((x @ w.T + bias).cos().T @ x)
+    blocks = th.func.grad(lambda v: sum(hand_penalty(b) for b in v.reshape(4, 3, 5)))(w.detach())
+    assert th.allclose(w.grad, g + 0.1 * blocks, atol=1e-5)
+    assert th.allclose(bias.grad, (x @ w.T + bias).cos().sum(0).detach(), atol=1e-6)  # 1-dim: no penalty
+    del opt  # a garbage-collected optimizer adds nothing any more
+    w.grad = None
+    (x @ w.T + bias).sin().sum().backward()
+    assert th.allclose(w.grad, g, atol=1e-5)
+
+
 def test_coupled_penalty_survives_state_dict_round_trip_and_edits():
     th.manual_seed(1)
     w = nn.Parameter(th.randn(6, 4))
