@@ -18,7 +18,16 @@ Methods (``--methods``; default: all but ``ppo_fire_switch``):
 ``ppo_fire_switch`` PPO + FIRE at every task change
 ``plastic_relu``    :class:`~sb3_plastic.PlasticPPO`, ReLU, AdamO + isometry penalty
 ``plastic_maxmin``  PlasticPPO, MaxMin (GroupSort-2) with orthogonal init, AdamO + isometry penalty
+``ppo_l2_init``     PPO + :class:`~sb3_plastic.callbacks.L2Init` (Kumar et al., 2023; ``--l2-init-coef``)
+``ppo_spectral``    PPO + :class:`~sb3_plastic.callbacks.SpectralRegularisation` (Lewandowski et al., 2024;
+                    ``--spectral-coef``)
+``ppo_nap``         PlasticPPO ``nap=True`` (Normalize-and-Project, Lyle et al., 2024), ReLU, isometry penalty
+                    off, Adam: PPO with layer norms and the projection
 ==================  =======================================================================================
+
+The last three are the isometry paper's baselines (issue #15), not in the default list: add them with
+``--methods`` (e.g. ``--methods ppo ppo_l2_init ppo_spectral ppo_nap plastic_relu plastic_maxmin``) to build
+the paper's comparison table.
 
 Layout of ``--out`` (default ``bench/results/continual/<setting>``)::
 
@@ -122,7 +131,10 @@ SETTINGS: dict[str, Setting] = {
 }
 
 METHODS = ("ppo", "ppo_l2", "ppo_snp", "ppo_cbp", "ppo_fire", "ppo_fire_switch", "plastic_relu", "plastic_maxmin")
-DEFAULT_METHODS = tuple(m for m in METHODS if m != "ppo_fire_switch")
+#: The isometry paper's baselines (issue #15), on request (``--methods``).
+BASELINE_METHODS = ("ppo_l2_init", "ppo_spectral", "ppo_nap")
+METHODS = METHODS + BASELINE_METHODS
+DEFAULT_METHODS = tuple(m for m in METHODS if m != "ppo_fire_switch" and m not in BASELINE_METHODS)
 
 
 @dataclass(frozen=True)
@@ -135,6 +147,8 @@ class MethodParams:
     :param cbp_rate: Continual Backprop replacement rate per optimizer step.
     :param cbp_maturity: Continual Backprop maturity threshold (optimizer steps).
     :param isometry_coef: ``lambda`` of the isometry penalty (AdamO) of the plastic methods.
+    :param l2_init_coef: ``lambda`` of ``ppo_l2_init``.
+    :param spectral_coef: ``lambda`` of ``ppo_spectral``.
     :param isometry_interval: ``isometry_interval`` of the plastic methods: an int ``k`` or ``"auto"``
         (``"1"``: the exact per-update AdamO step, the library default).
     """
@@ -145,6 +159,8 @@ class MethodParams:
     cbp_rate: float = 1e-4
     cbp_maturity: int = 100
     isometry_coef: float = 0.1
+    l2_init_coef: float = 1e-3
+    spectral_coef: float = 1e-3
     isometry_interval: str = "1"
 
 
@@ -204,7 +220,7 @@ def build_model(method: str, setting: Setting, params: MethodParams, seed: int, 
     from stable_baselines3.common.env_util import make_vec_env
 
     import sb3_plastic.envs  # noqa: F401  (registers the ids)
-    from sb3_plastic import FIRE, ContinualBackprop, PlasticPPO, ShrinkPerturb
+    from sb3_plastic import FIRE, ContinualBackprop, L2Init, PlasticPPO, ShrinkPerturb, SpectralRegularisation
 
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; allowed: {', '.join(METHODS)}")
@@ -229,12 +245,19 @@ def build_model(method: str, setting: Setting, params: MethodParams, seed: int, 
             **common,
         )
         return model, callbacks
+    if method == "ppo_nap":
+        nap = dict(activation="relu", isometry_mode="off", optimizer="adam", nap=True)
+        return PlasticPPO(setting.policy, env, policy_kwargs=dict(net_arch=net_arch), **nap, **common), callbacks
     policy_kwargs: dict[str, Any] = dict(net_arch=net_arch, activation_fn=th.nn.ReLU)
     if method == "ppo_l2":
         policy_kwargs["optimizer_kwargs"] = dict(eps=1e-5, weight_decay=params.l2)
     model = PPO(setting.policy, env, policy_kwargs=policy_kwargs, **common)
     if method == "ppo_snp":
         callbacks.append(ShrinkPerturb("event", shrink=params.shrink, perturb=params.perturb, on_task_change=True))
+    elif method == "ppo_l2_init":
+        callbacks.append(L2Init(params.l2_init_coef))
+    elif method == "ppo_spectral":
+        callbacks.append(SpectralRegularisation(params.spectral_coef))
     elif method == "ppo_cbp":
         callbacks.append(ContinualBackprop(replacement_rate=params.cbp_rate, maturity_threshold=params.cbp_maturity))
     elif method == "ppo_fire":

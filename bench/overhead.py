@@ -82,6 +82,7 @@ from stable_baselines3.common.env_util import make_atari_env, make_vec_env
 from stable_baselines3.common.vec_env import VecEnv, VecFrameStack
 
 from sb3_plastic import FIRE, ContinualBackprop, PlasticDQN, PlasticityMonitor, PlasticPPO, PlasticSAC, ReDo
+from sb3_plastic.callbacks import L2Init, SpectralRegularisation
 from sb3_plastic.callbacks.monitor import DEFAULT_EVERY
 
 MODES = ("quick", "full")
@@ -451,6 +452,67 @@ register(Entry(
     candidate_callback=dqn_mlp_monitor,
     steps=DQN_MLP_STEPS,
     target=0.95,
+    in_quick=False,
+))
+
+# The isometry paper's baselines (issue #15): the two penalties as callbacks on plain DQN (their gradient joins the
+# task gradient in backward(): post-accumulate-grad hooks), NaP as PlasticDQN(nap=True) with the penalty off and
+# Adam (layer norms in the network + the projection after each step) against plain DQN.
+BASELINE_COEF = 1e-3
+
+register(Entry(
+    name="dqn-mlp-l2init",
+    description=f"DQN MlpPolicy [256,256] + L2Init({BASELINE_COEF}) vs DQN, CartPole-v1",
+    baseline=dqn_cartpole(DQN),
+    candidate=dqn_cartpole(DQN),
+    candidate_callback=with_callback(L2Init, coef=BASELINE_COEF),
+    steps=DQN_MLP_STEPS,
+    in_quick=False,
+))
+register(Entry(
+    name="dqn-mlp-spectral",
+    description=f"DQN MlpPolicy [256,256] + SpectralRegularisation({BASELINE_COEF}) (one power iteration per update "
+    "and layer, [W | b], heads included) vs DQN, CartPole-v1",
+    baseline=dqn_cartpole(DQN),
+    candidate=dqn_cartpole(DQN),
+    candidate_callback=with_callback(SpectralRegularisation, coef=BASELINE_COEF),
+    steps=DQN_MLP_STEPS,
+    in_quick=False,
+))
+register(Entry(
+    name="dqn-mlp-nap",
+    description="PlasticDQN MlpPolicy [256,256] nap=True (LayerNorm before each ReLU, projection after each update), "
+    "isometry_mode='off', optimizer='adam' vs DQN, CartPole-v1",
+    baseline=dqn_cartpole(DQN),
+    candidate=dqn_cartpole(PlasticDQN, activation="relu", isometry_mode="off", optimizer="adam", nap=True),
+    steps=DQN_MLP_STEPS,
+    in_quick=False,
+))
+register(Entry(
+    name="ppo-cnn-l2init",
+    description=f"PPO CnnPolicy + L2Init({BASELINE_COEF}) vs PPO CnnPolicy, Breakout",
+    baseline=ppo_atari(PPO),
+    candidate=ppo_atari(PPO),
+    candidate_callback=with_callback(L2Init, coef=BASELINE_COEF),
+    steps=PPO_STEPS,
+    in_quick=False,
+))
+register(Entry(
+    name="ppo-cnn-spectral",
+    description=f"PPO CnnPolicy + SpectralRegularisation({BASELINE_COEF}) vs PPO CnnPolicy, Breakout",
+    baseline=ppo_atari(PPO),
+    candidate=ppo_atari(PPO),
+    candidate_callback=with_callback(SpectralRegularisation, coef=BASELINE_COEF),
+    steps=PPO_STEPS,
+    in_quick=False,
+))
+register(Entry(
+    name="ppo-cnn-nap",
+    description="PlasticPPO CnnPolicy relu nap=True (channel LayerNorm before each ReLU, projection after each "
+    "update), isometry_mode='off', optimizer='adam' vs PPO CnnPolicy, Breakout",
+    baseline=ppo_atari(PPO),
+    candidate=ppo_atari(PlasticPPO, activation="relu", isometry_mode="off", optimizer="adam", nap=True),
+    steps=PPO_STEPS,
     in_quick=False,
 ))
 

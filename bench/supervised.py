@@ -38,6 +38,15 @@ are in bench/README.md, "Supervised plasticity probes"):
 * ``adamo_relu``: ReLU, default init, AdamO (decoupled isometry step on the hidden layers; the head in a group with
   ``isometry_coef=0``, as the plastic policies do).
 * ``adamo_maxmin``: MaxMin (GroupSort-2) with orthogonal init (gain 1) on every layer, AdamO as above.
+* ``l2_init``: L2-init (Kumar et al., 2023): ``lambda * ||theta - theta_0||^2`` on every parameter, its gradient
+  :func:`sb3_plastic.callbacks.regularisers.l2_init_grad` added after ``backward()`` (the isometry paper's baseline,
+  issue #15).
+* ``spectral``: spectral regularisation (Lewandowski et al., 2024): ``lambda * sum_l (sigma_1([W_l | b_l])^2 - 1)^2`` on
+  every layer (head included), one persistent power iteration per step (the functions of
+  :class:`sb3_plastic.callbacks.SpectralRegularisation`).
+* ``nap``: Normalize-and-Project (Lyle et al., 2024): a LayerNorm before each ReLU
+  (:func:`sb3_plastic.callbacks.nap.insert_layer_norms_`) and each normalised layer's ``[W, b]`` projected to its
+  initial norm after every step (:func:`sb3_plastic.callbacks.nap.project_`).
 
 Diagnostics recorded at the end of each task, on the probe's evaluation inputs: the fraction of dormant hidden
 units (ReDo score <= 0.025, :func:`sb3_plastic.diagnostics.dormant_fraction`; MaxMin pairs count as one unit), the
@@ -83,7 +92,9 @@ from torch import nn
 from sb3_plastic.activations import MaxMin
 from sb3_plastic.callbacks.cbp import GenerateAndTest
 from sb3_plastic.callbacks.fire import fire_
+from sb3_plastic.callbacks.nap import insert_layer_norms_, normalized_layers, project_
 from sb3_plastic.callbacks.redo import default_layer_init, orthogonal_layer_init
+from sb3_plastic.callbacks.regularisers import SpectralBlock, l2_init_grad, power_iteration, spectral_penalty_grad
 from sb3_plastic.callbacks.shrink_perturb import continual_shrink_perturb_, shrink_perturb_
 from sb3_plastic.common.surgery import Consumer, HiddenLayer
 from sb3_plastic.diagnostics import dormant_fraction, effective_rank
@@ -141,6 +152,9 @@ METHODS: dict[str, dict[str, Any]] = {
     "fire": dict(label="FIRE (at task switch)", fire_layers="hidden"),
     "adamo_relu": dict(label="ReLU + AdamO", isometry_coef=0.1),
     "adamo_maxmin": dict(label="MaxMin + AdamO (ortho)", activation="maxmin", orthogonal=True, isometry_coef=1.0),
+    "l2_init": dict(label="L2-init", l2_init_coef=1e-2),
+    "spectral": dict(label="Spectral reg.", spectral_coef=1e-2),
+    "nap": dict(label="NaP", nap=True),
 }
 #: Rule used to pick the values above: among the values tried (bench/README.md), the best mean accuracy over the
 #: last 5 tasks of both probes (2 seeds each), the probes' learning rates fixed beforehand with plain Adam.
@@ -162,6 +176,9 @@ def _method_defaults() -> dict[str, Any]:
         isometry_coef=0.0,
         isometry_scale=1.0,
         isometry_interval=1,
+        l2_init_coef=0.0,
+        spectral_coef=0.0,
+        nap=False,
     )
 
 
@@ -239,6 +256,8 @@ def make_network(settings: dict[str, Any], in_dim: int, n_classes: int, seed: in
     net = nn.Sequential(*layers, nn.Linear(width_in, n_classes))
     if settings["orthogonal"]:
         orthogonal_init_network_(net, gain=1.0)
+    if settings["nap"]:
+        insert_layer_norms_(net)
     return net
 
 
@@ -298,7 +317,7 @@ def evaluate(net: nn.Sequential, x: th.Tensor, y: th.Tensor) -> dict[str, float]
     modules = list(net)
     for i, module in enumerate(modules):
         h = module(h)
-        if i < len(modules) - 1 and not isinstance(module, nn.Linear):
+        if i < len(modules) - 1 and not isinstance(module, (nn.Linear, nn.LayerNorm)):
             hidden.append((h, 2 if isinstance(module, MaxMin) else 1))
     net.train()
     dfi = list(dfi_per_layer(net).values())
@@ -329,6 +348,7 @@ def run_one(probe: str, cfg: dict[str, Any], method: str, settings: dict[str, An
         )
         engine.attach()
     noisy = [p for p in net.parameters()] if settings["noise_std"] > 0 else []
+    penalty = PenaltySteps(net, settings)
     batches = th.Generator().manual_seed(20_000 + seed)
     th.manual_seed(30_000 + seed)  # fresh draws of interventions (S&P noise, CBP's new units, S&P event)
     start = time.perf_counter()
@@ -347,7 +367,9 @@ def run_one(probe: str, cfg: dict[str, Any], method: str, settings: dict[str, An
                     loss = nn.functional.cross_entropy(net(task.x_train[idx]), task.y_train[idx])
                     opt.zero_grad(set_to_none=True)
                     loss.backward()
+                    penalty.add_gradients()
                     opt.step()
+                    penalty.after_step()
                     if noisy:
                         continual_shrink_perturb_(noisy, cfg["lr"], 0.0, settings["noise_std"])
                     steps += 1
@@ -360,6 +382,37 @@ def run_one(probe: str, cfg: dict[str, Any], method: str, settings: dict[str, An
             engine.detach()
     replaced = sum(engine.replaced(name) for name in engine.layers) if engine is not None else 0
     return {"per_task": per_task, "seconds": time.perf_counter() - start, "steps": steps, "cbp_replaced": replaced}
+
+
+class PenaltySteps:
+    """The isometry paper's baselines in the probe's training loop, with the library's functions: L2-init's and the
+    spectral penalty's gradients added after ``backward()`` (no clipping here), NaP's projection after the step."""
+
+    def __init__(self, net: nn.Sequential, settings: dict[str, Any]) -> None:
+        self.l2_coef = settings["l2_init_coef"]
+        self.spectral_coef = settings["spectral_coef"]
+        self.theta0 = [p.detach().clone() for p in net.parameters()] if self.l2_coef > 0 else []
+        self.params = list(net.parameters())
+        self.blocks = [SpectralBlock(str(i), m.weight, m.bias) for i, m in enumerate(linear_layers(net))]
+        gen = th.Generator().manual_seed(0)
+        self.u = [th.randn(b.weight.shape[0], generator=gen) for b in self.blocks] if self.spectral_coef > 0 else []
+        self.projected = normalized_layers(net) if settings["nap"] else []
+        self.norms = [float(th.sqrt(m.weight.detach().pow(2).sum() + m.bias.detach().pow(2).sum())) for m in self.projected]
+
+    @th.no_grad()
+    def add_gradients(self) -> None:
+        for p, p0 in zip(self.params, self.theta0):
+            p.grad.add_(l2_init_grad(p, p0, self.l2_coef))
+        for i, (block, u) in enumerate(zip(self.blocks, self.u)):
+            u, v, sigma = power_iteration(block.matrix(), u / u.norm())
+            self.u[i] = u
+            grad = spectral_penalty_grad(u, v, sigma, self.spectral_coef)
+            block.weight.grad.add_(grad[:, :-1])
+            block.bias.grad.add_(grad[:, -1])
+
+    def after_step(self) -> None:
+        for layer, norm in zip(self.projected, self.norms):
+            project_(layer, norm)
 
 
 _INPUTS: dict[str, tuple[th.Tensor, th.Tensor]] = {}

@@ -180,3 +180,12 @@ def test_nap_learning_rate_schedule():
     assert two(0.75) == pytest.approx(5e-4) and two(0.5) == pytest.approx(1e-3) and two(0.25) == pytest.approx(5e-4)
     with pytest.raises(ValueError, match="final_fraction"):
         nap_learning_rate_schedule(1e-3, 2.0)
+
+
+def test_units_of_a_normalised_layer_are_read_after_the_activation():
+    """The interventions and diagnostics (CBP, ReDo, the monitor) see a NaP layer's post-activation outputs."""
+    from sb3_plastic.common.surgery import find_networks
+
+    model = PlasticDQN("MlpPolicy", "CartPole-v1", nap=True, seed=0)
+    hidden = find_networks(model)[0].hidden_layers()
+    assert len(hidden) == 2 and all(isinstance(h.activation, nn.ReLU) for h in hidden)

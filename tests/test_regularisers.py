@@ -235,7 +235,7 @@ def test_spectral_gradient_is_autograd_of_the_svd_penalty(exponent, include_bias
     for m in layers:  # the estimates are the SVD's largest singular values
         key = f"policy.{callback.networks[0].layer_names[id(m)]}"
         svd = float(th.linalg.svdvals(_augmented(m, include_bias).detach())[0])
-        assert callback.state["sigma"][key] == pytest.approx(svd, rel=1e-5)
+        assert float(callback.state["sigma"][key]) == pytest.approx(svd, rel=1e-5)
 
 
 def test_spectral_power_iteration_persists_one_step_per_update():
@@ -265,11 +265,11 @@ def test_spectral_power_iteration_persists_one_step_per_update():
             model.policy.zero_grad()
             _hand_loss(model.policy, obs).backward()
         th.testing.assert_close(callback.state["u"][key], ref_u, rtol=1e-5, atol=1e-6)
-        first = callback.state["sigma"][key] if first is None else first
+        first = float(callback.state["sigma"][key]) if first is None else first
         with th.no_grad():  # an "optimizer step" that leaves the values: the version counter moves
             layer.weight.add_(0.0)
     ratio = 2.4 / 3.0
-    assert callback.state["sigma"][key] == pytest.approx(3.0, rel=4 * ratio ** (2 * 30))
+    assert float(callback.state["sigma"][key]) == pytest.approx(3.0, rel=4 * ratio ** (2 * 30))
     assert abs(first - 3.0) > 1e-3  # one iteration from a random vector is far off: the persistence converges it
 
 

@@ -94,6 +94,12 @@ class GradientPenalty(PlasticCallback):
     def _penalty_grad(self, key: str, param: th.Tensor) -> Optional[th.Tensor]:
         raise NotImplementedError
 
+    def _add_penalty_grad(self, key: str, param: th.Tensor, grad: th.Tensor) -> None:
+        """``grad += coef * grad R`` for one parameter (subclasses may do it in place without a temporary)."""
+        penalty = self._penalty_grad(key, param)
+        if penalty is not None:
+            grad.add_(penalty.to(grad.dtype))
+
     # ------------------------------------------------------------------ lifecycle
     def _on_training_start(self) -> None:
         super()._on_training_start()
@@ -114,9 +120,8 @@ class GradientPenalty(PlasticCallback):
         def hook(param: th.Tensor) -> None:
             if param.grad is None or not self.model.policy.training:
                 return
-            grad = self._penalty_grad(key, param)
-            if grad is not None:
-                param.grad.add_(grad.to(param.grad.dtype))
+            with th.no_grad():
+                self._add_penalty_grad(key, param, param.grad)
 
         return hook
 
@@ -190,6 +195,9 @@ class L2Init(GradientPenalty):
 
     def _penalty_grad(self, key: str, param: th.Tensor) -> th.Tensor:
         return l2_init_grad(param, self.state["theta0"][key], self.coef)
+
+    def _add_penalty_grad(self, key: str, param: th.Tensor, grad: th.Tensor) -> None:
+        grad.add_(param.detach() - self.state["theta0"][key], alpha=2.0 * self.coef)  # = l2_init_grad, in place
 
     def distance(self) -> float:
         """``||theta - theta_0||_2`` over every regularised parameter."""
@@ -296,11 +304,15 @@ def spectral_penalty(sigma: th.Tensor, exponent: float = 2.0) -> th.Tensor:
     return (sigma**exponent - 1.0) ** 2
 
 
+def spectral_penalty_scale(sigma: th.Tensor, coef: float, exponent: float = 2.0) -> th.Tensor:
+    """``d/d sigma`` of ``coef * (sigma^k - 1)^2``: ``coef * 2 (sigma^k - 1) * k sigma^(k-1)``."""
+    return coef * 2.0 * (sigma**exponent - 1.0) * exponent * sigma ** (exponent - 1.0)
+
+
 def spectral_penalty_grad(u: th.Tensor, v: th.Tensor, sigma: th.Tensor, coef: float, exponent: float = 2.0) -> th.Tensor:
     """Gradient of ``coef * (sigma_1(M)^k - 1)^2`` with respect to ``M``, with ``d sigma_1 / d M = u v^T`` for the
-    top singular vectors ``u``, ``v``: ``coef * 2 (sigma^k - 1) * k sigma^(k-1) * u v^T``."""
-    scale = coef * 2.0 * (sigma**exponent - 1.0) * exponent * sigma ** (exponent - 1.0)
-    return scale * th.outer(u, v)
+    top singular vectors ``u``, ``v``: :func:`spectral_penalty_scale` times ``u v^T``."""
+    return spectral_penalty_scale(sigma, coef, exponent) * th.outer(u, v)
 
 
 class SpectralRegularisation(GradientPenalty):
@@ -411,9 +423,10 @@ class SpectralRegularisation(GradientPenalty):
             if key in self._blocks:
                 yield key, param
 
-    def _block_grad(self, block: SpectralBlock) -> th.Tensor:
-        """``coef * grad (sigma^k - 1)^2`` with respect to the block's matrix; the power iteration advances when the
-        block's tensors changed since the last call (once per optimizer step)."""
+    def _block_factors(self, block: SpectralBlock) -> tuple[th.Tensor, th.Tensor]:
+        """``(a, v)`` with ``a v^T = coef * grad (sigma^k - 1)^2`` with respect to the block's matrix
+        (:func:`spectral_penalty_grad` as a rank-1 pair); the power iteration advances when the block's tensors changed
+        since the last call (once per optimizer step)."""
         versions = block.versions()
         cached = self._cache.get(block.key)
         if cached is not None and cached[0] == versions:
@@ -421,24 +434,28 @@ class SpectralRegularisation(GradientPenalty):
         matrix = block.matrix()
         u, v, sigma = power_iteration(matrix, self.state["u"][block.key].to(matrix), self.power_iterations)
         self.state["u"][block.key], self.state["v"][block.key] = u, v
-        self.state.setdefault("sigma", {})[block.key] = float(sigma)
-        grad = spectral_penalty_grad(u, v, sigma, self.coef, self.exponent)
-        self._cache[block.key] = (versions, grad)
-        return grad
+        self.state.setdefault("sigma", {})[block.key] = sigma  # a tensor: no device sync per step
+        factors = (u * spectral_penalty_scale(sigma, self.coef, self.exponent), v)
+        self._cache[block.key] = (versions, factors)
+        return factors
 
     def _penalty_grad(self, key: str, param: th.Tensor) -> Optional[th.Tensor]:
         out = th.zeros_like(param)
-        for block in self._blocks.get(key, []):
-            grad = self._block_grad(block)
-            if param is block.weight:
-                target = out[block.rows]
-                target += grad[:, : target[0].numel()].reshape(target.shape)
-            elif param is block.bias:
-                out[block.rows] += grad[:, -1]
+        self._add_penalty_grad(key, param, out)
         return out
 
+    def _add_penalty_grad(self, key: str, param: th.Tensor, grad: th.Tensor) -> None:
+        for block in self._blocks.get(key, []):
+            a, v = self._block_factors(block)
+            rows = grad[block.rows]
+            if param is block.weight:
+                matrix = rows.view(rows.shape[0], -1)  # a view: the rank-1 update lands in grad
+                matrix.addr_(a, v[: matrix.shape[1]])
+            elif param is block.bias:
+                rows.add_(a * v[-1])
+
     def _on_rollout_end(self) -> None:
-        sigmas = list(self.state.get("sigma", {}).values())
+        sigmas = [float(s) for s in self.state.get("sigma", {}).values()]
         if sigmas:
             prefix = "spectral" if self.name in (None, "auto") else f"spectral_{self.name}"
             self.record(f"{prefix}/sigma_max", max(sigmas))

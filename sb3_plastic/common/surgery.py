@@ -308,7 +308,8 @@ class NetworkSpec:
 
 def _activation_after(module: nn.Module) -> dict[int, nn.Module]:
     """Map id(layer) -> the non-weight module right after it in its ``nn.Sequential`` parent (a
-    normalisation right after the layer is skipped: the activation is the module after it)."""
+    normalisation right after the layer, running-statistics norm or NaP's ``nn.LayerNorm``, is skipped: the
+    activation is the module after it)."""
     found: dict[int, nn.Module] = {}
     for parent in module.modules():
         if isinstance(parent, nn.Sequential):
@@ -317,7 +318,7 @@ def _activation_after(module: nn.Module) -> dict[int, nn.Module]:
                 if not isinstance(a, LAYER_TYPES):
                     continue
                 b = children[i + 1]
-                if isinstance(b, NORM_TYPES):
+                if isinstance(b, (*NORM_TYPES, nn.LayerNorm)):
                     b = children[i + 2] if i + 2 < len(children) else None
                 if b is not None and not isinstance(b, (*LAYER_TYPES, *NORM_TYPES, nn.Flatten, nn.Identity)):
                     found[id(a)] = b
