@@ -77,7 +77,6 @@ import platform
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -583,27 +582,10 @@ def ensure_random(setting_name: str, setting: Setting, out_dir: Path) -> float:
 
 
 # ----------------------------------------------------------------------------------------------------- statistics
-def bootstrap_mean_ci(values: np.ndarray, n_boot: int = N_BOOT, seed: int = 0, level: float = 0.95) -> tuple[float, float]:
-    """Percentile bootstrap CI of the mean of ``values`` (resampling its entries)."""
-    values = np.asarray(values, dtype=float)
-    if len(values) < 2:
-        return float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    means = values[rng.integers(0, len(values), size=(n_boot, len(values)))].mean(axis=1)
-    alpha = (1 - level) / 2
-    return float(np.quantile(means, alpha)), float(np.quantile(means, 1 - alpha))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from rl_stats import bootstrap_mean_ci, iqm_ci, iqm_rows, rliable_metrics, stratified_bootstrap, t_mean_ci  # noqa: E402,F401
 
-
-def t_mean_ci(values: np.ndarray, level: float = 0.95) -> tuple[float, float]:
-    """Student-t CI of the mean of ``values``."""
-    import scipy.stats
-
-    values = np.asarray(values, dtype=float)
-    n = len(values)
-    if n < 2:
-        return float("nan"), float("nan")
-    half = scipy.stats.t.ppf(0.5 + level / 2, n - 1) * values.std(ddof=1) / np.sqrt(n)
-    return float(values.mean() - half), float(values.mean() + half)
+_metrics, _iqm_ci = rliable_metrics, iqm_ci  # the names this script used before the move
 
 
 def verdict(ci: tuple[float, float], margin: float) -> str:
@@ -616,77 +598,6 @@ def verdict(ci: tuple[float, float], margin: float) -> str:
     if hi < -margin:
         return "harm"
     return "not resolved"
-
-
-def _metrics() -> tuple[Callable[[np.ndarray], float], Callable[[np.ndarray, np.ndarray], float], str]:
-    """rliable's IQM and probability of improvement (scipy's trimmed mean / Mann-Whitney U without rliable)."""
-    try:
-        from rliable import metrics
-
-        return metrics.aggregate_iqm, metrics.probability_of_improvement, "rliable.metrics"
-    except ImportError:
-        import scipy.stats
-
-        def iqm(x: np.ndarray) -> float:
-            return float(scipy.stats.trim_mean(x, proportiontocut=0.25, axis=None))
-
-        def poi(x: np.ndarray, y: np.ndarray) -> float:
-            probs = []
-            for task in range(x.shape[1]):
-                if np.array_equal(x[:, task], y[:, task]):
-                    probs.append(0.5)
-                else:
-                    u, _ = scipy.stats.mannwhitneyu(x[:, task], y[:, task], alternative="greater")
-                    probs.append(u / (x.shape[0] * y.shape[0]))
-            return float(np.mean(probs))
-
-        return iqm, poi, "scipy (rliable not installed)"
-
-
-def stratified_bootstrap(fn: Callable[..., float], *scores: np.ndarray, reps: int = 5000, seed: int = 0,
-                         level: float = 0.95) -> tuple[float, float, float]:
-    """Point estimate and percentile CI of ``fn(*scores)`` under rliable's stratified bootstrap: the runs of every
-    task (column) of every score matrix (runs x tasks) are resampled with replacement, independently.
-
-    (rliable 1.2's own ``library.get_interval_estimates`` does not run here: it passes ``random_state=None`` to
-    arch's bootstrap, which arch 8 rejects, and arch 7.2 does not import with pandas 3.)
-    """
-    rng = np.random.default_rng(seed)
-    point = float(fn(*scores))
-    stats = np.empty(reps)
-    for r in range(reps):
-        resampled = []
-        for m in scores:
-            idx = rng.integers(0, m.shape[0], size=m.shape)
-            resampled.append(np.take_along_axis(m, idx, axis=0))
-        stats[r] = fn(*resampled)
-    alpha = (1 - level) / 2
-    return point, float(np.quantile(stats, alpha)), float(np.quantile(stats, 1 - alpha))
-
-
-def iqm_rows(x: np.ndarray) -> np.ndarray:
-    """IQM of every row of ``x`` (reps, n): the 25 % trimmed mean exactly as ``scipy.stats.trim_mean`` (and so
-    rliable's ``aggregate_iqm``) computes it, vectorised over the bootstrap samples."""
-    n = x.shape[1]
-    cut = int(0.25 * n)
-    return np.sort(x, axis=1)[:, cut:n - cut].mean(axis=1)
-
-
-def _iqm_ci(scores: dict[str, np.ndarray], reps: int = 5000, seed: int = 0,
-            level: float = 0.95) -> dict[str, tuple[float, float, float]]:
-    """IQM (rliable's ``aggregate_iqm``) with a stratified bootstrap 95 % CI per arm; ``scores[arm]`` has shape
-    (runs, tasks). Same resampling as :func:`stratified_bootstrap`, vectorised."""
-    iqm, _, _ = _metrics()
-    rng = np.random.default_rng(seed)
-    alpha = (1 - level) / 2
-    out = {}
-    for arm, m in scores.items():
-        runs, tasks = m.shape
-        idx = rng.integers(0, runs, size=(reps, runs, tasks))
-        samples = m[idx, np.arange(tasks)[None, None, :]].reshape(reps, runs * tasks)
-        stats = iqm_rows(samples)
-        out[arm] = (float(iqm(m)), float(np.quantile(stats, alpha)), float(np.quantile(stats, 1 - alpha)))
-    return out
 
 
 def load_runs(out_dir: Path) -> dict[str, dict[str, dict[int, dict[str, Any]]]]:

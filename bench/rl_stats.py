@@ -1,0 +1,111 @@
+"""Statistics shared by the bench scripts: rliable's metrics (IQM, probability of improvement) with rliable's
+stratified bootstrap confidence intervals, a percentile and a Student-t CI of a mean.
+
+rliable (Agarwal et al., 2021, "Deep RL at the Edge of the Statistical Precipice") is the field's standard for
+aggregating RL runs. Its own interval routine (``library.get_interval_estimates``) does not run with the installed
+arch/pandas (see :func:`stratified_bootstrap`), so the resampling is done here, exactly as rliable's
+``StratifiedBootstrap`` does it (every task column resampled over runs, independently), around rliable's metric
+functions. Imported by ``bench/stationary.py`` and ``bench/continual.py`` (``sys.path`` holds ``bench/``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+#: bootstrap resamples of :func:`bootstrap_mean_ci`
+N_BOOT = 20_000
+
+def bootstrap_mean_ci(values: np.ndarray, n_boot: int = N_BOOT, seed: int = 0, level: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap CI of the mean of ``values`` (resampling its entries)."""
+    values = np.asarray(values, dtype=float)
+    if len(values) < 2:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    means = values[rng.integers(0, len(values), size=(n_boot, len(values)))].mean(axis=1)
+    alpha = (1 - level) / 2
+    return float(np.quantile(means, alpha)), float(np.quantile(means, 1 - alpha))
+
+
+def t_mean_ci(values: np.ndarray, level: float = 0.95) -> tuple[float, float]:
+    """Student-t CI of the mean of ``values``."""
+    import scipy.stats
+
+    values = np.asarray(values, dtype=float)
+    n = len(values)
+    if n < 2:
+        return float("nan"), float("nan")
+    half = scipy.stats.t.ppf(0.5 + level / 2, n - 1) * values.std(ddof=1) / np.sqrt(n)
+    return float(values.mean() - half), float(values.mean() + half)
+
+
+def rliable_metrics() -> tuple[Callable[[np.ndarray], float], Callable[[np.ndarray, np.ndarray], float], str]:
+    """rliable's IQM and probability of improvement (scipy's trimmed mean / Mann-Whitney U without rliable)."""
+    try:
+        from rliable import metrics
+
+        return metrics.aggregate_iqm, metrics.probability_of_improvement, "rliable.metrics"
+    except ImportError:
+        import scipy.stats
+
+        def iqm(x: np.ndarray) -> float:
+            return float(scipy.stats.trim_mean(x, proportiontocut=0.25, axis=None))
+
+        def poi(x: np.ndarray, y: np.ndarray) -> float:
+            probs = []
+            for task in range(x.shape[1]):
+                if np.array_equal(x[:, task], y[:, task]):
+                    probs.append(0.5)
+                else:
+                    u, _ = scipy.stats.mannwhitneyu(x[:, task], y[:, task], alternative="greater")
+                    probs.append(u / (x.shape[0] * y.shape[0]))
+            return float(np.mean(probs))
+
+        return iqm, poi, "scipy (rliable not installed)"
+
+
+def stratified_bootstrap(fn: Callable[..., float], *scores: np.ndarray, reps: int = 5000, seed: int = 0,
+                         level: float = 0.95) -> tuple[float, float, float]:
+    """Point estimate and percentile CI of ``fn(*scores)`` under rliable's stratified bootstrap: the runs of every
+    task (column) of every score matrix (runs x tasks) are resampled with replacement, independently.
+
+    (rliable 1.2's own ``library.get_interval_estimates`` does not run here: it passes ``random_state=None`` to
+    arch's bootstrap, which arch 8 rejects, and arch 7.2 does not import with pandas 3.)
+    """
+    rng = np.random.default_rng(seed)
+    point = float(fn(*scores))
+    stats = np.empty(reps)
+    for r in range(reps):
+        resampled = []
+        for m in scores:
+            idx = rng.integers(0, m.shape[0], size=m.shape)
+            resampled.append(np.take_along_axis(m, idx, axis=0))
+        stats[r] = fn(*resampled)
+    alpha = (1 - level) / 2
+    return point, float(np.quantile(stats, alpha)), float(np.quantile(stats, 1 - alpha))
+
+
+def iqm_rows(x: np.ndarray) -> np.ndarray:
+    """IQM of every row of ``x`` (reps, n): the 25 % trimmed mean exactly as ``scipy.stats.trim_mean`` (and so
+    rliable's ``aggregate_iqm``) computes it, vectorised over the bootstrap samples."""
+    n = x.shape[1]
+    cut = int(0.25 * n)
+    return np.sort(x, axis=1)[:, cut:n - cut].mean(axis=1)
+
+
+def iqm_ci(scores: dict[str, np.ndarray], reps: int = 5000, seed: int = 0,
+            level: float = 0.95) -> dict[str, tuple[float, float, float]]:
+    """IQM (rliable's ``aggregate_iqm``) with a stratified bootstrap 95 % CI per arm; ``scores[arm]`` has shape
+    (runs, tasks). Same resampling as :func:`stratified_bootstrap`, vectorised."""
+    iqm, _, _ = rliable_metrics()
+    rng = np.random.default_rng(seed)
+    alpha = (1 - level) / 2
+    out = {}
+    for arm, m in scores.items():
+        runs, tasks = m.shape
+        idx = rng.integers(0, runs, size=(reps, runs, tasks))
+        samples = m[idx, np.arange(tasks)[None, None, :]].reshape(reps, runs * tasks)
+        stats = iqm_rows(samples)
+        out[arm] = (float(iqm(m)), float(np.quantile(stats, alpha)), float(np.quantile(stats, 1 - alpha)))
+    return out
