@@ -16,9 +16,11 @@ id                                          what changes                        
 ``sb3_plastic/SwitchingMinAtar-v0``         the MinAtar game                     500 000 per game        (core)
 ``sb3_plastic/SwitchingAtari-v0``           the Atari game (18 actions)          2 500 000 per game      ``atari``
 ``sb3_plastic/RandomLabelBandit-v0``        rewarded action of every context     2 000                   (core)
+``sb3_plastic/Perturbed<Control>-v0``       fixed random observation offset      50 000                  (core)
 ==========================================  ===================================  ======================  ==============
 
-(``<Game>``: Asterix, Breakout, Freeway, Seaquest, SpaceInvaders.) One more id is stationary and there
+(``<Game>``: Asterix, Breakout, Freeway, Seaquest, SpaceInvaders; ``<Control>``: CartPole, Acrobot,
+:mod:`~sb3_plastic.envs.control_envs`.) One more id is stationary and there
 for invalid-action masking (MaskablePPO runs): ``sb3_plastic/InvalidActionDiscrete-v0``, sb3-contrib's
 identity env with ``action_masks()`` (:mod:`~sb3_plastic.envs.masking`). Every other id takes ``change_every``,
 ``task_seed`` and ``at_episode_end`` keywords; see :mod:`~sb3_plastic.envs.mujoco_envs`,
@@ -75,6 +77,10 @@ _SPECS: dict[str, tuple[str, dict, object]] = {
     f"{NAMESPACE}/SwitchingMinAtar-v0": (f"{_MODULE}.minatar_envs:make_switching_minatar", {}, None),
     f"{NAMESPACE}/SwitchingAtari-v0": (f"{_MODULE}.atari_envs:make_switching_atari", {}, None),
     f"{NAMESPACE}/RandomLabelBandit-v0": (f"{_MODULE}.bandit_envs:make_random_label_bandit", {}, None),
+    **{
+        f"{NAMESPACE}/Perturbed{name}-v0": (f"{_MODULE}.control_envs:make_perturbed_control", {"base": base}, None)
+        for name, base in (("CartPole", "CartPole-v1"), ("Acrobot", "Acrobot-v1"))
+    },
     # stationary, with action masks (MaskablePPO through rl_zoo3); truncates its own episodes
     f"{NAMESPACE}/InvalidActionDiscrete-v0": (f"{_MODULE}.masking:InvalidActionDiscreteEnv", {}, None),
 }
