@@ -149,6 +149,9 @@ class MethodParams:
     :param isometry_coef: ``lambda`` of the isometry penalty (AdamO) of the plastic methods.
     :param l2_init_coef: ``lambda`` of ``ppo_l2_init``.
     :param spectral_coef: ``lambda`` of ``ppo_spectral``.
+    :param fire_head_scale: ``head_scale`` of the FIRE methods (``"init"``, the library default, or ``"reference"``).
+    :param fire_iterations: ``iterations`` of the FIRE methods: 0 for the library default (the exact polar factor),
+        ``k`` for ``k`` Newton–Schulz steps (10: the reference implementation).
     :param isometry_interval: ``isometry_interval`` of the plastic methods: an int ``k`` or ``"auto"``
         (``"1"``: the exact per-update AdamO step, the library default).
     """
@@ -161,6 +164,8 @@ class MethodParams:
     isometry_coef: float = 0.1
     l2_init_coef: float = 1e-3
     spectral_coef: float = 1e-3
+    fire_head_scale: str = "init"
+    fire_iterations: int = 0
     isometry_interval: str = "1"
 
 
@@ -260,10 +265,10 @@ def build_model(method: str, setting: Setting, params: MethodParams, seed: int, 
         callbacks.append(SpectralRegularisation(params.spectral_coef))
     elif method == "ppo_cbp":
         callbacks.append(ContinualBackprop(replacement_rate=params.cbp_rate, maturity_threshold=params.cbp_maturity))
-    elif method == "ppo_fire":
-        callbacks.append(FIRE(at=0.5))
-    elif method == "ppo_fire_switch":
-        callbacks.append(FIRE(at=None, on_task_change=True))
+    elif method in ("ppo_fire", "ppo_fire_switch"):
+        fire = dict(head_scale=params.fire_head_scale, iterations=params.fire_iterations or None)
+        trigger = dict(at=0.5) if method == "ppo_fire" else dict(at=None, on_task_change=True)
+        callbacks.append(FIRE(**trigger, **fire))
     return model, callbacks
 
 
