@@ -1,51 +1,72 @@
-"""Continual-RL grid: methods x seeds on a non-stationary env, TensorBoard runs, per-task results and plots.
+"""Continual-RL grid: methods x seeds on a non-stationary env, with fresh-agent references, rliable statistics,
+per-run JSON results and plots that rebuild from them.
 
 Every run trains one agent through a sequence of tasks (``--tasks``, each ``--change-every`` env steps of
 every env copy) with :class:`~sb3_plastic.callbacks.PlasticityMonitor` logging the plasticity diagnostics,
-and records the **reward per env step over the last 20 % of every task** ("end-of-task reward"; on the
-random-label bandit that is the accuracy reached on that task). Every task of a setting is statistically
-the same as the first, so task 0 is the fresh-agent reference of a warm-start test: a method that keeps
-its plasticity reaches on task ``k`` what it reached on task 0.
+and records per task the **reward per env step** and the **mean episode return** over the last ``tail`` part of the
+task (20 % unless the setting says otherwise; the setting's ``score`` picks which one the tables use).
 
-Methods (``--methods``; default: all but ``ppo_fire_switch``):
+The protocol of issue #14 (DESIGN.md, "Continual semantics"):
+
+* **Fresh-agent reference (warm-start test).** For every task ``k`` of a run's sequence a freshly initialised agent
+  of the same method (same seed, network, optimizer and callbacks) trains on task ``k`` alone (the env pinned to
+  task ``k`` with ``pin_task``) for the same budget, one task. Plasticity at task ``k`` = continual score on task
+  ``k`` / fresh score on task ``k``; reported per task and over the last half of the run, next to the absolute
+  scores. Interventions that act at task changes or at the continual run's midpoint (Shrink & Perturb, both FIRE
+  methods) never trigger within one task, so their fresh agents run without them. ``--fresh none`` skips them.
+* **Independent task sequences per seed**: run seed ``s`` trains on the task sequence of ``task_seed = s``.
+* **Statistics** (:mod:`rl_stats`): per method the IQM (rliable's ``aggregate_iqm``) over runs x last-half tasks with
+  a stratified bootstrap 95 % CI, and the probability of improvement over the plain baseline (rliable's
+  ``probability_of_improvement``) with its CI; "not resolved" wherever the two intervals compared overlap.
+
+Methods (``--methods``; default: all but ``ppo_fire_switch``, ``ppo_cbp_dohare``, ``ppo_redo`` and the baselines of
+issue #15; on a DQN / SAC setting the ``ppo`` prefix reads ``dqn`` / ``sac``: ``dqn``, ``dqn_l2``, ...):
 
 ==================  =======================================================================================
-``ppo``             SB3's PPO, ReLU MLP, Adam (the plain baseline)
-``ppo_l2``          PPO with L2 regularisation (Adam ``weight_decay``, coupled, ``--l2``)
-``ppo_snp``         PPO + :class:`~sb3_plastic.callbacks.ShrinkPerturb` at every task change (Ash & Adams)
-``ppo_cbp``         PPO + :class:`~sb3_plastic.callbacks.ContinualBackprop` (Dohare et al., 2024)
-``ppo_fire``        PPO + :class:`~sb3_plastic.callbacks.FIRE` once at the midpoint of the run
-``ppo_fire_switch`` PPO + FIRE at every task change
-``plastic_relu``    :class:`~sb3_plastic.PlasticPPO`, ReLU, AdamO + isometry penalty
-``plastic_maxmin``  PlasticPPO, MaxMin (GroupSort-2) with orthogonal init, AdamO + isometry penalty
-``ppo_l2_init``     PPO + :class:`~sb3_plastic.callbacks.L2Init` (Kumar et al., 2023; ``--l2-init-coef``)
-``ppo_spectral``    PPO + :class:`~sb3_plastic.callbacks.SpectralRegularisation` (Lewandowski et al., 2024;
+``ppo``             the setting's SB3 algorithm, ReLU, Adam (the plain baseline; the library's CNN on MinAtar)
+``ppo_l2``          L2 regularisation (Adam ``weight_decay``, coupled, ``--l2``)
+``ppo_snp``         :class:`~sb3_plastic.callbacks.ShrinkPerturb` at every task change (Ash & Adams)
+``ppo_cbp``         :class:`~sb3_plastic.callbacks.ContinualBackprop` (Dohare et al., 2024) at this library's defaults
+``ppo_cbp_dohare``  Continual Backprop at Dohare's RL settings (his Slippery Ant runs): Adam betas (0.99, 0.99),
+                    L2 1e-4 (Adam ``weight_decay``), maturity 10 000, replacement rate 1e-4
+``ppo_redo``        :class:`~sb3_plastic.callbacks.ReDo` (Sokar et al., 2023) at the library defaults
+``ppo_fire``        :class:`~sb3_plastic.callbacks.FIRE` once at the midpoint of the run (the FIRE paper)
+``ppo_fire_switch`` FIRE at every task change
+``plastic_relu``    the plastic algorithm (:class:`~sb3_plastic.PlasticPPO` / DQN / SAC), ReLU, AdamO + isometry penalty
+``plastic_maxmin``  the plastic algorithm, MaxMin (GroupSort-2) with orthogonal init, AdamO + isometry penalty
+``ppo_l2_init``     :class:`~sb3_plastic.callbacks.L2Init` (Kumar et al., 2023; ``--l2-init-coef``)
+``ppo_spectral``    :class:`~sb3_plastic.callbacks.SpectralRegularisation` (Lewandowski et al., 2024;
                     ``--spectral-coef``)
-``ppo_nap``         PlasticPPO ``nap=True`` (Normalize-and-Project, Lyle et al., 2024), ReLU, isometry penalty
-                    off, Adam: PPO with layer norms and the projection
+``ppo_nap``         the plastic algorithm with ``nap=True`` (Normalize-and-Project, Lyle et al., 2024), ReLU,
+                    isometry penalty off, Adam: the plain agent with layer norms and the projection
 ==================  =======================================================================================
 
-The last three are the isometry paper's baselines (issue #15), not in the default list: add them with
-``--methods`` (e.g. ``--methods ppo ppo_l2_init ppo_spectral ppo_nap plastic_relu plastic_maxmin``) to build
-the paper's comparison table.
+The isometry paper's baselines (issue #15) are not in the default list: add them with ``--methods`` (e.g.
+``--methods ppo ppo_l2_init ppo_spectral ppo_nap plastic_relu plastic_maxmin``); ``--methods all`` runs every
+method of the setting's algorithm (the grid of issue #14).
+
+Settings (``--setting``): see :data:`SETTINGS` (each entry's ``description``) and bench/README.md.
 
 Layout of ``--out`` (default ``bench/results/continual/<setting>``)::
 
-    runs/<method>/seed<k>.json     one finished run (its per-task results and timings)
-    tb/<method>/s<k>_1/            its TensorBoard events (SB3's logger + PlasticityMonitor)
-    summary.json, end_of_task.png  the grid's table and the key plot
-    plots/                         sb3-plastic plot output: return curve, diagnostics over the run
+    runs/<method>/seed<k>.json              one finished continual run: per-task scores, diagnostics, timings
+    runs/<method>/fresh/seed<k>_task<j>.json  the fresh agent of that run's task j
+    tb/<method>/s<k>_1/, tb/<method>/fresh/  TensorBoard events (SB3's logger + PlasticityMonitor; not committed)
+    summary.json, summary.md                the tables (IQM, CIs, probability of improvement, verdicts)
+    end_of_task.png, plasticity.png, diagnostics.png   the figures, built from the JSON files alone
 
 Resuming: a run whose JSON exists is skipped, so rerunning the same command after an interruption
 finishes the grid (an unfinished run is started again from scratch; its partial TensorBoard folder is
-removed first). ``--plot-only`` rebuilds the table and plots from what exists.
+removed first). ``--plot-only`` rebuilds every table and figure from the JSON files (a fresh clone has them) and
+refuses to write anything when it finds no runs. To spread a grid over machines: ``bench/grid.py``.
 
 Examples::
 
     python bench/continual.py --quick                                    # smoke test, ~1-2 min
     python bench/continual.py --seeds 0 1 2 --jobs 2                     # the CPU grid of bench/README.md
-    python bench/continual.py --tasks 20 --seeds 0 1 --jobs 14          # larger, on a many-core machine
-    python bench/continual.py --setting minatar --device cuda --jobs 4   # permuted MinAtar on a GPU
+    python bench/continual.py --setting minatar_intensive --methods all --seeds 0 1 2 3 4 --jobs 14
+    python bench/continual.py --setting minatar_intensive --device cuda --jobs 4   # on a GPU machine
+    python bench/continual.py --setting minatar_intensive --plot-only    # rebuild tables and figures
 """
 
 from __future__ import annotations
@@ -59,28 +80,40 @@ import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
 
-#: fraction of each task (its last part) over which the end-of-task reward is averaged
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from rl_stats import bootstrap_mean_ci, iqm_ci, rliable_metrics, stratified_bootstrap
+
+#: fraction of each task (its last part) over which the end-of-task scores are averaged (a setting may differ)
 TAIL = 0.2
+#: the algorithms of the settings: (SB3 class, plastic class) names
+ALGOS = {"ppo": ("PPO", "PlasticPPO"), "dqn": ("DQN", "PlasticDQN"), "sac": ("SAC", "PlasticSAC")}
+#: bootstrap resamples of the tables (stratified for IQM / probability of improvement, per task for the bands)
+REPS = 2000
 
 
 @dataclass(frozen=True)
 class Setting:
-    """A non-stationary env and the PPO hyperparameters every method shares on it.
+    """A non-stationary env and the hyperparameters every method shares on it.
 
     :param env_id: gymnasium id (``sb3_plastic/...``).
     :param change_every: task length in env steps of one env copy (total steps per task: ``x n_envs``).
     :param tasks: number of tasks of a run.
     :param n_envs: env copies (``make_vec_env``; they switch tasks in lockstep).
     :param policy: SB3 policy alias.
-    :param net_arch: hidden layers of the policy and value MLPs.
-    :param ppo: PPO keywords shared by every method.
+    :param net_arch: hidden layers of the policy and value MLPs (the Q / actor / critic MLPs for DQN / SAC).
+    :param ppo: keywords of the setting's algorithm shared by every method (PPO's for the PPO settings).
     :param monitor_every: env steps between two PlasticityMonitor passes.
     :param env_kwargs: extra keywords of the env.
     :param description: one line for the README and the plots.
+    :param algo: ``"ppo"``, ``"dqn"`` or ``"sac"``.
+    :param score: the end-of-task score of the tables: ``"end_reward"`` (reward per env step) or ``"end_return"``
+        (mean return of the episodes that end in the task's tail).
+    :param tail: fraction of each task (its last part) the end-of-task scores average over.
     """
 
     env_id: str
@@ -93,6 +126,9 @@ class Setting:
     monitor_every: int
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     description: str = ""
+    algo: str = "ppo"
+    score: str = "end_reward"
+    tail: float = TAIL
 
     @property
     def task_timesteps(self) -> int:
@@ -102,6 +138,14 @@ class Setting:
     def total_timesteps(self) -> int:
         return self.tasks * self.task_timesteps
 
+
+#: PPO's Atari settings on MinAtar (the zoo's MinAtar entries)
+_PPO_MINATAR = dict(n_steps=128, batch_size=256, n_epochs=4, learning_rate=2.5e-4, clip_range=0.1, ent_coef=0.01)
+#: update-intensive PPO (issue #14's measurement: lr 1e-3, 10 epochs)
+_PPO_MINATAR_INTENSIVE = dict(_PPO_MINATAR, n_epochs=10, learning_rate=1e-3)
+#: Dohare et al.'s PPO on Slippery Ant (rollouts of 2048 steps, minibatch 64, 10 epochs, lr 1e-4)
+_PPO_SLIPPERY = dict(n_steps=512, batch_size=64, n_epochs=10, learning_rate=1e-4, gamma=0.99, gae_lambda=0.95,
+                     clip_range=0.2, ent_coef=0.0)
 
 SETTINGS: dict[str, Setting] = {
     # random-label memorisation as RL: 256 fixed contexts, 8 actions, labels re-drawn every task
@@ -116,7 +160,7 @@ SETTINGS: dict[str, Setting] = {
         monitor_every=16_000,
         description="RandomLabelBandit (256 contexts, 8 actions, labels re-drawn every 32k steps), PPO [128, 128]",
     ),
-    # channel-permuted MinAtar Breakout, short task cycles
+    # channel-permuted MinAtar Breakout, short task cycles, PPO's Atari settings
     "minatar": Setting(
         env_id="sb3_plastic/PermutedMinAtar-Breakout-v0",
         change_every=25_000,
@@ -124,28 +168,144 @@ SETTINGS: dict[str, Setting] = {
         n_envs=8,
         policy="CnnPolicy",
         net_arch=(),
-        ppo=dict(n_steps=128, batch_size=256, n_epochs=4, learning_rate=2.5e-4, clip_range=0.1, ent_coef=0.01),
+        ppo=_PPO_MINATAR,
         monitor_every=50_000,
         description="PermutedMinAtar-Breakout (channels permuted every 200k steps), PPO MinAtar CNN",
+        score="end_return",
+    ),
+    # channel-permuted MinAtar SpaceInvaders, update-intensive PPO: the first candidate of issue #14
+    "minatar_intensive": Setting(
+        env_id="sb3_plastic/PermutedMinAtar-SpaceInvaders-v0",
+        change_every=31_250,
+        tasks=20,
+        n_envs=8,
+        policy="CnnPolicy",
+        net_arch=(),
+        ppo=_PPO_MINATAR_INTENSIVE,
+        monitor_every=125_000,
+        description="PermutedMinAtar-SpaceInvaders (channels permuted every 250k steps), PPO lr 1e-3 x 10 epochs",
+        score="end_return",
+        tail=0.3,
+    ),
+    # task-switching MinAtar: the five games in turn, each against a fresh agent on that game
+    "minatar_switching": Setting(
+        env_id="sb3_plastic/SwitchingMinAtar-v0",
+        change_every=31_250,
+        tasks=10,
+        n_envs=8,
+        policy="CnnPolicy",
+        net_arch=(),
+        ppo=_PPO_MINATAR,
+        monitor_every=125_000,
+        description="SwitchingMinAtar (5 games, a new one every 250k steps), PPO MinAtar CNN",
+        score="end_return",
+        tail=0.3,
+    ),
+    # Dohare et al.'s Slippery Ant / HalfCheetah with PPO, change interval 2M -> 200k steps
+    "slippery_halfcheetah_ppo": Setting(
+        env_id="sb3_plastic/SlipperyHalfCheetah-v0",
+        change_every=50_000,
+        tasks=10,
+        n_envs=4,
+        policy="MlpPolicy",
+        net_arch=(256, 256),
+        ppo=_PPO_SLIPPERY,
+        monitor_every=100_000,
+        description="SlipperyHalfCheetah (friction re-drawn every 200k steps), PPO [256, 256] (Dohare's settings)",
+        score="end_return",
+    ),
+    # high replay ratio DQN (8 gradient updates per env step): the primacy-bias setting of resets
+    "minatar_dqn_replay": Setting(
+        env_id="sb3_plastic/PermutedMinAtar-Breakout-v0",
+        change_every=100_000,
+        tasks=8,
+        n_envs=1,
+        policy="CnnPolicy",
+        net_arch=(),
+        ppo=dict(buffer_size=100_000, learning_starts=5_000, batch_size=32, learning_rate=1e-4, train_freq=1,
+                 gradient_steps=8, target_update_interval=1_000, exploration_fraction=0.05,
+                 exploration_final_eps=0.01),
+        monitor_every=100_000,
+        description="PermutedMinAtar-Breakout (channels permuted every 100k steps), DQN, replay ratio 8",
+        algo="dqn",
+        score="end_return",
+    ),
+    "slippery_halfcheetah_sac_replay": Setting(
+        env_id="sb3_plastic/SlipperyHalfCheetah-v0",
+        change_every=50_000,
+        tasks=8,
+        n_envs=1,
+        policy="MlpPolicy",
+        net_arch=(256, 256),
+        ppo=dict(learning_starts=5_000, batch_size=256, train_freq=1, gradient_steps=4),
+        monitor_every=50_000,
+        description="SlipperyHalfCheetah (friction re-drawn every 50k steps), SAC [256, 256], replay ratio 4",
+        algo="sac",
+        score="end_return",
+    ),
+    # classic control with a new fixed random observation offset every task (TRAC / C-CHAIN's Gym-control setting)
+    "cartpole_obs": Setting(
+        env_id="sb3_plastic/PerturbedCartPole-v0",
+        change_every=12_500,
+        tasks=10,
+        n_envs=8,
+        policy="MlpPolicy",
+        net_arch=(64, 64),
+        ppo=dict(n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20, learning_rate=1e-3,
+                 clip_range=0.2, ent_coef=0.0),
+        monitor_every=50_000,
+        description="PerturbedCartPole (a new N(0, 1) observation offset every 100k steps), PPO [64, 64]",
+        score="end_return",
     ),
 }
 
-METHODS = ("ppo", "ppo_l2", "ppo_snp", "ppo_cbp", "ppo_fire", "ppo_fire_switch", "plastic_relu", "plastic_maxmin")
+SETTINGS["slippery_ant_ppo"] = replace(
+    SETTINGS["slippery_halfcheetah_ppo"],
+    env_id="sb3_plastic/SlipperyAnt-v0",
+    description="SlipperyAnt (friction re-drawn every 200k steps), PPO [256, 256] (Dohare's settings)",
+)
+
+#: method names for PPO settings; on a DQN / SAC setting the "ppo" prefix is the algorithm's (see method_name)
+METHODS = (
+    "ppo", "ppo_l2", "ppo_snp", "ppo_cbp", "ppo_cbp_dohare", "ppo_redo", "ppo_fire", "ppo_fire_switch",
+    "plastic_relu", "plastic_maxmin",
+)
 #: The isometry paper's baselines (issue #15), on request (``--methods``).
 BASELINE_METHODS = ("ppo_l2_init", "ppo_spectral", "ppo_nap")
 METHODS = METHODS + BASELINE_METHODS
-DEFAULT_METHODS = tuple(m for m in METHODS if m != "ppo_fire_switch" and m not in BASELINE_METHODS)
+DEFAULT_METHODS = tuple(
+    m for m in METHODS if m not in ("ppo_fire_switch", "ppo_cbp_dohare", "ppo_redo") and m not in BASELINE_METHODS
+)
+#: methods whose interventions act only at task changes or at the continual run's midpoint: off in a fresh agent
+TASK_CHANGE_METHODS = ("ppo_snp", "ppo_fire", "ppo_fire_switch")
+
+
+def method_name(method: str, algo: str) -> str:
+    """The name of ``method`` (a :data:`METHODS` entry) on a setting of ``algo``: ``ppo_l2`` -> ``dqn_l2``."""
+    return algo + method[3:] if method.startswith("ppo") else method
+
+
+def canonical_method(name: str) -> str:
+    """The :data:`METHODS` entry of a method name of any algorithm (``dqn_l2`` -> ``ppo_l2``)."""
+    for algo in ALGOS:
+        if name == algo or name.startswith(algo + "_"):
+            return "ppo" + name[len(algo):]
+    return name
+
+
+ALL_METHOD_NAMES = tuple(dict.fromkeys(method_name(m, a) for a in ALGOS for m in METHODS))
 
 
 @dataclass(frozen=True)
 class MethodParams:
-    """Hyperparameters of the methods (flags of the script; the defaults are the ones of bench/README.md).
+    """Hyperparameters of the methods (flags of the script), fixed before the grid.
 
     :param l2: Adam ``weight_decay`` of ``ppo_l2``.
     :param shrink: ``lambda`` of Shrink & Perturb (event form).
     :param perturb: ``p`` of Shrink & Perturb.
-    :param cbp_rate: Continual Backprop replacement rate per optimizer step.
-    :param cbp_maturity: Continual Backprop maturity threshold (optimizer steps).
+    :param cbp_rate: Continual Backprop replacement rate per optimizer step of ``ppo_cbp`` (library default).
+    :param cbp_maturity: Continual Backprop maturity threshold (optimizer steps) of ``ppo_cbp`` (library default,
+        Dohare's RL value).
     :param isometry_coef: ``lambda`` of the isometry penalty (AdamO) of the plastic methods.
     :param l2_init_coef: ``lambda`` of ``ppo_l2_init``.
     :param spectral_coef: ``lambda`` of ``ppo_spectral``.
@@ -160,7 +320,7 @@ class MethodParams:
     shrink: float = 0.4
     perturb: float = 0.1
     cbp_rate: float = 1e-4
-    cbp_maturity: int = 100
+    cbp_maturity: int = 10_000
     isometry_coef: float = 0.1
     l2_init_coef: float = 1e-3
     spectral_coef: float = 1e-3
@@ -169,29 +329,39 @@ class MethodParams:
     isometry_interval: str = "1"
 
 
+#: Continual Backprop at Dohare's RL settings (``ppo_cbp_dohare``; his Slippery Ant PPO runs)
+DOHARE_CBP = dict(replacement_rate=1e-4, maturity_threshold=10_000, betas=(0.99, 0.99), weight_decay=1e-4)
+
+
 # ------------------------------------------------------------------------------------------- one run
 def _task_recorder(setting: Setting, results: dict[str, list[float]], progress_path: Optional[str] = None) -> Any:
     """A callback accumulating, per task of env copy 0's ``info["task_id"]``, the mean reward per env step
-    over the task and over its last ``TAIL`` part; writes ``continual/...`` keys to SB3's logger at each task end."""
+    over the task and over its last ``tail`` part, and the mean return of the episodes ending in that tail;
+    writes ``continual/...`` keys to SB3's logger at each task end."""
     from stable_baselines3.common.callbacks import BaseCallback
 
-    tail_start = round((1.0 - TAIL) * setting.change_every)
+    tail_start = round((1.0 - setting.tail) * setting.change_every)
 
     class TaskRecorder(BaseCallback):
         def _on_training_start(self) -> None:
             self._task: Optional[int] = None
             self._sums = np.zeros(2)
             self._counts = np.zeros(2)
+            self._returns: list[float] = []
 
         def _close_task(self) -> None:
             if self._task is None or self._counts[0] == 0 or self._task >= setting.tasks:
                 return  # (the last rollout may run a few steps into a task past the schedule)
             mean = float(self._sums[0] / self._counts[0])
             end = float(self._sums[1] / self._counts[1]) if self._counts[1] else float("nan")
+            end_return = float(np.mean(self._returns)) if self._returns else float("nan")
             results["task"].append(self._task)
             results["mean_reward"].append(mean)
             results["end_reward"].append(end)
+            results["end_return"].append(end_return)
+            results["end_episodes"].append(len(self._returns))
             self.logger.record("continual/end_of_task_reward", end)
+            self.logger.record("continual/end_of_task_return", end_return)
             self.logger.record("continual/task_mean_reward", mean)
             self.logger.record("continual/task", self._task)
             if progress_path:  # what an interrupted run had reached (never read as a finished run)
@@ -199,17 +369,18 @@ def _task_recorder(setting: Setting, results: dict[str, list[float]], progress_p
                     json.dump(results, f)
 
         def _on_step(self) -> bool:
-            info = self.locals["infos"][0]
-            task = int(info.get("task_id", 0))
+            infos = self.locals["infos"]
+            task = int(infos[0].get("task_id", 0))
             if task != self._task:
                 self._close_task()
-                self._task, self._sums[:], self._counts[:] = task, 0.0, 0.0
+                self._task, self._sums[:], self._counts[:], self._returns = task, 0.0, 0.0, []
             rewards = np.asarray(self.locals["rewards"], dtype=np.float64)
             self._sums[0] += rewards.sum()
             self._counts[0] += rewards.size
-            if int(info.get("task_step", 0)) > tail_start:
+            if int(infos[0].get("task_step", 0)) > tail_start:
                 self._sums[1] += rewards.sum()
                 self._counts[1] += rewards.size
+                self._returns.extend(float(i["episode"]["r"]) for i in infos if "episode" in i)
             return True
 
         def _on_training_end(self) -> None:
@@ -218,29 +389,90 @@ def _task_recorder(setting: Setting, results: dict[str, list[float]], progress_p
     return TaskRecorder()
 
 
-def build_model(method: str, setting: Setting, params: MethodParams, seed: int, device: str, tb_dir: Optional[str]) -> Any:
-    """The agent of ``method`` and the callbacks it trains with (besides the monitor and the recorder)."""
-    import torch as th
-    from stable_baselines3 import PPO
+def _recording_monitor(every: int) -> Any:
+    """A :class:`~sb3_plastic.callbacks.PlasticityMonitor` that also keeps every pass's network-level diagnostics
+    (``plasticity/<network>/<metric>``, no per-layer keys) in ``history``: ``{key: [[num_timesteps, value], ...]}``,
+    so that the per-run JSON carries them and the diagnostics figure rebuilds without the TensorBoard files."""
+    from sb3_plastic import PlasticityMonitor
+
+    class RecordingMonitor(PlasticityMonitor):
+        def run(self) -> dict[str, float]:
+            values = super().run()
+            for key, value in values.items():
+                parts = key.split("/")
+                if len(parts) == 3 and parts[2] in DIAGNOSTICS and np.isfinite(value):
+                    self.history.setdefault(key, []).append([int(self.num_timesteps), float(value)])
+            return values
+
+    monitor = RecordingMonitor(every=every, max_overhead=None)
+    monitor.history = {}
+    return monitor
+
+
+#: the network-level diagnostics kept in the per-run JSON and plotted (the isometry paper's claim is about the NTK)
+DIAGNOSTICS = ("dormant_fraction", "ntk_cond", "ntk_erank", "dfi", "weight_norm")
+
+
+def _plain_cnn_kwargs(setting: Setting) -> dict[str, Any]:
+    """``policy_kwargs`` that give SB3's plain algorithm the library's CNN (:class:`~sb3_plastic.networks.PlasticCNN`
+    with ReLU, ``arch="auto"``: the MinAtar CNN on 10x10 frames), the network the plastic methods build; SB3's
+    NatureCNN rejects MinAtar's boolean frames and is too large for them."""
+    if setting.policy != "CnnPolicy":
+        return {}
+    from sb3_plastic.networks import PlasticCNN
+
+    return dict(features_extractor_class=PlasticCNN, features_extractor_kwargs=dict(activation="relu", arch="auto"))
+
+
+def make_env(setting: Setting, seed: int, fresh_task: Optional[int] = None) -> Any:
+    """The vector env of run seed ``seed``: ``task_seed = seed`` (independent task sequences per seed); with
+    ``fresh_task`` every copy is pinned to that task of the sequence (``pin_task``) for a fresh-agent reference."""
     from stable_baselines3.common.env_util import make_vec_env
 
     import sb3_plastic.envs  # noqa: F401  (registers the ids)
-    from sb3_plastic import FIRE, ContinualBackprop, L2Init, PlasticPPO, ShrinkPerturb, SpectralRegularisation
 
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; allowed: {', '.join(METHODS)}")
     env = make_vec_env(
         setting.env_id,
         n_envs=setting.n_envs,
         seed=seed,
-        env_kwargs=dict(change_every=setting.change_every, **setting.env_kwargs),
+        env_kwargs=dict(change_every=setting.change_every, task_seed=seed, **setting.env_kwargs),
     )
+    if fresh_task is not None:
+        env.env_method("pin_task", int(fresh_task))
+    return env
+
+
+def build_model(method: str, setting: Setting, params: MethodParams, seed: int, device: str, tb_dir: Optional[str],
+                fresh_task: Optional[int] = None) -> Any:
+    """The agent of ``method`` and the callbacks it trains with (besides the monitor and the recorder).
+
+    :param method: a :data:`METHODS` name, or its name on the setting's algorithm (``dqn_l2``).
+    :param fresh_task: build the fresh-agent reference of that task (pinned env; no task-change / midpoint
+        interventions, which cannot trigger within one task).
+    """
+    import torch as th
+
+    import sb3_plastic
+    from sb3_plastic import FIRE, ContinualBackprop, L2Init, ReDo, ShrinkPerturb, SpectralRegularisation
+
+    if setting.algo not in ALGOS:
+        raise ValueError(f"unknown algo {setting.algo!r} of the setting; allowed: {', '.join(ALGOS)}")
+    allowed = [method_name(m, setting.algo) for m in METHODS]
+    if method not in allowed and method not in METHODS:
+        raise ValueError(f"unknown method {method!r} for a {setting.algo} setting; allowed: {', '.join(allowed)}")
+    canonical = canonical_method(method)
+    sb3_name, plastic_name = ALGOS[setting.algo]
+    import stable_baselines3
+
+    sb3_cls = getattr(stable_baselines3, sb3_name)
+    plastic_cls = getattr(sb3_plastic, plastic_name)
+    env = make_env(setting, seed, fresh_task)
     common = dict(setting.ppo, seed=seed, device=device, tensorboard_log=tb_dir, verbose=0)
     net_arch = list(setting.net_arch)
     callbacks: list[Any] = []
-    if method.startswith("plastic_"):
-        activation = method.removeprefix("plastic_")
-        model = PlasticPPO(
+    if canonical.startswith("plastic_"):
+        activation = canonical.removeprefix("plastic_")
+        model = plastic_cls(
             setting.policy,
             env,
             activation=activation,
@@ -250,50 +482,81 @@ def build_model(method: str, setting: Setting, params: MethodParams, seed: int, 
             **common,
         )
         return model, callbacks
-    if method == "ppo_nap":
+    if canonical == "ppo_nap":
         nap = dict(activation="relu", isometry_mode="off", optimizer="adam", nap=True)
-        return PlasticPPO(setting.policy, env, policy_kwargs=dict(net_arch=net_arch), **nap, **common), callbacks
-    policy_kwargs: dict[str, Any] = dict(net_arch=net_arch, activation_fn=th.nn.ReLU)
-    if method == "ppo_l2":
-        policy_kwargs["optimizer_kwargs"] = dict(eps=1e-5, weight_decay=params.l2)
-    model = PPO(setting.policy, env, policy_kwargs=policy_kwargs, **common)
-    if method == "ppo_snp":
+        return plastic_cls(setting.policy, env, policy_kwargs=dict(net_arch=net_arch), **nap, **common), callbacks
+    policy_kwargs: dict[str, Any] = dict(net_arch=net_arch, activation_fn=th.nn.ReLU, **_plain_cnn_kwargs(setting))
+    optimizer_kwargs = dict(eps=1e-5) if setting.algo == "ppo" else {}  # SB3's defaults
+    if canonical == "ppo_l2":
+        policy_kwargs["optimizer_kwargs"] = dict(optimizer_kwargs, weight_decay=params.l2)
+    elif canonical == "ppo_cbp_dohare":
+        adam = {k: DOHARE_CBP[k] for k in ("betas", "weight_decay")}
+        policy_kwargs["optimizer_kwargs"] = dict(optimizer_kwargs, **adam)
+    model = sb3_cls(setting.policy, env, policy_kwargs=policy_kwargs, **common)
+    if fresh_task is not None and canonical in TASK_CHANGE_METHODS:
+        return model, callbacks
+    if canonical == "ppo_snp":
         callbacks.append(ShrinkPerturb("event", shrink=params.shrink, perturb=params.perturb, on_task_change=True))
-    elif method == "ppo_l2_init":
+    elif canonical == "ppo_l2_init":
         callbacks.append(L2Init(params.l2_init_coef))
-    elif method == "ppo_spectral":
+    elif canonical == "ppo_spectral":
         callbacks.append(SpectralRegularisation(params.spectral_coef))
-    elif method == "ppo_cbp":
+    elif canonical == "ppo_cbp":
         callbacks.append(ContinualBackprop(replacement_rate=params.cbp_rate, maturity_threshold=params.cbp_maturity))
-    elif method in ("ppo_fire", "ppo_fire_switch"):
+    elif canonical == "ppo_cbp_dohare":
+        cbp = {k: DOHARE_CBP[k] for k in ("replacement_rate", "maturity_threshold")}
+        callbacks.append(ContinualBackprop(**cbp))
+    elif canonical == "ppo_redo":
+        callbacks.append(ReDo())
+    elif canonical in ("ppo_fire", "ppo_fire_switch"):
         fire = dict(head_scale=params.fire_head_scale, iterations=params.fire_iterations or None)
-        trigger = dict(at=0.5) if method == "ppo_fire" else dict(at=None, on_task_change=True)
+        trigger = dict(at=0.5) if canonical == "ppo_fire" else dict(at=None, on_task_change=True)
         callbacks.append(FIRE(**trigger, **fire))
     return model, callbacks
 
 
-def run_one(method: str, seed: int, setting: Setting, params: MethodParams, out: str, device: str, threads: int) -> dict:
-    """Train one (method, seed) run and write ``runs/<method>/seed<k>.json``; returns its record."""
+def run_path(out: str, method: str, seed: int, fresh_task: Optional[int] = None) -> str:
+    """Where the JSON of a run is: ``runs/<method>/seed<k>.json``, fresh agents under ``runs/<method>/fresh/``."""
+    if fresh_task is None:
+        return os.path.join(out, "runs", method, f"seed{seed}.json")
+    return os.path.join(out, "runs", method, "fresh", f"seed{seed}_task{fresh_task}.json")
+
+
+def run_parts(setting: Setting, fresh: str) -> list[Optional[int]]:
+    """The runs of one (method, seed) cell: ``None`` (the continual run) and, with ``fresh="all"``, the fresh
+    agent of every task."""
+    if fresh not in ("all", "none"):
+        raise ValueError(f"fresh must be 'all' or 'none', got {fresh!r}")
+    return [None] + (list(range(setting.tasks)) if fresh == "all" else [])
+
+
+def run_one(method: str, seed: int, setting: Setting, params: MethodParams, out: str, device: str, threads: int,
+            fresh_task: Optional[int] = None) -> dict:
+    """Train one run (the continual run, or with ``fresh_task`` the fresh agent of that task) and write its JSON
+    (:func:`run_path`); returns its record."""
     import torch as th
 
-    from sb3_plastic import PlasticityMonitor
-
     th.set_num_threads(threads)
-    tb_root = os.path.join(out, "tb", method)
-    for stale in (d for d in (os.listdir(tb_root) if os.path.isdir(tb_root) else []) if d.startswith(f"s{seed}_")):
+    tb_root = os.path.join(out, "tb", method) if fresh_task is None else os.path.join(out, "tb", method, "fresh")
+    name = f"s{seed}" if fresh_task is None else f"s{seed}_task{fresh_task}"
+    for stale in (d for d in (os.listdir(tb_root) if os.path.isdir(tb_root) else []) if d.startswith(f"{name}_")):
         shutil.rmtree(os.path.join(tb_root, stale))  # an interrupted attempt
     start = time.time()
     cpu_start = time.process_time()
-    model, callbacks = build_model(method, setting, params, seed, device, tb_root)
-    results: dict[str, list[float]] = {"task": [], "mean_reward": [], "end_reward": []}
-    monitor = PlasticityMonitor(every=setting.monitor_every, max_overhead=None)
-    os.makedirs(os.path.join(out, "runs", method), exist_ok=True)
-    path = os.path.join(out, "runs", method, f"seed{seed}.json")
+    model, callbacks = build_model(method, setting, params, seed, device, tb_root, fresh_task=fresh_task)
+    results: dict[str, list[float]] = {"task": [], "mean_reward": [], "end_reward": [], "end_return": [],
+                                       "end_episodes": []}
+    monitor = _recording_monitor(setting.monitor_every)
+    path = run_path(out, method, seed, fresh_task)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     recorder = _task_recorder(setting, results, path.replace(".json", ".progress"))
-    model.learn(setting.total_timesteps, callback=[*callbacks, monitor, recorder], tb_log_name=f"s{seed}")
+    steps = setting.total_timesteps if fresh_task is None else setting.task_timesteps
+    model.learn(steps, callback=[*callbacks, monitor, recorder], tb_log_name=name)
     record = {
         "method": method,
         "seed": seed,
+        "task_seed": seed,
+        "fresh_task": fresh_task,
         "setting": asdict(setting),
         "params": asdict(params),
         "device": str(model.device),
@@ -301,166 +564,379 @@ def run_one(method: str, seed: int, setting: Setting, params: MethodParams, out:
         "wall_seconds": time.time() - start,
         "cpu_seconds": time.process_time() - cpu_start,
         **results,
+        "diagnostics": monitor.history,
     }
     with open(path + ".tmp", "w") as f:
         json.dump(record, f)
     os.replace(path + ".tmp", path)  # a JSON that exists is a finished run
+    progress = path.replace(".json", ".progress")
+    if os.path.exists(progress):
+        os.remove(progress)
     return record
 
 
-def _run_job(job: tuple) -> tuple[str, int, float, Optional[str]]:
-    method, seed, setting, params, out, device, threads = job
+def run_cell(method: str, seed: int, setting: Setting, params: MethodParams, out: str, device: str = "cpu",
+             threads: int = 1, fresh: str = "all") -> dict:
+    """Every run of one (method, seed) cell that has no JSON yet (the continual run, then the fresh agents), one
+    after the other; returns the continual record (bench/grid.py's unit of work)."""
+    for part in run_parts(setting, fresh):
+        if not os.path.exists(run_path(out, method, seed, part)):
+            run_one(method, seed, setting, params, out, device, threads, part)
+    with open(run_path(out, method, seed)) as f:
+        return json.load(f)
+
+
+def _run_job(job: tuple) -> tuple[str, int, Optional[int], float, Optional[str]]:
+    method, seed, fresh_task, setting, params, out, device, threads = job
     start = time.time()
     try:
-        run_one(method, seed, setting, params, out, device, threads)
-        return method, seed, time.time() - start, None
+        run_one(method, seed, setting, params, out, device, threads, fresh_task)
+        return method, seed, fresh_task, time.time() - start, None
     except Exception as exc:  # reported, the grid goes on
-        return method, seed, time.time() - start, f"{type(exc).__name__}: {exc}"
+        return method, seed, fresh_task, time.time() - start, f"{type(exc).__name__}: {exc}"
 
 
 # ------------------------------------------------------------------------------------------- the grid
+class NoRunsError(RuntimeError):
+    """No finished run under ``--out``: nothing to build a table from (and nothing is written)."""
+
+
 def load_records(out: str) -> list[dict]:
+    """Every finished run under ``out/runs`` (continual and fresh; a fresh record has ``fresh_task`` set)."""
     records = []
     root = os.path.join(out, "runs")
     for method in sorted(os.listdir(root)) if os.path.isdir(root) else []:
-        for name in sorted(os.listdir(os.path.join(root, method))):
-            if name.endswith(".json"):
-                with open(os.path.join(root, method, name)) as f:
-                    records.append(json.load(f))
+        for folder in (os.path.join(root, method), os.path.join(root, method, "fresh")):
+            for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+                if name.endswith(".json"):
+                    with open(os.path.join(folder, name)) as f:
+                        records.append(json.load(f))
     return records
 
 
-def summarise(records: list[dict], methods: list[str]) -> dict[str, Any]:
-    """Per method: end-of-task reward per task (mean / min / max over seeds) and three summary numbers:
-    task 0 (fresh agent), mean over the last half of the tasks, and their ratio (1: no loss of plasticity)."""
+def _score(record: dict, setting: Setting) -> list[float]:
+    # records written before the end_return field (the bandit's runs) score by reward per env step
+    return record.get(setting.score, record["end_reward"])
+
+
+def _ci_text(v: Optional[dict], digits: int = 3) -> str:
+    if not v:
+        return "-"
+    return f"{v['iqm']:.{digits}g} [{v['low']:.{digits}g}, {v['high']:.{digits}g}]"
+
+
+def _iqm_entry(matrix: np.ndarray) -> Optional[dict]:
+    if matrix.size == 0 or not np.all(np.isfinite(matrix)):
+        return None
+    point, low, high = iqm_ci({"x": matrix}, reps=REPS)["x"]
+    return {"iqm": point, "low": low, "high": high}
+
+
+def compare(a: Optional[dict], b: Optional[dict], lower: str, higher: str) -> str:
+    """``lower`` when the CI of ``a`` lies wholly below that of ``b``, ``higher`` when above, else "not resolved"."""
+    if not a or not b:
+        return "-"
+    if a["high"] < b["low"]:
+        return lower
+    if a["low"] > b["high"]:
+        return higher
+    return "not resolved"
+
+
+def summarise(records: list[dict], methods: list[str], setting: Setting) -> dict[str, Any]:
+    """Per method: per-task continual and fresh scores (mean and 95 % bootstrap CI over seeds), plasticity per task
+    (continual / fresh of the same method), and over the last half of the tasks the IQM with a stratified bootstrap
+    95 % CI of the continual score, the fresh score and plasticity, the probability of improvement over the plain
+    baseline, and verdicts ("not resolved" where the intervals overlap)."""
+    _, poi, metrics_source = rliable_metrics()
+    plain = method_name("ppo", setting.algo)
     summary: dict[str, Any] = {}
     for method in methods:
-        runs = [r for r in records if r["method"] == method]
+        runs = sorted((r for r in records if r["method"] == method and r.get("fresh_task") is None),
+                      key=lambda r: r["seed"])
         if not runs:
             continue
         n = min(len(r["end_reward"]) for r in runs)
-        ends = np.array([r["end_reward"][:n] for r in runs])  # seeds x tasks
-        first = ends[:, 0]
-        last_half = ends[:, n // 2 :].mean(axis=1)
-        summary[method] = {
+        ends = np.array([_score(r, setting)[:n] for r in runs], dtype=float)  # seeds x tasks
+        fresh_by = {(r["seed"], r["fresh_task"]): _score(r, setting)[0]
+                    for r in records if r["method"] == method and r.get("fresh_task") is not None and r["task"]}
+        fresh = np.array([[fresh_by.get((r["seed"], k), np.nan) for k in range(n)] for r in runs], dtype=float)
+        half = slice(n // 2, n)
+        first, last_half = ends[:, 0], ends[:, half].mean(axis=1)
+        bands = [bootstrap_mean_ci(ends[:, k], n_boot=REPS) for k in range(n)]
+        entry: dict[str, Any] = {
             "seeds": [r["seed"] for r in runs],
+            "tasks": n,
+            "score": setting.score,
             "end_reward_mean": ends.mean(axis=0).tolist(),
             "end_reward_min": ends.min(axis=0).tolist(),
             "end_reward_max": ends.max(axis=0).tolist(),
+            "score_ci_low": [b[0] for b in bands],
+            "score_ci_high": [b[1] for b in bands],
             "task0": float(first.mean()),
             "last_half": float(last_half.mean()),
             "last_half_per_seed": last_half.tolist(),
             "retained": float(last_half.mean() / first.mean()) if first.mean() > 0 else float("nan"),
+            "iqm_last_half": _iqm_entry(ends[:, half]),
             "wall_seconds_mean": float(np.mean([r["wall_seconds"] for r in runs])),
             "cpu_seconds_mean": float(np.mean([r["cpu_seconds"] for r in runs])),
             "device": runs[0]["device"],
         }
-    return summary
+        seen = np.isfinite(fresh)
+        if seen.any():
+            entry["fresh_mean"] = [float(np.nanmean(fresh[:, k])) if seen[:, k].any() else None for k in range(n)]
+            entry["fresh_complete"] = bool(seen.all())
+            entry["iqm_fresh_last_half"] = _iqm_entry(fresh[:, half])
+            if seen.all() and np.all(fresh > 0):
+                ratio = ends / fresh
+                entry["plasticity_mean"] = ratio.mean(axis=0).tolist()
+                ratio_bands = [bootstrap_mean_ci(ratio[:, k], n_boot=REPS) for k in range(n)]
+                entry["plasticity_ci_low"] = [b[0] for b in ratio_bands]
+                entry["plasticity_ci_high"] = [b[1] for b in ratio_bands]
+                entry["iqm_plasticity_last_half"] = _iqm_entry(ratio[:, half])
+            else:  # a ratio needs positive fresh scores (rewards can be negative): the difference is reported
+                entry["plasticity_mean"] = None
+            entry["iqm_minus_fresh_last_half"] = _iqm_entry(ends[:, half] - fresh[:, half]) if seen.all() else None
+            entry["vs_fresh"] = compare(entry["iqm_last_half"], entry["iqm_fresh_last_half"],
+                                        "below fresh (plasticity lost)", "above fresh")
+        summary[method] = entry
+    if plain in summary:
+        base = summary[plain]
+        base_ends = np.array([_score(r, setting)[: base["tasks"]] for r in records
+                              if r["method"] == plain and r.get("fresh_task") is None], dtype=float)
+        for method, entry in summary.items():
+            entry["vs_plain"] = "-" if method == plain else compare(
+                entry["iqm_last_half"], base["iqm_last_half"], f"below {plain}", f"above {plain}")
+            if method == plain:
+                continue
+            ends = np.array([_score(r, setting)[: entry["tasks"]] for r in records
+                             if r["method"] == method and r.get("fresh_task") is None], dtype=float)
+            n = min(ends.shape[1], base_ends.shape[1])
+            half = slice(n // 2, n)
+            point, low, high = stratified_bootstrap(poi, ends[:, half], base_ends[:, half], reps=REPS)
+            entry["poi_vs_plain"] = {"iqm": point, "low": low, "high": high}  # (the point is P, not an IQM)
+    return {"metrics": metrics_source, "plain": plain, "methods": summary}
 
 
-def print_table(summary: dict[str, Any], setting_name: str) -> None:
-    if not summary:
-        print("no finished runs")
-        return
-    n_tasks = len(next(iter(summary.values()))["end_reward_mean"])
-    shown = sorted({0, 1, 2, n_tasks // 2, n_tasks - 1} & set(range(n_tasks)))
-    head = (
-        ["method", "seeds"] + [f"task {k}" for k in shown] + ["last half", "last half / task 0", "min / run", "cpu min / run"]
-    )
-    rows = []
+def markdown_table(result: dict[str, Any], setting_name: str, setting: Setting) -> str:
+    summary = result["methods"]
+    score = "reward per env step" if setting.score == "end_reward" else "episode return"
+    lines = [
+        f"setting={setting_name}: {setting.description}. Score: {score} over the last {setting.tail:.0%} of each task. "
+        f"Last half of the tasks: IQM over runs x tasks [stratified bootstrap 95 % CI] ({result['metrics']}); "
+        f"plasticity = continual / fresh agent of the same method on the same task; P(> {result['plain']}): "
+        "probability of improvement over the plain baseline [95 % CI]; 'not resolved': the intervals overlap.",
+        "",
+        "| method | seeds | fresh agent | continual | plasticity | continual vs fresh | P(> plain) | vs plain | "
+        "CPU min / run |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for method, s in summary.items():
-        rows.append(
-            [method, str(len(s["seeds"]))]
-            + [f"{s['end_reward_mean'][k]:.3f}" for k in shown]
-            + [
-                f"{s['last_half']:.3f} ({min(s['last_half_per_seed']):.3f}-{max(s['last_half_per_seed']):.3f})",
-                f"{s['retained']:.2f}",
-                f"{s['wall_seconds_mean'] / 60:.1f}",
-                f"{s['cpu_seconds_mean'] / 60:.1f}",
-            ]
+        poi = s.get("poi_vs_plain")
+        lines.append(
+            f"| {method} | {len(s['seeds'])} | {_ci_text(s.get('iqm_fresh_last_half'))} | {_ci_text(s['iqm_last_half'])} "
+            f"| {_ci_text(s.get('iqm_plasticity_last_half'))} | {s.get('vs_fresh', '-')} "
+            f"| {_ci_text(poi, 2)} | {s.get('vs_plain', '-')} | {s['cpu_seconds_mean'] / 60:.1f} |"
         )
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
-    print(
-        f"end-of-task reward per env step (mean over the last {TAIL:.0%} of each task; mean over seeds), "
-        f"setting={setting_name}"
-    )
-    print("| " + " | ".join(h.ljust(w) for h, w in zip(head, widths)) + " |")
-    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    for r in rows:
-        print("| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |")
+    n_tasks = max(s["tasks"] for s in summary.values())
+    shown = sorted({0, 1, n_tasks // 2, n_tasks - 1} & set(range(n_tasks)))
+    lines += ["", "Per task (mean over seeds): continual score / plasticity (continual / fresh)", "",
+              "| method | " + " | ".join(f"task {k}" for k in shown) + " |", "|---|" + "---|" * len(shown)]
+    for method, s in summary.items():
+        ratio = s.get("plasticity_mean")
+        cells = [f"{s['end_reward_mean'][k]:.3g}" + (f" / {ratio[k]:.2f}" if ratio else "") if k < s["tasks"] else "-"
+                 for k in shown]
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
-def plot_end_of_task(summary: dict[str, Any], path: str, title: str) -> str:
+def _figure(width: float, height: float) -> Any:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height))
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _legend_below(fig: Any, ax: Any) -> None:
+    handles, labels = ax.get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=3, frameon=False)
+
+
+#: the figures' size in inches at this dpi: ~1000 px wide, legible at README width
+FIG_WIDTH, DPI = 9.0, 110
+
+
+def plot_end_of_task(summary: dict[str, Any], path: str, title: str, setting: Setting) -> str:
+    """Continual score per task (mean over seeds, band: 95 % bootstrap CI of the mean) and the plain baseline's
+    fresh-agent reference (dashed)."""
     from matplotlib.ticker import MaxNLocator
 
-    fig = Figure(figsize=(11, 5))
-    FigureCanvasAgg(fig)
+    rows = (len(summary) + 2) // 3
+    fig = _figure(FIG_WIDTH, 4.6 + 0.22 * rows)
     ax = fig.add_subplot(1, 1, 1)
+    fresh_drawn = False
     for method, s in summary.items():
         y = np.array(s["end_reward_mean"])
         x = np.arange(len(y))
         (line,) = ax.plot(x, y, marker="o", markersize=3, label=f"{method} ({len(s['seeds'])} seeds)")
-        ax.fill_between(x, s["end_reward_min"], s["end_reward_max"], color=line.get_color(), alpha=0.15)
+        ax.fill_between(x, s["score_ci_low"], s["score_ci_high"], color=line.get_color(), alpha=0.15, linewidth=0)
+        if s.get("fresh_mean") and not fresh_drawn and method == canonical_to(summary, setting):
+            fresh = np.array([np.nan if v is None else v for v in s["fresh_mean"]], dtype=float)
+            ax.plot(x, fresh, color="black", linestyle="--", linewidth=1.2, label=f"fresh agent ({method}), per task")
+            fresh_drawn = True
     ax.set_xlabel("task")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_ylabel(f"reward per env step, last {TAIL:.0%} of the task")
-    ax.set_title(title, fontsize=10)
+    score = "reward per env step" if setting.score == "end_reward" else "episode return"
+    ax.set_ylabel(f"{score}, last {setting.tail:.0%} of the task")
+    ax.set_title(f"{title}\nlines: mean over seeds; bands: 95 % bootstrap CI of the mean", fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    _legend_below(fig, ax)
+    fig.tight_layout(rect=(0, 0.05 + 0.045 * rows, 1, 1))
+    fig.savefig(path, dpi=DPI)
     return path
 
 
-def report(out: str, setting_name: str, setting: Setting, methods: list[str], diagnostics: bool = True) -> dict[str, Any]:
-    """Table on stdout, ``summary.json``, ``end_of_task.png`` and (``diagnostics``) the plots of
-    :func:`sb3_plastic.plot.plot_runs` under ``plots/``."""
+def canonical_to(summary: dict[str, Any], setting: Setting) -> str:
+    """The method whose fresh agent is drawn as the reference line: the plain baseline, else the first one."""
+    plain = method_name("ppo", setting.algo)
+    return plain if plain in summary and summary[plain].get("fresh_mean") else next(
+        (m for m, s in summary.items() if s.get("fresh_mean")), plain)
+
+
+def plot_plasticity(summary: dict[str, Any], path: str, title: str) -> Optional[str]:
+    """Plasticity per task (continual / fresh agent of the same method; mean over seeds, band: 95 % bootstrap CI),
+    the fresh agent at 1."""
+    have = {m: s for m, s in summary.items() if s.get("plasticity_mean")}
+    if not have:
+        return None
+    from matplotlib.ticker import MaxNLocator
+
+    rows = (len(have) + 2) // 3
+    fig = _figure(FIG_WIDTH, 4.6 + 0.22 * rows)
+    ax = fig.add_subplot(1, 1, 1)
+    for method, s in have.items():
+        y = np.array(s["plasticity_mean"])
+        x = np.arange(len(y))
+        (line,) = ax.plot(x, y, marker="o", markersize=3, label=f"{method} ({len(s['seeds'])} seeds)")
+        ax.fill_between(x, s["plasticity_ci_low"], s["plasticity_ci_high"], color=line.get_color(), alpha=0.15,
+                        linewidth=0)
+    ax.axhline(1.0, color="black", linestyle="--", linewidth=1.2, label="fresh agent (= 1)")
+    ax.set_xlabel("task")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("continual / fresh agent on the task")
+    ax.set_title(f"{title}\nplasticity per task: mean over seeds; bands: 95 % bootstrap CI of the mean", fontsize=9)
+    ax.grid(alpha=0.3)
+    _legend_below(fig, ax)
+    fig.tight_layout(rect=(0, 0.05 + 0.045 * rows, 1, 1))
+    fig.savefig(path, dpi=DPI)
+    return path
+
+
+def plot_diagnostics(records: list[dict], methods: list[str], path: str, setting: Setting) -> Optional[str]:
+    """The policy network's diagnostics of the continual runs over training (mean over seeds, band: min-max over
+    seeds), task switches marked: dormant fraction, NTK condition number and effective rank, DfI."""
+    runs = [r for r in records if r.get("fresh_task") is None and r.get("diagnostics") and r["method"] in methods]
+    if not runs:
+        return None
+    network = "policy" if any(k.startswith("plasticity/policy/") for r in runs for k in r["diagnostics"]) else next(
+        iter(runs[0]["diagnostics"])).split("/")[1]
+    panels = [("dormant_fraction", "dormant fraction", "linear"), ("ntk_cond", "NTK condition number", "log"),
+              ("ntk_erank", "NTK effective rank", "linear"), ("dfi", "DfI (distance from isometry)", "log")]
+    fig = _figure(FIG_WIDTH + 1, 7.0)
+    axes = [fig.add_subplot(2, 2, i + 1) for i in range(4)]
+    for ax, (metric, label, scale) in zip(axes, panels):
+        key = f"plasticity/{network}/{metric}"
+        for method in methods:
+            series = [np.array(r["diagnostics"][key]) for r in runs if r["method"] == method and key in r["diagnostics"]]
+            if not series:
+                continue
+            n = min(len(x) for x in series)
+            steps = series[0][:n, 0]
+            values = np.array([x[:n, 1] for x in series])
+            (line,) = ax.plot(steps, values.mean(axis=0), label=method, linewidth=1.2)
+            ax.fill_between(steps, values.min(axis=0), values.max(axis=0), color=line.get_color(), alpha=0.12,
+                            linewidth=0)
+        for k in range(1, setting.tasks):
+            ax.axvline(k * setting.task_timesteps, color="0.6", linewidth=0.5, linestyle=":")
+        ax.set_yscale(scale)
+        ax.set_title(label, fontsize=9)
+        ax.set_xlabel("env steps", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"{network} network diagnostics (PlasticityMonitor): mean over seeds, band: min-max over seeds; "
+                 "dotted: task switches", fontsize=9)
+    _legend_below(fig, axes[0])
+    fig.tight_layout(rect=(0, 0.08, 1, 0.97))
+    fig.savefig(path, dpi=DPI)
+    return path
+
+
+def report(out: str, setting_name: str, setting: Setting, methods: Optional[list[str]], diagnostics: bool = True,
+           tb_plots: bool = False) -> dict[str, Any]:
+    """Tables on stdout, ``summary.json``, ``summary.md`` and the figures, from the run JSONs under ``out`` alone
+    (``methods=None``: every method found). ``tb_plots`` adds :func:`sb3_plastic.plot.plot_runs`'s figures of the
+    TensorBoard events under ``plots/`` (the events are not committed).
+
+    :raises NoRunsError: when ``out`` holds no finished run of ``methods``; nothing is written then.
+    """
     records = load_records(out)
-    summary = summarise(records, methods)
-    print_table(summary, setting_name)
+    found = list(dict.fromkeys(r["method"] for r in records))
+    if methods is None:
+        order = {m: i for i, m in enumerate(ALL_METHOD_NAMES)}
+        methods = sorted(found, key=lambda m: order.get(m, len(order)))
+    result = summarise(records, methods, setting)
+    if not result["methods"]:
+        raise NoRunsError(
+            f"no finished runs of {', '.join(methods) or 'any method'} under {os.path.join(out, 'runs')} "
+            f"(found: {', '.join(found) or 'none'}): nothing written"
+        )
+    table = markdown_table(result, setting_name, setting)
+    print(table)
     with open(os.path.join(out, "summary.json"), "w") as f:
-        json.dump({"setting": setting_name, "tail": TAIL, "methods": summary}, f, indent=1)
-    if summary:
-        print("wrote", plot_end_of_task(summary, os.path.join(out, "end_of_task.png"), setting.description))
-    if diagnostics and summary:
+        json.dump({"setting": setting_name, "tail": setting.tail, "description": setting.description,
+                   "setting_config": asdict(setting), **result}, f, indent=1)
+    with open(os.path.join(out, "summary.md"), "w") as f:
+        f.write(table + "\n")
+    summary = result["methods"]
+    print("wrote", plot_end_of_task(summary, os.path.join(out, "end_of_task.png"), setting.description, setting))
+    written = plot_plasticity(summary, os.path.join(out, "plasticity.png"), setting.description)
+    if written:
+        print("wrote", written)
+    if diagnostics:
+        written = plot_diagnostics(records, list(summary), os.path.join(out, "diagnostics.png"), setting)
+        if written:
+            print("wrote", written)
+    if tb_plots:
         from sb3_plastic.plot import plot_runs
 
-        metrics = [
-            "plasticity/policy/dormant_fraction",
-            "plasticity/policy/ntk_cond",
-            "plasticity/policy/ntk_erank",
-            "plasticity/policy/dfi",
-            "plasticity/policy/weight_norm",
-            "plasticity/policy/*/effective_rank",
-            "continual/end_of_task_reward",
-            "train/entropy_loss",
-        ]
-        paths = [os.path.join(out, "tb", m) for m in methods if os.path.isdir(os.path.join(out, "tb", m))]
-        plots = os.path.join(out, "plots")
-        # one curve per method folder tb/<method>/ (the plain-PPO methods differ only in their callbacks)
-        group_by = r"/tb/([^/]+)/[^/]+$"
-        for written in plot_runs(paths, plots, metrics=metrics, switch_every=setting.task_timesteps, group_by=group_by):
-            print("wrote", written)
+        metrics = [f"plasticity/policy/{m}" for m in DIAGNOSTICS] + ["continual/end_of_task_reward"]
+        paths = [os.path.join(out, "tb", m) for m in summary if os.path.isdir(os.path.join(out, "tb", m))]
+        # one curve per method folder tb/<method>/ (the plain methods differ only in their callbacks)
+        for path in plot_runs(paths, os.path.join(out, "plots"), metrics=metrics, switch_every=setting.task_timesteps,
+                              group_by=r"/tb/([^/]+)/[^/]+$"):
+            print("wrote", path)
     return summary
 
 
-def parse_ppo_kwargs(items: list[str]) -> dict[str, Any]:
-    """``["ent_coef=0.01", ...]`` -> ``{"ent_coef": 0.01}``; a key PPO does not take is a ``ValueError``."""
+def parse_ppo_kwargs(items: list[str], algo: str = "ppo") -> dict[str, Any]:
+    """``["ent_coef=0.01", ...]`` -> ``{"ent_coef": 0.01}``; a key the algorithm does not take is a ``ValueError``."""
     import inspect
 
+    import stable_baselines3
     import yaml
-    from stable_baselines3 import PPO
 
     ignored = {"self", "policy", "env", "policy_kwargs", "seed", "device"}
-    allowed = {k for k in inspect.signature(PPO.__init__).parameters if k not in ignored and not k.startswith("_")}
+    cls = getattr(stable_baselines3, ALGOS[algo][0])
+    allowed = {k for k in inspect.signature(cls.__init__).parameters if k not in ignored and not k.startswith("_")}
     out: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or key not in allowed:
             raise ValueError(
-                f"--ppo-kwarg expects KEY=VALUE with KEY a PPO keyword ({', '.join(sorted(allowed))}), got {item!r}"
+                f"--ppo-kwarg expects KEY=VALUE with KEY a {cls.__name__} keyword ({', '.join(sorted(allowed))}), "
+                f"got {item!r}"
             )
         out[key] = yaml.safe_load(value)
     return out
@@ -469,13 +945,16 @@ def parse_ppo_kwargs(items: list[str]) -> dict[str, Any]:
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--setting", choices=sorted(SETTINGS), default="bandit")
-    p.add_argument("--methods", nargs="+", choices=METHODS, default=list(DEFAULT_METHODS))
+    p.add_argument("--methods", nargs="+", choices=[*ALL_METHOD_NAMES, "all"],
+                   help="methods (default: the default list; with --plot-only: every method found; 'all': all)")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--tasks", type=int, help="number of tasks (default: the setting's)")
     p.add_argument("--change-every", type=int, help="task length in env steps per env copy (default: the setting's)")
-    p.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes)")
+    p.add_argument("--fresh", choices=("all", "none"), default="all",
+                   help="fresh-agent references: one per task of every run (all) or none")
+    p.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes; a GPU is shared by them)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per run")
-    p.add_argument("--device", default="cpu", help="torch device of the agents: cpu, cuda, auto")
+    p.add_argument("--device", default="cpu", help="torch device of the agents: cpu, cuda, cuda:1, auto")
     p.add_argument("--out", help="output folder (default bench/results/continual/<setting>[_quick])")
     p.add_argument("--quick", action="store_true", help="2 short tasks, one seed: a smoke test (~1 min)")
     p.add_argument(
@@ -483,57 +962,75 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override a PPO keyword of the setting for every method, e.g. ent_coef=0.01 (repeatable; VALUE read as yaml)",
+        help="override a keyword of the setting's algorithm for every method, e.g. ent_coef=0.01 (repeatable; "
+        "VALUE read as yaml)",
     )
-    p.add_argument("--plot-only", action="store_true", help="only rebuild the table and plots")
-    p.add_argument("--no-diagnostics-plots", action="store_true", help="skip the plots of the TensorBoard diagnostics")
+    p.add_argument("--plot-only", action="store_true", help="only rebuild the tables and figures from the run JSONs")
+    p.add_argument("--no-diagnostics-plots", action="store_true", help="skip the diagnostics figure")
+    p.add_argument("--tb-plots", action="store_true", help="also plot the TensorBoard events (plots/)")
     for f in MethodParams.__dataclass_fields__.values():
         p.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default)
     args = p.parse_args(argv)
     try:
-        args.ppo_overrides = parse_ppo_kwargs(args.ppo_kwarg)
+        args.ppo_overrides = parse_ppo_kwargs(args.ppo_kwarg, SETTINGS[args.setting].algo)
     except ValueError as exc:
         p.error(str(exc))
     for name in ("tasks", "change_every", "jobs", "threads"):
         value = getattr(args, name)
         if value is not None and value < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    algo = SETTINGS[args.setting].algo
+    if args.methods is not None:
+        if "all" in args.methods:
+            args.methods = [method_name(m, algo) for m in METHODS]
+        wrong = [m for m in args.methods if m not in {method_name(x, algo) for x in METHODS}]
+        if wrong:
+            p.error(f"--methods {' '.join(wrong)}: not a method of the {algo} setting {args.setting!r}; allowed: "
+                    + ", ".join(method_name(m, algo) for m in METHODS))
     return args
+
+
+def resolve_setting(name: str, quick: bool = False, tasks: Optional[int] = None, change_every: Optional[int] = None,
+                    overrides: Optional[dict[str, Any]] = None) -> Setting:
+    """The setting ``name`` with the command line's changes (``--quick``, ``--tasks``, ``--change-every``,
+    ``--ppo-kwarg``); bench/grid.py builds its cells with the same function."""
+    setting = SETTINGS[name]
+    if quick:
+        setting = replace(
+            setting, tasks=2, change_every=max(setting.change_every // 16, 64), monitor_every=setting.change_every
+        )
+    if tasks is not None:
+        setting = replace(setting, tasks=tasks)
+    if change_every is not None:
+        setting = replace(setting, change_every=change_every)
+    if overrides:
+        setting = replace(setting, ppo={**setting.ppo, **overrides})
+    return setting
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
-    setting = SETTINGS[args.setting]
-    if args.quick:
-        setting = replace(
-            setting, tasks=2, change_every=max(setting.change_every // 16, 64), monitor_every=setting.change_every
-        )
-        if args.seeds == [0, 1, 2]:
-            args.seeds = [0]
-    if args.tasks is not None:
-        setting = replace(setting, tasks=args.tasks)
-    if args.change_every is not None:
-        setting = replace(setting, change_every=args.change_every)
-    if args.ppo_overrides:
-        setting = replace(setting, ppo={**setting.ppo, **args.ppo_overrides})
+    setting = resolve_setting(args.setting, args.quick, args.tasks, args.change_every, args.ppo_overrides)
+    if args.quick and args.seeds == [0, 1, 2]:
+        args.seeds = [0]
     params = MethodParams(**{f: getattr(args, f) for f in MethodParams.__dataclass_fields__})
     out = args.out or os.path.join("bench", "results", "continual", args.setting + ("_quick" if args.quick else ""))
-    os.makedirs(out, exist_ok=True)
+    methods = args.methods
+    if methods is None and not args.plot_only:
+        methods = [method_name(m, setting.algo) for m in DEFAULT_METHODS]
     print(
         f"setting={args.setting}: {setting.description}; {setting.tasks} tasks x {setting.task_timesteps} env steps "
-        f"({setting.change_every} per copy x {setting.n_envs} copies), methods={' '.join(args.methods)}, "
-        f"seeds={' '.join(map(str, args.seeds))}, device={args.device}, jobs={args.jobs}, out={out}",
+        f"({setting.change_every} per copy x {setting.n_envs} copies), methods={' '.join(methods or ['(found)'])}, "
+        f"seeds={' '.join(map(str, args.seeds))}, fresh={args.fresh}, device={args.device}, jobs={args.jobs}, out={out}",
         flush=True,
     )
     if not args.plot_only:
-        done = {(r["method"], r["seed"]) for r in load_records(out)}
-        jobs = [
-            (m, s, setting, params, out, args.device, args.threads)
-            for s in args.seeds
-            for m in args.methods
-            if (m, s) not in done
-        ]
-        skipped = len(args.methods) * len(args.seeds) - len(jobs)
+        os.makedirs(out, exist_ok=True)
+        parts = run_parts(setting, args.fresh)
+        cells = [(m, s, k) for s in args.seeds for m in methods for k in parts]
+        jobs = [(m, s, k, setting, params, out, args.device, args.threads) for m, s, k in cells
+                if not os.path.exists(run_path(out, m, s, k))]
+        skipped = len(cells) - len(jobs)
         if skipped:
             print(f"resuming: {skipped} finished runs skipped", flush=True)
         failures = []
@@ -543,20 +1040,22 @@ def main(argv: Optional[list[str]] = None) -> int:
         else:
             pool = futures.ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn"))
             outcomes = (f.result() for f in futures.as_completed([pool.submit(_run_job, j) for j in jobs]))
-        for method, seed, seconds, error in outcomes:
+        for method, seed, fresh_task, seconds, error in outcomes:
             status = "FAILED " + error if error else "done"
-            print(
-                f"[{time.time() - start:7.0f}s] {method} seed {seed}: {status} ({seconds / 60:.1f} min)",
-                file=sys.stderr,
-                flush=True,
-            )
+            what = "" if fresh_task is None else f" fresh task {fresh_task}"
+            print(f"[{time.time() - start:7.0f}s] {method} seed {seed}{what}: {status} ({seconds / 60:.1f} min)",
+                  file=sys.stderr, flush=True)
             if error:
-                failures.append((method, seed, error))
+                failures.append((method, seed, fresh_task, error))
         if args.jobs != 1:
             pool.shutdown()
         if failures:
             print(f"{len(failures)} runs failed: {failures}", flush=True)
-    report(out, args.setting, setting, args.methods, diagnostics=not args.no_diagnostics_plots)
+    try:
+        report(out, args.setting, setting, methods, diagnostics=not args.no_diagnostics_plots, tb_plots=args.tb_plots)
+    except NoRunsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -25,7 +25,7 @@ def test_continual_quick_grid_resumes_and_reports(tmp_path, capsys):
     continual = _load()
     threads = th.get_num_threads()
     try:
-        assert continual.main(["--quick", "--out", str(tmp_path)]) == 0
+        assert continual.main(["--quick", "--out", str(tmp_path), "--tb-plots"]) == 0
         first = capsys.readouterr().out
         runs = {m: tmp_path / "runs" / m / "seed0.json" for m in continual.DEFAULT_METHODS}
         mtimes = {m: os.stat(p).st_mtime_ns for m, p in runs.items()}
@@ -34,7 +34,7 @@ def test_continual_quick_grid_resumes_and_reports(tmp_path, capsys):
         second = capsys.readouterr().out
     finally:
         th.set_num_threads(threads)
-    assert f"resuming: {len(runs)} finished runs skipped" in second
+    assert f"resuming: {3 * len(runs)} finished runs skipped" in second  # each: the continual run, 2 fresh agents
     assert {m: os.stat(p).st_mtime_ns for m, p in runs.items()} == mtimes
     for method, path in runs.items():
         record = json.loads(path.read_text())
@@ -47,7 +47,8 @@ def test_continual_quick_grid_resumes_and_reports(tmp_path, capsys):
         assert f"| {method} " in first
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert set(summary["methods"]) == set(continual.DEFAULT_METHODS)
-    assert (tmp_path / "end_of_task.png").read_bytes()[:4] == b"\x89PNG"
+    for name in ("end_of_task.png", "plasticity.png", "diagnostics.png"):
+        assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
     plots = os.listdir(tmp_path / "plots")
     assert "return_curve.png" in plots and any("dormant_fraction" in p for p in plots) and any("ntk_cond" in p for p in plots)
 

@@ -1,0 +1,204 @@
+"""bench/continual.py, issue #14's protocol: the plain baseline's network on MinAtar, fresh-agent references on the
+run's own task sequence (a task seed per run seed), rliable statistics against hand computations, figures and tables
+that rebuild from the run JSONs alone, --plot-only that refuses to write without runs, --jobs / --device."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.stats
+import torch as th
+from test_bench_continual import _load
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+@pytest.fixture
+def continual():
+    threads = th.get_num_threads()
+    module = _load()
+    module.REPS = 200  # bootstrap resamples: enough for the checks here, fast
+    yield module
+    th.set_num_threads(threads)
+
+
+def _tiny_bandit(continual, tasks=2):
+    ppo = dict(continual.SETTINGS["bandit"].ppo, n_steps=16, batch_size=64, n_epochs=2)
+    return replace(continual.SETTINGS["bandit"], tasks=tasks, change_every=64, n_envs=4, ppo=ppo, monitor_every=128)
+
+
+def _layers(policy):
+    return [(name, type(m).__name__, tuple(p.shape for p in m.parameters(recurse=False)))
+            for name, m in policy.named_modules() if list(m.parameters(recurse=False))]
+
+
+def test_minatar_plain_baseline_builds_the_plastic_runs_network(continual):
+    setting = continual.resolve_setting("minatar", quick=True, overrides=dict(n_steps=32, batch_size=64, n_epochs=1))
+    plain, _ = continual.build_model("ppo", setting, continual.MethodParams(), 0, "cpu", None)
+    plastic, _ = continual.build_model("plastic_relu", setting, continual.MethodParams(), 0, "cpu", None)
+    assert type(plain.policy.features_extractor).__name__ == "PlasticCNN"
+    assert plain.policy.features_extractor.arch == plastic.policy.features_extractor.arch == "minatar"
+    assert _layers(plain.policy) == _layers(plastic.policy)
+    activations = {type(m).__name__ for m in plain.policy.features_extractor.modules()}
+    assert "ReLU" in activations
+    plain.learn(256)  # SB3's NatureCNN rejected MinAtar's boolean frames here
+    assert plain.num_timesteps >= 256
+
+
+@pytest.mark.parametrize("name", ["minatar_intensive", "minatar_switching", "slippery_halfcheetah_ppo",
+                                  "slippery_ant_ppo", "minatar_dqn_replay", "slippery_halfcheetah_sac_replay",
+                                  "cartpole_obs"])
+def test_every_setting_builds_the_plain_and_a_plastic_agent(continual, name):
+    setting = continual.SETTINGS[name]
+    assert setting.description and setting.tasks >= 2
+    for method in (continual.method_name("ppo", setting.algo), "plastic_maxmin",
+                   continual.method_name("ppo_cbp_dohare", setting.algo)):
+        model, callbacks = continual.build_model(method, setting, continual.MethodParams(), 0, "cpu", None)
+        algo = type(model).__name__.lower()
+        assert algo.endswith(setting.algo), (method, type(model))
+        if method.endswith("cbp_dohare"):
+            groups = model.policy.optimizer.param_groups if setting.algo != "sac" else model.actor.optimizer.param_groups
+            assert groups[0]["betas"] == (0.99, 0.99) and groups[0]["weight_decay"] == 1e-4
+            assert callbacks[0].maturity_threshold == 10_000 and callbacks[0].replacement_rate == 1e-4
+        model.env.close()
+
+
+def test_bad_methods_are_rejected_with_the_allowed_list(continual, capsys):
+    with pytest.raises(SystemExit):
+        continual.parse_args(["--setting", "minatar_dqn_replay", "--methods", "ppo_l2"])
+    assert "not a method of the dqn setting" in capsys.readouterr().err
+    assert continual.parse_args(["--setting", "minatar_dqn_replay", "--methods", "dqn_l2"]).methods == ["dqn_l2"]
+    assert len(continual.parse_args(["--methods", "all"]).methods) == len(continual.METHODS)
+    with pytest.raises(ValueError, match="unknown method 'sgd' for a ppo setting"):
+        continual.build_model("sgd", _tiny_bandit(continual), continual.MethodParams(), 0, "cpu", None)
+
+
+def test_task_sequences_differ_per_seed_and_fresh_envs_are_pinned_to_the_run_task(continual):
+    setting = _tiny_bandit(continual)
+
+    def labels_of_task(seed, task, fresh_task=None):
+        env = continual.make_env(setting, seed, fresh_task)
+        env.reset()
+        for _ in range(task * setting.change_every + 1):
+            _, _, _, infos = env.step(np.zeros(setting.n_envs, dtype=np.int64))
+        assert [i["task_id"] for i in infos] == [task if fresh_task is None else fresh_task] * setting.n_envs
+        labels = env.get_attr("labels")
+        assert all(np.array_equal(labels[0], x) for x in labels[1:])  # copies in lockstep
+        env.close()
+        return labels[0]
+
+    assert not np.array_equal(labels_of_task(0, 1), labels_of_task(1, 1))
+    assert np.array_equal(labels_of_task(1, 1), labels_of_task(1, 0, fresh_task=1))  # pinned from the first step
+
+
+def test_run_cell_writes_continual_and_fresh_runs_and_resumes(continual, tmp_path):
+    setting = _tiny_bandit(continual)
+    params = continual.MethodParams()
+    record = continual.run_cell("ppo_fire", 3, setting, params, str(tmp_path))
+    assert record["task"] == [0, 1] and record["task_seed"] == 3 and record["fresh_task"] is None
+    assert record["diagnostics"]["plasticity/policy/ntk_cond"]  # the monitor's passes are in the JSON
+    for k in range(setting.tasks):
+        fresh = json.loads(Path(continual.run_path(str(tmp_path), "ppo_fire", 3, k)).read_text())
+        assert fresh["task"] == [k] and fresh["fresh_task"] == k
+        assert setting.task_timesteps <= fresh["timesteps"] < setting.total_timesteps
+        assert 0.0 <= fresh["end_reward"][0] <= 1.0
+    mtimes = [os.stat(p).st_mtime_ns for p in tmp_path.rglob("*.json")]
+    continual.run_cell("ppo_fire", 3, setting, params, str(tmp_path))  # all parts done: nothing reruns
+    assert [os.stat(p).st_mtime_ns for p in tmp_path.rglob("*.json")] == mtimes
+    # a fresh FIRE agent runs without FIRE (its midpoint lies past one task): it is plain PPO on that task
+    _, callbacks = continual.build_model("ppo_fire", setting, params, 3, "cpu", None, fresh_task=1)
+    assert callbacks == []
+
+
+def _synthetic_runs(out, setting, methods):
+    """Runs with known scores: ``methods[m] = (continual seeds x tasks, fresh seeds x tasks)``."""
+    for method, (cont, fresh) in methods.items():
+        for seed, (c, f) in enumerate(zip(cont, fresh)):
+            base = dict(method=method, seed=seed, device="cpu", wall_seconds=60.0, cpu_seconds=60.0)
+            diag = {"plasticity/policy/ntk_cond": [[i * 100, 10.0 + i] for i in range(4)],
+                    "plasticity/policy/dormant_fraction": [[i * 100, 0.1] for i in range(4)]}
+            path = Path(out) / "runs" / method / f"seed{seed}.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(dict(base, fresh_task=None, task=list(range(len(c))), end_reward=list(c),
+                                            end_return=list(c), mean_reward=list(c), diagnostics=diag)))
+            for k, value in enumerate(f):
+                path = Path(out) / "runs" / method / "fresh" / f"seed{seed}_task{k}.json"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps(dict(base, fresh_task=k, task=[k], end_reward=[value], end_return=[value],
+                                                mean_reward=[value], diagnostics={})))
+
+
+def test_summary_matches_hand_computations_and_rebuilds_from_json_alone(continual, tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    setting = _tiny_bandit(continual, tasks=6)
+    seeds = 6
+    fresh = 0.8 + 0.01 * rng.standard_normal((seeds, 6))
+    lost = 0.4 + 0.01 * rng.standard_normal((seeds, 6))  # clearly below its fresh agent
+    kept = fresh * (1 + 0.05 * rng.standard_normal((seeds, 6)))  # overlaps its fresh agent
+    _synthetic_runs(tmp_path, setting, {"ppo": (lost, fresh), "plastic_maxmin": (kept, fresh)})
+
+    records = continual.load_records(str(tmp_path))
+    result = continual.summarise(records, ["ppo", "plastic_maxmin"], setting)
+    ppo, plastic = result["methods"]["ppo"], result["methods"]["plastic_maxmin"]
+    np.testing.assert_allclose(ppo["plasticity_mean"], (lost / fresh).mean(axis=0))
+    np.testing.assert_allclose(ppo["iqm_last_half"]["iqm"], scipy.stats.trim_mean(lost[:, 3:].ravel(), 0.25))
+    np.testing.assert_allclose(ppo["iqm_plasticity_last_half"]["iqm"],
+                               scipy.stats.trim_mean((lost / fresh)[:, 3:].ravel(), 0.25))
+    low, high = ppo["iqm_last_half"]["low"], ppo["iqm_last_half"]["high"]
+    assert low <= ppo["iqm_last_half"]["iqm"] <= high and high - low < 0.05
+    assert ppo["vs_fresh"] == "below fresh (plasticity lost)" and plastic["vs_fresh"] == "not resolved"
+    assert plastic["vs_plain"] == "above ppo"
+    assert plastic["poi_vs_plain"]["iqm"] == 1.0  # every plastic score beats every ppo score
+    assert ppo["last_half_per_seed"] == pytest.approx(lost[:, 3:].mean(axis=1).tolist())
+
+    # a fresh clone: only the JSON files; --plot-only finds every method and rebuilds the tables and figures
+    assert continual.main(["--plot-only", "--out", str(tmp_path), "--tasks", "6"]) == 0
+    out = capsys.readouterr().out
+    assert "| ppo | 6 |" in out and "| plastic_maxmin | 6 |" in out and "below fresh (plasticity lost)" in out
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert set(summary["methods"]) == {"ppo", "plastic_maxmin"}
+    from PIL import Image
+
+    for name in ("end_of_task.png", "plasticity.png", "diagnostics.png"):
+        width, height = Image.open(tmp_path / name).size
+        assert 800 <= width <= 1300 and 400 <= height <= 900, (name, width, height)
+    assert (tmp_path / "summary.md").read_text().startswith("setting=bandit")
+
+
+def test_plot_only_refuses_to_write_without_runs(continual, tmp_path, capsys):
+    (tmp_path / "summary.json").write_text('{"committed": true}')
+    assert continual.main(["--plot-only", "--out", str(tmp_path)]) == 2
+    assert "no finished runs" in capsys.readouterr().err
+    assert (tmp_path / "summary.json").read_text() == '{"committed": true}'
+    assert sorted(os.listdir(tmp_path)) == ["summary.json"]
+
+
+def _cli(tmp_path, *extra):
+    cmd = [sys.executable, str(BENCH / "continual.py"), "--tasks", "2", "--change-every", "16", "--methods", "ppo",
+           "plastic_relu", "--seeds", "0", "--fresh", "none", "--jobs", "2", "--out", str(tmp_path),
+           "--ppo-kwarg", "n_steps=16", "--no-diagnostics-plots", *extra]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_jobs_run_in_parallel_processes(tmp_path):
+    done = _cli(tmp_path)
+    assert done.returncode == 0, done.stderr
+    for method in ("ppo", "plastic_relu"):
+        assert json.loads((tmp_path / "runs" / method / "seed0.json").read_text())["device"] == "cpu"
+    assert done.stderr.count(": done") == 2
+
+
+@pytest.mark.skipif(not th.cuda.is_available(), reason="needs a CUDA GPU")
+def test_device_cuda_runs_on_the_gpu(tmp_path):
+    done = _cli(tmp_path, "--device", "cuda")
+    assert done.returncode == 0, done.stderr
+    for method in ("ppo", "plastic_relu"):
+        assert json.loads((tmp_path / "runs" / method / "seed0.json").read_text())["device"].startswith("cuda")

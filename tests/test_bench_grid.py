@@ -1,0 +1,67 @@
+"""bench/grid.py: one optuna study with a GridSampler spreads bench/continual.py's (setting, method, seed) cells
+over workers; two local workers share one sqlite study (PostgreSQL as tests/test_zoo.py sets it up), every cell
+runs once, and a finished cell is never rerun (neither by the same study nor by a new one over the same files)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+from test_zoo import _postgres_url
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+GRID = ["--settings", "bandit", "--methods", "ppo", "plastic_relu", "--seeds", "0", "1", "--tasks", "2",
+        "--change-every", "16", "--ppo-kwarg", "n_steps=16", "--heartbeat", "5"]
+
+
+def _worker(storage, study, out, *extra):
+    cmd = [sys.executable, str(BENCH / "grid.py"), "--storage", storage, "--study", study, "--out-root", str(out),
+           *GRID, *extra]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+
+
+def _finish(*procs):
+    for proc in procs:
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-3000:]
+
+
+def _two_workers(storage, study, tmp_path):
+    out = tmp_path / "results"
+    _finish(_worker(storage, study, out), _worker(storage, study, out))
+    trials = optuna.load_study(study_name=study, storage=storage).get_trials()
+    done = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+    cells = {(t.params["setting"], t.params["method"], t.params["seed"]) for t in done}
+    assert cells == {("bandit", m, s) for m in ("ppo", "plastic_relu") for s in (0, 1)} and len(done) == 4
+    files = sorted((out / "bandit" / "runs").rglob("*.json"))
+    assert len(files) == 4 * 3  # per cell: the continual run and the fresh agents of its 2 tasks
+    for t in done:
+        record = json.loads((out / "bandit" / "runs" / t.params["method"] / f"seed{t.params['seed']}.json").read_text())
+        assert t.value == pytest.approx(sum(record["end_reward"][1:]) / 1)
+    mtimes = {p: os.stat(p).st_mtime_ns for p in files}
+
+    _finish(_worker(storage, study, out))  # the grid is finished: nothing is trained again
+    assert {p: os.stat(p).st_mtime_ns for p in (out / "bandit" / "runs").rglob("*.json")} == mtimes
+    _finish(_worker(storage, study + "-again", out))  # a new study over the same files: every part is on disk
+    assert {p: os.stat(p).st_mtime_ns for p in (out / "bandit" / "runs").rglob("*.json")} == mtimes
+    again = optuna.load_study(study_name=study + "-again", storage=storage).get_trials()
+    assert sorted(t.value for t in again) == sorted(t.value for t in done)
+
+    # another grid under the same study name is refused, naming both
+    proc = _worker(storage, study, out, "--fresh", "none")
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode != 0 and "holds another grid" in err
+
+
+def test_two_workers_share_one_sqlite_study(tmp_path):
+    _two_workers(f"sqlite:///{tmp_path / 'grid.db'}?timeout=60", "grid", tmp_path)
+
+
+def test_two_workers_share_one_postgres_study(tmp_path):
+    _two_workers(_postgres_url(), f"grid-{os.getpid()}-{tmp_path.name}", tmp_path)
