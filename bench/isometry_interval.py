@@ -20,6 +20,7 @@ hidden layers, the head in a group with ``isometry_coef=0``; ``--warmup`` update
     python bench/isometry_interval.py                    # the table of bench/README.md (~1 CPU-minute)
     python bench/isometry_interval.py --lrs 1e-3 --ks 32 --coefs 0.1
     python bench/isometry_interval.py --compare          # exact vs amortised in the saved probe / grid results
+    python bench/isometry_interval.py --clamp-check 10   # how much of the amortised step AdamO's clamp lets through
 
 ``--compare`` reads the runs of ``bench/supervised.py`` (``supervised_k1.json``, ``supervised_k32.json``) and of
 ``bench/continual.py`` (``continual_k1/summary.json``, ``continual_kauto/summary.json``) in ``--out`` (commands in
@@ -32,6 +33,7 @@ import argparse
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch as th
@@ -116,6 +118,49 @@ def compare(out: Path) -> None:
         )
 
 
+def clamp_check(tasks: int, seed: int) -> list[dict]:
+    """The share of the intended amortised pull ``k * lr * lambda`` that AdamO's blow-up clamp lets through, on the
+    permuted-digits probe of ``bench/supervised.py`` (its AdamO methods, their settings), ``k`` 1 and 32."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import supervised
+
+    shares: list[float] = []
+    original = AdamO.step
+
+    def recording_step(self: AdamO, closure: Any = None) -> Any:
+        loss = original(self, closure)
+        group = self.param_groups[0]  # the hidden weights (the head is in a group with isometry_coef 0)
+        k = group["isometry_interval"]
+        for p in group["params"]:
+            state = self.state[p]
+            if "isometry_step" in state and state["isometry_count"] % k == 1 % k:  # applied at this step
+                shares.append(float(state["isometry_step"]) / (group["lr"] * group["isometry_coef"] * k))
+        return loss
+
+    rows = []
+    x, y = supervised.load_inputs()
+    AdamO.step = recording_step  # type: ignore[method-assign]
+    try:
+        for method in ("adamo_relu", "adamo_maxmin"):
+            for k in (1, 32):
+                shares.clear()
+                settings = supervised.method_settings(method, {method: {"isometry_interval": k}})
+                cfg = dict(supervised.PROBES["permuted"], n_tasks=tasks)
+                supervised.run_one("permuted", cfg, method, settings, seed, supervised.make_tasks("permuted", cfg, seed, x, y))
+                r = np.array(shares)
+                rows.append(dict(method=method, k=k, mean_share=float(r.mean()), clamped=float((r < 0.999).mean())))
+    finally:
+        AdamO.step = original  # type: ignore[method-assign]
+    print(f"permuted digits, {tasks} tasks, seed {seed}: applied isometry step / (k * lr * lambda)")
+    print("| method | k | mean share | fraction of steps clamped |")
+    print("|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['method']} | {r['k']} | {r['mean_share']:.3f} | {r['clamped']:.3f} |")
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--lrs", type=float, nargs="+", default=[3e-4, 1e-3, 3e-3])
@@ -126,9 +171,15 @@ def main() -> None:
     p.add_argument("--windows", type=int, default=8, help="windows of the largest k measured per run")
     p.add_argument("--out", type=Path, default=OUT)
     p.add_argument("--compare", action="store_true", help="only compare the saved supervised / continual runs")
+    p.add_argument("--clamp-check", type=int, metavar="TASKS", help="only the clamp check on TASKS permuted tasks")
     args = p.parse_args()
     if args.compare:
         compare(args.out)
+        return
+    if args.clamp_check:
+        th.set_num_threads(1)
+        rows = clamp_check(args.clamp_check, seed=0)
+        (args.out / "clamp_check.json").write_text(json.dumps(rows, indent=1))
         return
     th.set_num_threads(1)
     start = time.time()

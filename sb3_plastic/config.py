@@ -92,8 +92,9 @@ class IsometryConfig:
         a first-order error, not ``O((k * lr * lambda)^2)``: the task's Adam steps move the weights by ~``lr``
         per update while the window reuses the gradient of ``R`` at its first weights, so each window's isometry
         displacement is off by a relative error linear in ``k`` that does not vanish with ``lambda`` (derivation:
-        :mod:`sb3_plastic.optim`; measured 8-12 % at ``k = 32``, lr 1e-3; its effect on the supervised probe and
-        the continual grid: bench/README.md).
+        :mod:`sb3_plastic.optim`; measured 8-12 % at ``k = 32``, lr 1e-3), and AdamO's blow-up clamp cuts the
+        ``k``-times step once ``k * lr * lambda`` is large, which weakens the average pull (its effect on the
+        supervised probe and the continual grid: bench/README.md).
         ``"auto"`` resolves to :func:`auto_isometry_interval` of the algorithm's ``batch_size``:
         ``ceil(1024 / batch_size)`` clipped to [1, 64] (PPO / SAC with batch 256: 4; DQN with batch 32: 32), which
         keeps the isometry step's share of ``train()`` about the same whatever the batch size. With
