@@ -460,61 +460,30 @@ register(Entry(
 # Adam (layer norms in the network + the projection after each step) against plain DQN.
 BASELINE_COEF = 1e-3
 
-register(Entry(
-    name="dqn-mlp-l2init",
-    description=f"DQN MlpPolicy [256,256] + L2Init({BASELINE_COEF}) vs DQN, CartPole-v1",
-    baseline=dqn_cartpole(DQN),
-    candidate=dqn_cartpole(DQN),
-    candidate_callback=with_callback(L2Init, coef=BASELINE_COEF),
-    steps=DQN_MLP_STEPS,
-    in_quick=False,
-))
-register(Entry(
-    name="dqn-mlp-spectral",
-    description=f"DQN MlpPolicy [256,256] + SpectralRegularisation({BASELINE_COEF}) (one power iteration per update "
-    "and layer, [W | b], heads included) vs DQN, CartPole-v1",
-    baseline=dqn_cartpole(DQN),
-    candidate=dqn_cartpole(DQN),
-    candidate_callback=with_callback(SpectralRegularisation, coef=BASELINE_COEF),
-    steps=DQN_MLP_STEPS,
-    in_quick=False,
-))
-register(Entry(
-    name="dqn-mlp-nap",
-    description="PlasticDQN MlpPolicy [256,256] nap=True (LayerNorm before each ReLU, projection after each update), "
-    "isometry_mode='off', optimizer='adam' vs DQN, CartPole-v1",
-    baseline=dqn_cartpole(DQN),
-    candidate=dqn_cartpole(PlasticDQN, activation="relu", isometry_mode="off", optimizer="adam", nap=True),
-    steps=DQN_MLP_STEPS,
-    in_quick=False,
-))
-register(Entry(
-    name="ppo-cnn-l2init",
-    description=f"PPO CnnPolicy + L2Init({BASELINE_COEF}) vs PPO CnnPolicy, Breakout",
-    baseline=ppo_atari(PPO),
-    candidate=ppo_atari(PPO),
-    candidate_callback=with_callback(L2Init, coef=BASELINE_COEF),
-    steps=PPO_STEPS,
-    in_quick=False,
-))
-register(Entry(
-    name="ppo-cnn-spectral",
-    description=f"PPO CnnPolicy + SpectralRegularisation({BASELINE_COEF}) vs PPO CnnPolicy, Breakout",
-    baseline=ppo_atari(PPO),
-    candidate=ppo_atari(PPO),
-    candidate_callback=with_callback(SpectralRegularisation, coef=BASELINE_COEF),
-    steps=PPO_STEPS,
-    in_quick=False,
-))
-register(Entry(
-    name="ppo-cnn-nap",
-    description="PlasticPPO CnnPolicy relu nap=True (channel LayerNorm before each ReLU, projection after each "
-    "update), isometry_mode='off', optimizer='adam' vs PPO CnnPolicy, Breakout",
-    baseline=ppo_atari(PPO),
-    candidate=ppo_atari(PlasticPPO, activation="relu", isometry_mode="off", optimizer="adam", nap=True),
-    steps=PPO_STEPS,
-    in_quick=False,
-))
+for _prefix, _make, _algo, _plastic, _steps, _net, _env in (
+    ("dqn-mlp", dqn_cartpole, DQN, PlasticDQN, DQN_MLP_STEPS, "MlpPolicy [256,256]", "CartPole-v1"),
+    ("ppo-cnn", ppo_atari, PPO, PlasticPPO, PPO_STEPS, "CnnPolicy", "Breakout"),
+):
+    _vs = f"vs {_algo.__name__} {_net}, {_env}"
+    for _short, _callback in (("l2init", L2Init), ("spectral", SpectralRegularisation)):
+        register(Entry(
+            name=f"{_prefix}-{_short}",
+            description=f"{_algo.__name__} {_net} + {_callback.__name__}({BASELINE_COEF}) {_vs}",
+            baseline=_make(_algo),
+            candidate=_make(_algo),
+            candidate_callback=with_callback(_callback, coef=BASELINE_COEF),
+            steps=_steps,
+            in_quick=False,
+        ))
+    register(Entry(
+        name=f"{_prefix}-nap",
+        description=f"{_plastic.__name__} {_net} relu nap=True (LayerNorm before each ReLU, projection after each "
+        f"update), isometry_mode='off', optimizer='adam' {_vs}",
+        baseline=_make(_algo),
+        candidate=_make(_plastic, activation="relu", isometry_mode="off", optimizer="adam", nap=True),
+        steps=_steps,
+        in_quick=False,
+    ))
 
 # rl-zoo3's Atari DQN hyperparameters, with a replay buffer small enough for this machine and an early
 # learning_starts (the warm-up passes it). One env, one gradient step of 32 every 4 env steps.

@@ -153,7 +153,7 @@ METHODS: dict[str, dict[str, Any]] = {
     "adamo_relu": dict(label="ReLU + AdamO", isometry_coef=0.1),
     "adamo_maxmin": dict(label="MaxMin + AdamO (ortho)", activation="maxmin", orthogonal=True, isometry_coef=1.0),
     "l2_init": dict(label="L2-init", l2_init_coef=1e-2),
-    "spectral": dict(label="Spectral reg.", spectral_coef=1e-2),
+    "spectral": dict(label="Spectral reg.", spectral_coef=1e-3),
     "nap": dict(label="NaP", nap=True),
 }
 #: Rule used to pick the values above: among the values tried (bench/README.md), the best mean accuracy over the

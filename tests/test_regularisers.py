@@ -320,3 +320,15 @@ def test_spectral_zero_coefficient_is_sb3_bit_for_bit():
         return model.learn(128, callback=callback)
 
     assert_same_parameters(run(None), run(SpectralRegularisation(0.0)))
+
+
+@pytest.mark.skipif(not th.cuda.is_available(), reason="needs a CUDA device")
+def test_the_three_baselines_train_on_cuda():
+    model = PlasticPPO("MlpPolicy", "CartPole-v1", device="cuda", l2_init_coef=0.1, spectral_coef=0.1, nap=True, **PPO_FAST)
+    model.learn(128)
+    state = model.plastic_state
+    assert all(v.device.type == "cuda" for v in state["L2Init:auto"]["theta0"].values())
+    assert all(u.device.type == "cuda" for u in state["SpectralRegularisation:auto"]["u"].values())
+    assert state["NormalizeAndProject:auto"]["projections"] > 0
+    for p in model.policy.parameters():
+        assert p.device.type == "cuda" and th.isfinite(p).all()
