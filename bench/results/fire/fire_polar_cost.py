@@ -1,5 +1,6 @@
 """CPU seconds of one FIRE call (all layers) on PPO CnnPolicy (NatureCNN 84x84x4) and SAC MlpPolicy:
 the exact polar factor (SVD, default) vs the reference's 10 Newton-Schulz steps; median of 5, one thread."""
+
 import statistics
 import time
 
