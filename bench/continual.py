@@ -912,7 +912,9 @@ def report(out: str, setting_name: str, setting: Setting, methods: Optional[list
         from sb3_plastic.plot import plot_runs
 
         metrics = [f"plasticity/policy/{m}" for m in DIAGNOSTICS] + ["continual/end_of_task_reward"]
-        paths = [os.path.join(out, "tb", m) for m in summary if os.path.isdir(os.path.join(out, "tb", m))]
+        tb = os.path.join(out, "tb")
+        paths = [os.path.join(tb, m, d) for m in summary if os.path.isdir(os.path.join(tb, m))
+                 for d in sorted(os.listdir(os.path.join(tb, m))) if d != "fresh"]  # the continual runs only
         # one curve per method folder tb/<method>/ (the plain methods differ only in their callbacks)
         for path in plot_runs(paths, os.path.join(out, "plots"), metrics=metrics, switch_every=setting.task_timesteps,
                               group_by=r"/tb/([^/]+)/[^/]+$"):
