@@ -63,19 +63,32 @@ class IsometryConfig:
         56.3 / 58.5, with Tanh + AdamO (the default now) 96.8 / 93.3 / 95.4, sb3-contrib's MaskablePPO 96.1 /
         93.1 / 95.5.
     :param isometry_coef: ``lambda`` >= 0 of the isometry penalty ``R(W) = ||W^T W - s I||_F^2``. The decoupled
-        step per update is ``lr * lambda * grad R``, so its strength scales with the learning rate: in our
-        supervised probe (tests/test_supervised_plasticity.py) ``lr * lambda`` between 1e-4 and 1e-2 kept
-        ReLU networks trainable. Default 0.01 (``lr * lambda = 3e-6`` at SB3's PPO learning rate 3e-4), chosen
-        so that the penalty does no harm on a stationary task (issue #12). Measured with PlasticPPO (Tanh, AdamO,
-        ``isometry_interval="auto"``) on CartPole-v1 with rl-zoo's hyperparameters (8 envs, n_steps 32, batch
-        256, 20 epochs, gamma 0.98, gae_lambda 0.8, lr and clip range linear from 1e-3 / 0.2, 1e5 steps), seeds
-        0-4, final deterministic return over 20 episodes / mean return of the last 100 training episodes:
-        SB3's PPO 500 / 500 on every seed; 0.01: 500 on every seed / 499.5, 500, 452.0, 499.8, 500; 0.1: 495.0,
-        500, 221.9, 494.9, 494.9 / 243.7, 378.8, 232.0, 323.5, 335.4 (0.1 slows learning); 0.001 (seeds 0-2):
-        500 / 500. On sb3-contrib's masked identity test (seeds 32, 1, 2) 0.01 scores 96.6 / 93.3 / 95.5 and
-        sb3-contrib 96.1 / 93.1 / 95.5. The default is therefore below the supervised probe's range: a continual
-        task may want a larger value (the zoo_configs entries use 0.1); tune it with ``-optimize``.
-    :param isometry_scale: target scale ``s`` > 0 (1 = orthogonal; 2 is an option for ReLU).
+        step per update is ``lr * lambda * grad R``, so its strength scales with the learning rate and with the
+        number of updates: in our supervised probe (tests/test_supervised_plasticity.py) ``lr * lambda`` between
+        1e-4 and 1e-2 kept ReLU networks trainable. This dataclass's default is 0.01; the plastic algorithms take
+        ``None`` as "the algorithm family's default" (``PlasticAlgorithmMixin.default_isometry_coef``): **0.01**
+        for the PPO family (PPO, RecurrentPPO, MaskablePPO) and the DQN family (DQN, QR-DQN), **1e-3** for the
+        SAC family (SAC, TQC, CrossQ). Both values were chosen so that the penalty does no harm on a stationary
+        task (issue #12; bench/README.md, "Stationary do no harm", with the exact per-update step):
+        PPO on CartPole-v1 (rl-zoo hyperparameters, 1e5 steps, 10 seeds) ends at 500 in both arms; PPO on
+        MinAtar Breakout (3e5 steps, 30 seeds) 4.95 against SB3's 5.05, a difference whose confidence interval
+        spans 0; MaskablePPO on sb3-contrib's masked identity test 94.1 against 94.2 (10 seeds). SAC on Pendulum-v1
+        (rl-zoo hyperparameters, 1e4 steps) needs the smaller value: its critic must grow its weights to carry
+        the return's scale (after 1e4 steps SB3's hidden critic layer has sigma_max ~34 and an RMS singular value
+        ~3.8), and the penalty's gradient grows as ``sigma^3``, so at 0.01 it held that layer at sigma_max ~8 /
+        RMS ~1.3 and 2 of 20 runs ended far below their SB3 twin (-285 vs -131, -236 vs -162); at 1e-3 the runs
+        follow SB3's (bench/README.md). With ``isometry_coef=0.1`` (an earlier default) PPO learned CartPole
+        more slowly and lost on Breakout, and SAC lost on Pendulum (-685 vs -136). The defaults are therefore at
+        the low end of the supervised probe's range: a continual task may want a larger value (the zoo_configs
+        entries use 0.1); tune it with ``-optimize``.
+    :param isometry_scale: target scale ``s`` > 0 (1 = orthogonal, the isometry paper's target; 2 is an option for
+        ReLU). SB3 initialises PPO's hidden layers orthogonally with gain sqrt(2), so ``W^T W = 2 I`` at the start
+        and the penalty with ``s = 1`` starts by pulling the singular values from sqrt(2) towards 1. At the default
+        coefficient that pull is small against what learning does to the spectrum: on MinAtar Breakout (PPO, 3e5
+        steps, seed 0) SB3's CNN layer ends with singular values 1.23 .. 2.17 (RMS 1.64) and the penalised one
+        1.22 .. 2.12 (RMS 1.60); the penalty mainly tempers the largest singular value of the 1024 -> 128 layer
+        (6.50 in SB3, 5.05 with the penalty). Matching the target to the initial scale (``isometry_scale=2``) was
+        measured and did not do better on Breakout (bench/README.md, ablation ``scale2``), so ``s = 1`` stays.
     :param isometry_mode: ``"decoupled"`` (AdamO: the penalty step bypasses Adam's moments),
         ``"coupled"`` (the ablation: plain Adam on ``loss + lambda R``; the penalty gradient joins the task
         gradient inside ``backward()``, so SB3's ``max_grad_norm`` clips them together, as SB3 would clip the

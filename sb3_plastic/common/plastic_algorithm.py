@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-from typing import Any, Optional, Union
+from typing import Any, ClassVar, Optional, Union
 
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.callbacks import BaseCallback, CallbackList, ConvertCallback
@@ -53,7 +53,8 @@ class PlasticAlgorithmMixin:
     :param env: as in SB3.
     :param args: SB3's positional arguments, unchanged.
     :param activation: see :class:`~sb3_plastic.config.IsometryConfig` (also for the keywords below).
-    :param isometry_coef: ``lambda`` of the isometry penalty.
+    :param isometry_coef: ``lambda`` of the isometry penalty; ``None``: the algorithm family's
+        :attr:`default_isometry_coef` (0.01 for the PPO and DQN families, 1e-3 for SAC, TQC and CrossQ).
     :param isometry_scale: target scale ``s`` of ``W^T W``.
     :param isometry_mode: ``"decoupled"`` (AdamO), ``"coupled"`` or ``"off"``.
     :param isometry_layers: ``"hidden"``, ``"all"`` or a list of fnmatch patterns.
@@ -77,6 +78,10 @@ class PlasticAlgorithmMixin:
 
     isometry_config: IsometryConfig
     policy_aliases: dict[str, type]
+    #: ``isometry_coef`` when the keyword is left at ``None``: 0.01 for the PPO and DQN families, 1e-3 for the
+    #: SAC family (``PlasticSAC``, ``PlasticTQC``, ``PlasticCrossQ``), see
+    #: :attr:`sb3_plastic.config.IsometryConfig.isometry_coef` for the measurements behind both values.
+    default_isometry_coef: ClassVar[float] = 0.01
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """Append the plastic and intervention keywords, with meanings and defaults, to the subclass's docstring
@@ -84,7 +89,7 @@ class PlasticAlgorithmMixin:
         super().__init_subclass__(**kwargs)
         from sb3_plastic.common.docs import with_keyword_docs
 
-        cls.__doc__ = with_keyword_docs(cls.__doc__, plastic_keyword_docs())
+        cls.__doc__ = with_keyword_docs(cls.__doc__, plastic_keyword_docs(cls.default_isometry_coef))
 
     def __init__(
         self,
@@ -92,7 +97,7 @@ class PlasticAlgorithmMixin:
         env: Any,
         *args: Any,
         activation: Optional[str] = None,
-        isometry_coef: float = 0.01,
+        isometry_coef: Optional[float] = None,
         isometry_scale: float = 1.0,
         isometry_mode: str = "decoupled",
         isometry_layers: Union[str, list[str]] = "hidden",
@@ -103,7 +108,7 @@ class PlasticAlgorithmMixin:
     ) -> None:
         config = IsometryConfig(
             activation=activation,
-            isometry_coef=isometry_coef,
+            isometry_coef=type(self).default_isometry_coef if isometry_coef is None else isometry_coef,
             isometry_scale=isometry_scale,
             isometry_mode=isometry_mode,
             isometry_layers=isometry_layers,
@@ -232,14 +237,19 @@ def _default(function: Any, name: str) -> Any:
 
 
 @functools.cache
-def plastic_keyword_docs() -> str:
+def plastic_keyword_docs(isometry_coef_default: float = PlasticAlgorithmMixin.default_isometry_coef) -> str:
     """The ``:param`` section of every plastic and intervention keyword (meaning and default), generated from
     the docstrings of :class:`~sb3_plastic.config.IsometryConfig` and of the intervention configs
-    (:func:`intervention_config_classes`); appended to the docstring of every plastic algorithm."""
+    (:func:`intervention_config_classes`); appended to the docstring of every plastic algorithm.
+
+    :param isometry_coef_default: the class's :attr:`PlasticAlgorithmMixin.default_isometry_coef`, shown as the
+        default of ``isometry_coef``.
+    """
     from sb3_plastic.common.docs import keyword_docs
 
     signature = inspect.signature(PlasticAlgorithmMixin.__init__).parameters
     isometry_defaults = {name: signature[name].default for name in ISOMETRY_KEYS if name in signature}
+    isometry_defaults["isometry_coef"] = isometry_coef_default
     titles = {
         "fire": "FIRE",
         "cbp": "Continual Backprop",
