@@ -9,8 +9,8 @@ where ``R`` is :func:`sb3_plastic.isometry.isometry_penalty` and ``lambda = isom
 Mixing ``lambda * grad R`` into the gradient (``isometry_mode="coupled"``) lets Adam's second moment
 rescale the penalty; that ablation is kept so users can compare. Coupled mode is exactly Adam on the gradient
 of ``loss + lambda * R`` as SB3 computes it: the penalty gradient enters ``p.grad`` inside ``backward()``
-(a post-accumulate-grad hook on each regularised weight, the mechanism of
-:class:`~sb3_plastic.callbacks.regularisers.GradientPenalty`, here owned by the optimizer), so SB3's
+(a post-accumulate-grad hook on each regularised weight, :func:`sb3_plastic.common.hooks.add_to_grad_hook`, the
+mechanism of :class:`~sb3_plastic.callbacks.regularisers.GradientPenalty`, here owned by the optimizer), so SB3's
 ``clip_grad_norm_`` between ``backward()`` and ``step()`` clips the sum; it enters at every step
 (``isometry_interval`` must be 1 there).
 
@@ -39,6 +39,7 @@ import torch as th
 from torch.utils.weak import WeakIdKeyDictionary
 
 from sb3_plastic.adam_restart import AdamRestartMixin, mark_restarted_, supports_restart
+from sb3_plastic.common.hooks import add_to_grad_hook
 from sb3_plastic.isometry import as_blocks, as_matrix, isometry_penalty_grad
 
 ISOMETRY_MODES = ("decoupled", "coupled")
@@ -93,10 +94,10 @@ def coupled_interval_message(interval: Any) -> str:
 _COUPLED_HOOKS: Any = WeakIdKeyDictionary()
 
 
-def _coupled_hook(owner: Any, param: th.Tensor) -> None:
-    optimizer = owner()
+def _coupled_hook(owner: Any, param: th.Tensor, grad: th.Tensor) -> None:
+    optimizer = owner()  # a weak reference: the hook on a weight does not keep its optimizer alive
     if optimizer is not None:
-        optimizer._add_coupled_gradient(param)
+        optimizer._add_coupled_gradient(param, grad)
 
 
 def reset_optimizer_state(
@@ -205,19 +206,19 @@ class IsometryStepMixin:
                     continue
                 self._coupled_groups[id(p)] = group
                 if held is None:
-                    handle = p.register_post_accumulate_grad_hook(functools.partial(_coupled_hook, me))
+                    handle = add_to_grad_hook(p, functools.partial(_coupled_hook, me))
                     _COUPLED_HOOKS[p] = (handle, me)
 
-    def _add_coupled_gradient(self, param: th.Tensor) -> None:
-        """The hook's work: ``param.grad += lambda * grad R(param)`` for a weight of a coupled group."""
+    def _add_coupled_gradient(self, param: th.Tensor, grad: th.Tensor) -> None:
+        """The hook's work (inside ``backward()``, under ``no_grad``): ``grad += lambda * grad R(param)`` for a weight
+        of a coupled group, remembered so that ``step()`` does not add it again."""
         group = getattr(self, "_coupled_groups", {}).get(id(param))
-        if param.grad is None or group is None or group.get("isometry_mode") != "coupled":
+        if group is None or group.get("isometry_mode") != "coupled":
             return
         if not self.is_regularised(param, group):
             return
-        with th.no_grad():
-            param.grad.add_(self._coupled_gradient(param, group).to(param.grad.dtype))
-        self._coupled_seen[id(param)] = weakref.ref(param.grad)
+        grad.add_(self._coupled_gradient(param, group).to(grad.dtype))
+        self._coupled_seen[id(param)] = weakref.ref(grad)
 
     @staticmethod
     def _coupled_gradient(param: th.Tensor, group: dict[str, Any]) -> th.Tensor:

@@ -80,6 +80,7 @@ from torch.utils.hooks import RemovableHandle
 
 from sb3_plastic.callbacks.base import PlasticCallback
 from sb3_plastic.callbacks.redo import layer_init_scheme
+from sb3_plastic.common.hooks import OutermostStepHooks
 from sb3_plastic.common.surgery import (
     HiddenLayer,
     RecurrentUnits,
@@ -325,7 +326,7 @@ class GenerateAndTest:
         self._info = {spec.name: _LayerInfo.of(spec) for spec in layers}
         self._stored: dict[str, th.Tensor] = {}
         self._handles: list[RemovableHandle] = []
-        self._depth = 0
+        self._steps: Optional[OutermostStepHooks] = None
         for spec in layers:
             self._bind_state(spec)
 
@@ -600,8 +601,8 @@ class GenerateAndTest:
             else:
                 self._handles.append(spec.layer.register_forward_hook(self._recorder(name, act)))
         if self.optimizer is not None:
-            self._handles.append(self.optimizer.register_step_pre_hook(self._pre_step))
-            self._handles.append(self.optimizer.register_step_post_hook(self._post_step))
+            self._steps = OutermostStepHooks(self.optimizer, self._after_step)
+            self._handles += self._steps.handles
 
     def detach(self) -> None:
         """Remove the hooks and drop recorded activations."""
@@ -611,7 +612,7 @@ class GenerateAndTest:
         self._stored = {}
         self._sequences = {}
         self._mask = None
-        self._depth = 0
+        self._steps = None
 
     def set_sequence_mask(self, mask: Optional[th.Tensor]) -> None:
         """Start a new minibatch for the LSTM hooks: drop the sequences recorded so far and use ``mask`` (sb3-contrib's
@@ -628,7 +629,7 @@ class GenerateAndTest:
         steps through a sequence in which an episode starts) are appended."""
 
         def hook(module: nn.Module, inputs: Any, output: Any) -> None:
-            self._depth = 0
+            self._reset_step_depth()
             if not (module.training and th.is_grad_enabled()):
                 return
             seq = output[0] if isinstance(output, tuple) else output
@@ -669,7 +670,7 @@ class GenerateAndTest:
 
     def _recorder(self, name: str, apply: Optional[nn.Module] = None) -> Callable[..., None]:
         def hook(module: nn.Module, inputs: Any, output: th.Tensor) -> None:
-            self._depth = 0  # forwards happen outside optimizer steps: recover from a step that raised
+            self._reset_step_depth()
             if module.training and th.is_grad_enabled():
                 if apply is not None:
                     with th.no_grad():
@@ -678,13 +679,13 @@ class GenerateAndTest:
 
         return hook
 
-    def _pre_step(self, optimizer: th.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        self._depth += 1
+    def _after_step(self, optimizer: th.optim.Optimizer) -> None:
+        self.step()
 
-    def _post_step(self, optimizer: th.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        self._depth = max(self._depth - 1, 0)
-        if self._depth == 0:
-            self.step()
+    def _reset_step_depth(self) -> None:
+        # forwards happen outside optimizer steps: recover from a step that raised
+        if self._steps is not None:
+            self._steps.reset()
 
 
 # ---------------------------------------------------------------------------------------------- SB3

@@ -440,10 +440,14 @@ class FIRE(PlasticCallback):
     ``every_done``, ``task_ids``, ``pending``.
 
     Logged (``plasticity/fire/...``): ``dfi_before`` and ``dfi_after`` (sum over the rewritten layers of
-    the deviation from isometry ``R(W)`` with ``s = 1``, :func:`sb3_plastic.isometry.deviation_from_isometry`;
-    with the reference scaling a non-square Linear ends at singular values ``sqrt(out/in)``, so
-    ``dfi_after`` is zero only for square layers), ``seconds`` (the surgery: orthogonalisation, optimizer
-    reset and target sync) and ``count``.
+    the deviation from isometry ``R(W)`` with ``s = 1``, :func:`sb3_plastic.isometry.deviation_from_isometry`:
+    the penalty on the smaller Gram matrix, zero for any semi-orthogonal ``W`` of any shape; what keeps
+    ``dfi_after`` above zero is FIRE's scale, not the shape: a Linear layer ends at singular values
+    ``sqrt(out / in)``, so ``R = min(out, in) * (out / in - 1)^2``, zero only for a square one; a Conv2d kernel
+    (per-tap polar factors times ``sqrt(out / in) / (kh * kw)``) is no isometry of its ``(out, in * kh * kw)``
+    view even when ``out = in`` (25.3 for a 32 -> 32 3x3 kernel), and output heads at ``head_scale="init"``
+    keep their init scale), ``seconds`` (the surgery: orthogonalisation, optimizer reset and target sync) and
+    ``count``.
 
     :param at: see above. Default: 0.5 (the midpoint) when neither ``every`` nor ``on_task_change`` is
         given, else ``None``.

@@ -49,6 +49,7 @@ from torch.utils.hooks import RemovableHandle
 
 from sb3_plastic.activations import MaxMin
 from sb3_plastic.callbacks.base import PlasticCallback
+from sb3_plastic.common.hooks import OutermostStepHooks
 
 #: Layer selections of the projection.
 PROJECT_CHOICES = ("normalized", "all")
@@ -225,7 +226,7 @@ class NormalizeAndProject(PlasticCallback):
                 optimizers[id(optimizer)] = optimizer
                 self._layers.setdefault(id(optimizer), []).append((key, layer))
         for optimizer in optimizers.values():
-            self._handles += outermost_step_hooks(optimizer, self._after_step, lambda: self.model.policy.training)
+            self._handles += OutermostStepHooks(optimizer, self._after_step, active=lambda: self.model.policy.training).handles
 
     def _after_step(self, optimizer: th.optim.Optimizer) -> None:
         norms = self.state["norms"]
@@ -244,28 +245,6 @@ class NormalizeAndProject(PlasticCallback):
     def _on_rollout_end(self) -> None:
         prefix = "nap" if self.name in (None, "auto") else f"nap_{self.name}"
         self.record(f"{prefix}/projections", int(self.state.get("projections", 0)))
-
-
-def outermost_step_hooks(
-    optimizer: th.optim.Optimizer, after: Callable[[th.optim.Optimizer], None], active: Callable[[], bool]
-) -> list[RemovableHandle]:
-    """Step pre/post hooks on ``optimizer`` that call ``after(optimizer)`` once after each outermost ``step()`` while
-    ``active()`` (torch fires the hooks of every hooked ``step`` in a class hierarchy, so a ``step`` calling
-    ``super().step()`` would otherwise run them twice; a depth counter keeps one call per update).
-
-    :return: the two hook handles (remove them to uninstall).
-    """
-    depth = [0]
-
-    def pre(opt: th.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        depth[0] += 1
-
-    def post(opt: th.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        depth[0] = max(depth[0] - 1, 0)
-        if depth[0] == 0 and active():
-            after(opt)
-
-    return [optimizer.register_step_pre_hook(pre), optimizer.register_step_post_hook(post)]
 
 
 def nap_learning_rate_schedule(initial: float, final_fraction: float = 0.0, n_tasks: int = 1) -> Callable[[float], float]:

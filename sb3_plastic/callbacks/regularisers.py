@@ -16,9 +16,10 @@ usual optimizer, so the penalty gradient ``lambda * grad R`` must be part of the
 exactly as if SB3 had differentiated ``loss + lambda * R``. SB3's ``train()`` calls ``loss.backward()``, then
 ``clip_grad_norm_`` (PPO, A2C, DQN, QR-DQN, RecurrentPPO, MaskablePPO), then ``optimizer.step()``. The penalty
 gradient is added by a post-accumulate-grad hook on each regularised parameter
-(``Tensor.register_post_accumulate_grad_hook``): it runs inside ``backward()`` once the parameter's gradient
-is complete, so the penalty is **clipped together with the task gradient**, as the gradient of ``loss +
-lambda * R`` would be, and Adam's (AdamO's) moments see the sum. Consequences, documented rather than hidden:
+(:func:`sb3_plastic.common.hooks.add_to_grad_hook`, the mechanism of AdamO's coupled isometry penalty too): it
+runs inside ``backward()`` once the parameter's gradient is complete, so the penalty is **clipped together with
+the task gradient**, as the gradient of ``loss + lambda * R`` would be, and Adam's (AdamO's) moments see the sum.
+Consequences, documented rather than hidden:
 
 * a parameter the loss does not reach in a backward pass (its ``.grad`` stays ``None``) gets no penalty in that
   update (autograd of ``loss + lambda * R`` would give it one); every parameter of the SB3 networks is reached by
@@ -35,6 +36,7 @@ the default of the plastic algorithms' keywords) no callback exists and a run is
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -46,6 +48,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from sb3_plastic.callbacks.base import PlasticCallback
+from sb3_plastic.common.hooks import add_to_grad_hook
 
 #: Layer selections of :class:`SpectralRegularisation`.
 SPECTRAL_LAYERS = ("all", "hidden")
@@ -108,7 +111,8 @@ class GradientPenalty(PlasticCallback):
         if self.coef > 0:
             for key, param in self._regularised():
                 if param.requires_grad:
-                    self._handles.append(param.register_post_accumulate_grad_hook(self._make_hook(key)))
+                    add = functools.partial(self._add_penalty_grad, key)
+                    self._handles.append(add_to_grad_hook(param, add, active=self._training))
 
     def _prepare(self) -> None:
         """Set up the persistent state at training start (before the hooks are installed)."""
@@ -116,14 +120,9 @@ class GradientPenalty(PlasticCallback):
     def _on_training_end(self) -> None:
         self._remove_hooks()
 
-    def _make_hook(self, key: str) -> Any:
-        def hook(param: th.Tensor) -> None:
-            if param.grad is None or not self.model.policy.training:
-                return
-            with th.no_grad():
-                self._add_penalty_grad(key, param, param.grad)
-
-        return hook
+    def _training(self) -> bool:
+        """Whether the hooks act now: inside ``train()`` (the policy in training mode)."""
+        return self.model.policy.training
 
     def _remove_hooks(self) -> None:
         for handle in self._handles:

@@ -41,6 +41,7 @@ from torch.utils.hooks import RemovableHandle
 
 from sb3_plastic.callbacks.base import PlasticCallback, TaskChangeWatch
 from sb3_plastic.callbacks.redo import LayerInit, default_layer_init, model_layer_init
+from sb3_plastic.common.hooks import OutermostStepHooks
 from sb3_plastic.common.surgery import find_networks, norms_fed_by, reset_norm_, sync_target
 from sb3_plastic.optim import reset_optimizer_state
 from sb3_plastic.recurrent import fresh_recurrent_parameters, recurrent_init_scheme
@@ -383,30 +384,25 @@ class ShrinkPerturb(PlasticCallback):
             entry = by_opt.setdefault(id(spec.optimizer), (spec.optimizer, set()))
             entry[1].update(ids)
         for opt, ids in by_opt.values():
-            pre, post = self._make_hooks(ids)
-            self._handles += [opt.register_step_pre_hook(pre), opt.register_step_post_hook(post)]
+            before, after = self._make_hooks(ids)
+            hooks = OutermostStepHooks(opt, after, before=before, active=lambda: self.model.policy.training)
+            self._handles += hooks.handles
 
     def _make_hooks(self, ids: set[int]) -> tuple[Any, Any]:
-        # torch runs an optimizer's step hooks from every hooked ``step`` in the class hierarchy: a subclass
-        # whose ``step`` calls ``super().step()`` (AdamO) fires them twice per step once any instance of the
-        # parent class exists. The depth counter makes the perturbation act once, after the outermost step.
-        depth = [0]
+        """``(before, after)`` the outermost steps of an optimizer (:class:`OutermostStepHooks`: once per update
+        while training), for its parameters whose ``id`` is in ``ids``."""
         coupled = self.weight_decay_mode == "coupled"
         task_grads: list[tuple[th.Tensor, th.Tensor]] = []  # (p.grad, its value before the L2 term)
 
-        def pre(optimizer: th.optim.Optimizer, args: Any, kwargs: Any) -> None:
-            depth[0] += 1
-            if depth[0] > 1 or not coupled or self.weight_decay == 0 or not self.model.policy.training:
+        def before(optimizer: th.optim.Optimizer) -> None:
+            if not coupled or self.weight_decay == 0:
                 return
             params = [p for group in optimizer.param_groups for p in group["params"] if id(p) in ids]
             task_grads[:] = [(p.grad, p.grad.clone()) for p in params if p.grad is not None]
             # in place: AdamO recognises the gradient tensor it has already seen (coupled isometry mode)
             add_l2_gradient_(params, self.weight_decay)
 
-        def post(optimizer: th.optim.Optimizer, args: Any, kwargs: Any) -> None:
-            depth[0] = max(depth[0] - 1, 0)
-            if depth[0] > 0 or not self.model.policy.training:
-                return
+        def after(optimizer: th.optim.Optimizer) -> None:
             with th.no_grad():
                 for grad, task_grad in task_grads:
                     grad.copy_(task_grad)
@@ -418,7 +414,7 @@ class ShrinkPerturb(PlasticCallback):
                     continual_shrink_perturb_(params, group["lr"], decay, self.noise_std)
             self.state["noise_steps"] = int(self.state.get("noise_steps", 0)) + 1
 
-        return pre, post
+        return before, after
 
     def _remove_hooks(self) -> None:
         for handle in self._handles:

@@ -1,0 +1,97 @@
+"""The two torch hooks the plastic interventions are built on, each implemented once.
+
+* :func:`add_to_grad_hook`: add something to a parameter's gradient inside ``backward()``, once its gradient is
+  complete (a post-accumulate-grad hook), so that whatever runs between ``backward()`` and ``optimizer.step()``
+  (SB3's ``clip_grad_norm_``) sees the sum, exactly as if the loss had included the penalty. Used by the coupled
+  isometry penalty of :class:`~sb3_plastic.optim.AdamO` (owned by the optimizer) and by
+  :class:`~sb3_plastic.callbacks.regularisers.GradientPenalty` (L2-init, spectral regularisation).
+* :class:`OutermostStepHooks`: act once before / after each outermost ``optimizer.step()``. torch fires an
+  optimizer's step hooks from every hooked ``step`` in its class hierarchy, so a ``step`` calling a hooked parent
+  ``step`` (AdamO's calls ``Adam.step`` once any plain ``Adam`` exists) would run them twice per update; a depth
+  counter keeps one call per update. Used by Shrink & Perturb (continual form), Continual Backprop and
+  Normalize-and-Project.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Optional
+
+import torch as th
+from torch.utils.hooks import RemovableHandle
+
+
+def add_to_grad_hook(
+    param: th.Tensor,
+    add: Callable[[th.Tensor, th.Tensor], None],
+    active: Optional[Callable[[], bool]] = None,
+) -> RemovableHandle:
+    """Register a post-accumulate-grad hook on ``param`` that calls ``add(param, param.grad)`` under ``no_grad``
+    inside every ``backward()`` that reaches ``param``, once its gradient is complete; ``add`` changes the gradient
+    in place. Nothing is called when ``param.grad`` is ``None`` or ``active()`` is false.
+
+    :param param: a leaf tensor that requires grad.
+    :param add: ``add(param, grad)``, e.g. ``grad.add_(coef * grad_R(param))``.
+    :param active: ``None`` (always) or a predicate checked at each call (e.g. "the policy is in training mode").
+    :return: the hook's handle (``remove()`` uninstalls it).
+    """
+
+    def hook(tensor: th.Tensor) -> None:
+        if tensor.grad is None or (active is not None and not active()):
+            return
+        with th.no_grad():
+            add(tensor, tensor.grad)
+
+    return param.register_post_accumulate_grad_hook(hook)
+
+
+class OutermostStepHooks:
+    """Step pre / post hooks on ``optimizer`` that call ``before(optimizer)`` before and ``after(optimizer)`` after
+    each outermost ``optimizer.step()``, while ``active()`` (see the module docstring for why the depth count).
+
+    :param optimizer: the optimizer whose steps to follow.
+    :param after: called after each outermost step (``None``: nothing).
+    :param before: called before each outermost step (``None``: nothing).
+    :param active: ``None`` (always) or a predicate checked before each call of ``before`` / ``after``.
+    """
+
+    def __init__(
+        self,
+        optimizer: th.optim.Optimizer,
+        after: Optional[Callable[[th.optim.Optimizer], None]] = None,
+        before: Optional[Callable[[th.optim.Optimizer], None]] = None,
+        active: Optional[Callable[[], bool]] = None,
+    ) -> None:
+        self.after = after
+        self.before = before
+        self.active = active
+        #: how many hooked ``step`` calls are running now
+        self.depth = 0
+        #: the two hook handles (pre, post)
+        self.handles: list[RemovableHandle] = [
+            optimizer.register_step_pre_hook(self._pre),
+            optimizer.register_step_post_hook(self._post),
+        ]
+
+    def _is_active(self) -> bool:
+        return self.active is None or self.active()
+
+    def _pre(self, optimizer: th.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self.depth += 1
+        if self.depth == 1 and self.before is not None and self._is_active():
+            self.before(optimizer)
+
+    def _post(self, optimizer: th.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self.depth = max(self.depth - 1, 0)
+        if self.depth == 0 and self.after is not None and self._is_active():
+            self.after(optimizer)
+
+    def reset(self) -> None:
+        """Forget the depth count (recovery from a ``step`` that raised between the two hooks)."""
+        self.depth = 0
+
+    def remove(self) -> None:
+        """Uninstall both hooks."""
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
