@@ -381,19 +381,22 @@ def test_custom_optimizer_survives_save_load(tmp_path):
 
 
 @pytest.mark.parametrize("plastic_cls", list(PAIRS))
-def test_default_isometry_coef_is_one_value_everywhere(plastic_cls):
-    """The default isometry_coef (0.01, measured to leave PPO's stationary learning unharmed; see IsometryConfig) is
-    the same in the config, the algorithm and the policy, and reaches the regularised AdamO group."""
+def test_default_isometry_coef_reaches_the_optimizer(plastic_cls):
+    """The default isometry_coef is the algorithm family's (``default_isometry_coef``: 0.01 for the PPO and DQN
+    families, 1e-3 for the SAC family, measured to leave stationary learning unharmed; see IsometryConfig): the
+    algorithm's keyword defaults to ``None`` = that value, the config and the policy default to 0.01, and the
+    resolved value reaches the regularised AdamO group."""
     import inspect
 
     from sb3_plastic.common.plastic_algorithm import PlasticAlgorithmMixin
     from sb3_plastic.config import IsometryConfig
     from sb3_plastic.policies import PlasticPolicyMixin
 
-    default = IsometryConfig().isometry_coef
-    assert default == 0.01
-    for fn in (PlasticAlgorithmMixin.__init__, PlasticPolicyMixin.__init__):
-        assert inspect.signature(fn).parameters["isometry_coef"].default == default
+    assert IsometryConfig().isometry_coef == 0.01
+    assert inspect.signature(PlasticPolicyMixin.__init__).parameters["isometry_coef"].default == 0.01
+    assert inspect.signature(PlasticAlgorithmMixin.__init__).parameters["isometry_coef"].default is None
+    default = plastic_cls.default_isometry_coef
+    assert default == (1e-3 if plastic_cls in CONTINUOUS else 0.01)
     model = plastic_cls(policy_name(plastic_cls, "mlp"), make_env(plastic_cls, "mlp"), **algo_kwargs(plastic_cls, "mlp"))
     assert model.isometry_config.isometry_coef == default
     optimizer = model.actor.optimizer if plastic_cls in CONTINUOUS else model.policy.optimizer
