@@ -5,8 +5,8 @@ CartPole and, in the same run with the same seed, the same agent with the penalt
 optimizer="adam"``: exactly SB3's PPO). For both it prints the evaluation return before and after training and
 the deviation from isometry ``||W^T W - I||_F^2`` of the hidden layers, which the isometry step keeps lower than
 SB3's PPO does (its orthogonal init with gain sqrt(2) starts at ``W^T W = 2 I``). Default run (seed 0, 20 000
-steps): 471.1 +/- 53.0 with the defaults, 485.9 +/- 29.8 with the penalty off; DfI of the last value layer 3 948
-against 54 770. ``--no-compare`` trains only the plastic agent; ``--activation maxmin`` (with
+steps, the exact per-update isometry step): 496.7 +/- 9.9 with the defaults, 489.5 +/- 23.7 with the penalty off;
+DfI of the last value layer 3 809 against 49 461. ``--no-compare`` trains only the plastic agent; ``--activation maxmin`` (with
 orthogonal layers) and ``--isometry-coef`` try other settings.
 """
 
