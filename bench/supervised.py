@@ -32,9 +32,11 @@ are in bench/README.md, "Supervised plasticity probes"):
   Adam state of the touched tensors dropped.
 * ``cbp``: Continual Backprop (Dohare et al. 2024): :class:`sb3_plastic.callbacks.cbp.GenerateAndTest` on the hidden
   layers after every optimizer step (contribution utility, decay 0.99), Adam moments of replaced rows / columns zeroed.
-* ``fire``: FIRE (arXiv 2602.08040) at each task switch: every hidden weight replaced by its scaled Newton–Schulz
-  polar factor (:func:`sb3_plastic.callbacks.fire.fire_`), then the Adam state of the rewritten weights dropped. The
-  reference also rewrites the output layer (``fire_layers="all"``); leaving it out did slightly better here.
+* ``fire``: FIRE (arXiv 2602.08040) at each task switch: every hidden weight replaced by its scaled polar factor
+  (:func:`sb3_plastic.callbacks.fire.fire_`: the exact U V^T by default since issue #13; the full-mode rows in
+  bench/README.md before that used the reference's 10 Newton–Schulz steps), then the Adam state of the rewritten
+  weights dropped. The reference also rewrites the output layer (``fire_layers="all"``); leaving it out did slightly
+  better here.
 * ``adamo_relu``: ReLU, default init, AdamO (decoupled isometry step on the hidden layers; the head in a group with
   ``isometry_coef=0``, as the plastic policies do).
 * ``adamo_maxmin``: MaxMin (GroupSort-2) with orthogonal init (gain 1) on every layer, AdamO as above.
