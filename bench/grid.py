@@ -105,11 +105,16 @@ def objective_for(args: argparse.Namespace) -> Any:
         canonical = trial.suggest_categorical("method", grid_methods(continual, args.methods))
         seed = trial.suggest_categorical("seed", args.seeds)
         method = continual.method_name(canonical, continual.SETTINGS[name].algo)
-        running = [t for t in trial.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
-                   if t.number != trial.number and t.params == trial.params]
-        if running:  # every cell has started: this one is another worker's; stop here, it finishes it
+        # Once every cell has started, GridSampler hands out a random cell: one another worker is running, or one
+        # already finished (its files are on disk, but a second COMPLETE trial would count the cell twice). Either
+        # way nothing is left for this worker: stop here.
+        states = (optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.COMPLETE)
+        taken = [t for t in trial.study.get_trials(deepcopy=False, states=states)
+                 if t.number != trial.number and t.params == trial.params]
+        if taken:
             trial.study.stop()
-            raise optuna.TrialPruned(f"cell running in trial {running[0].number}")
+            how = "running" if taken[0].state == optuna.trial.TrialState.RUNNING else "finished"
+            raise optuna.TrialPruned(f"cell {how} in trial {taken[0].number}")
         overrides = continual.parse_ppo_kwargs(args.ppo_kwarg, continual.SETTINGS[name].algo)
         setting = continual.resolve_setting(name, tasks=args.tasks, change_every=args.change_every, overrides=overrides)
         out = os.path.join(args.out_root, name)

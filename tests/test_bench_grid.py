@@ -65,3 +65,25 @@ def test_two_workers_share_one_sqlite_study(tmp_path):
 
 def test_two_workers_share_one_postgres_study(tmp_path):
     _two_workers(_postgres_url(), f"grid-{os.getpid()}-{tmp_path.name}", tmp_path)
+
+
+def test_a_cell_finished_by_another_worker_is_not_run_again(tmp_path, monkeypatch):
+    """The race behind a duplicate COMPLETE trial: once every cell has started, optuna's GridSampler hands a worker
+    a random cell, possibly one another worker has already finished; that cell must be pruned, not rerun."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_grid_under_test", BENCH / "grid.py")
+    grid = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(grid)
+    args = grid.parse_args(["--storage", "sqlite://", "--study", "s", "--out-root", str(tmp_path), *GRID])
+    continual = grid._continual()
+    monkeypatch.setattr(continual, "run_cell", lambda *a, **k: pytest.fail("a finished cell was run again"))
+    study = optuna.create_study(direction="maximize")
+    cell = {"setting": "bandit", "method": "ppo", "seed": 0}
+    dists = {"setting": optuna.distributions.CategoricalDistribution(["bandit"]),
+             "method": optuna.distributions.CategoricalDistribution(["ppo", "plastic_relu"]),
+             "seed": optuna.distributions.CategoricalDistribution([0, 1])}
+    study.add_trial(optuna.trial.create_trial(params=cell, distributions=dists, value=0.5))
+    study.enqueue_trial(cell)
+    study.optimize(grid.objective_for(args), n_trials=1)
+    assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED]
