@@ -1,0 +1,370 @@
+"""What the exact AdamO step and MaxMin add to an update, at a resolution that can tell (issue #16).
+
+``bench/overhead.py`` times whole ``learn()`` calls of a few hundred env steps; its own A/A control spans
+0.75-1.33 on a shared 2-core machine, so verdicts near 0.95 are not resolved there. This script measures where the
+methods add work:
+
+* **train-step entries** (``work="train"``): one ``model.train()`` call of a warmed-up model, the same call SB3's
+  ``learn()`` makes (PPO: 4 epochs over a 256-sample rollout, i.e. 4 minibatch updates of batch 256, as in the zoo's
+  Atari/MinAtar settings; DQN and SAC: ``gradient_steps`` updates at the zoo's batch size);
+* **forward entries** (``work="forward"``): one forward pass of the policy on a rollout-sized batch under
+  ``no_grad`` (what action selection costs; MaxMin's part of the rollout).
+
+Each entry builds three models: the baseline ``A`` (plain SB3, same network), an identical second baseline ``A'``
+(the A/A control) and the candidate ``B``. ``--rounds`` rounds each time every arm with
+``torch.utils.benchmark.Timer.blocked_autorange`` (the order of the arms rotates from round to round), once with
+the wall clock and once with process CPU time (``time.process_time``). Per round the speed ratios are
+``t_A / t_B`` (higher is better; 1 = no cost) and ``t_A / t_A'`` (the control). The noise band of an entry is the
+largest deviation of its A/A ratios from 1 (in log space, over all rounds); a verdict is given only where the band
+resolves it: ``PASS`` if ``median(t_A/t_B) / band >= target``, ``FAIL`` if ``median * band < target``, otherwise
+``not resolved``.
+
+**The floor.** ``torch.utils.flop_counter.FlopCounterMode`` counts the matrix-product and convolution flops of one
+unit of work in each arm. ``flops_A / flops_B`` is the best ratio an implementation can reach if time is
+proportional to flops (the isometry step of a weight ``(m, n)`` costs ``4 m n min(m, n)`` flops: two products with
+the smaller Gram matrix). ``measured / floor`` says how close the implementation is to it. MaxMin adds no
+matrix-product flops (its cost is memory traffic: its floor by this count is 1).
+
+Whole runs: ``--whole-run STEPS`` times ``learn(STEPS)`` of the three arms instead (interleaved, both clocks),
+for whole-run fps ratios over enough steps that start-up does not dominate.
+
+Threads: one torch thread (``--threads``) for every arm, set before every measurement.
+
+Examples::
+
+    python bench/step_cost.py --list
+    python bench/step_cost.py                                   # every entry, ~15 minutes on one core
+    python bench/step_cost.py --only ppo-minatar-relu sac-mlp-relu --rounds 9
+    python bench/step_cost.py --only ppo-minatar-relu --whole-run 16384 --rounds 5
+    python bench/step_cost.py --device cuda --json /tmp/step_cost_cuda.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch as th
+from stable_baselines3 import DQN, PPO, SAC
+from stable_baselines3.common.base_class import BaseAlgorithm
+from stable_baselines3.common.env_util import make_atari_env, make_vec_env
+from stable_baselines3.common.vec_env import VecFrameStack
+from torch.utils import benchmark
+from torch.utils.flop_counter import FlopCounterMode
+
+from sb3_plastic import PlasticDQN, PlasticPPO, PlasticSAC
+from sb3_plastic.activations import MaxMin
+from sb3_plastic.networks import PlasticCNN
+
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+WORKS = ("train", "forward")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One comparison: ``baseline`` and ``candidate`` build a model (``(device, seed) -> model``) on the same env and
+    network; ``target`` is the speed ratio to reach (``None``: measured, no verdict)."""
+
+    name: str
+    description: str
+    baseline: Callable[[str, int], BaseAlgorithm]
+    candidate: Callable[[str, int], BaseAlgorithm]
+    work: str = "train"
+    target: Optional[float] = None
+    #: env steps of the warm-up ``learn()`` (fills the rollout / replay buffer, creates the logger)
+    warmup: int = 256
+    #: DQN / SAC: gradient steps and batch size of one ``train()`` call
+    gradient_steps: int = 0
+    batch_size: int = 0
+
+
+REGISTRY: dict[str, Entry] = {}
+
+
+def register(entry: Entry) -> None:
+    if entry.work not in WORKS:
+        raise ValueError(f"{entry.name}: work must be one of {WORKS}, got {entry.work!r}")
+    REGISTRY[entry.name] = entry
+
+
+# ------------------------------------------------------------------------------------------------ models
+def _minatar(n_envs: int, seed: int) -> Any:
+    import minatar.gym
+
+    minatar.gym.register_envs()
+    return make_vec_env("MinAtar/Breakout-v1", n_envs=n_envs, seed=seed)
+
+
+def _breakout(n_envs: int, seed: int) -> Any:
+    import ale_py
+    import gymnasium as gym
+
+    gym.register_envs(ale_py)
+    env = make_atari_env("ALE/Breakout-v5", n_envs=n_envs, seed=seed, env_kwargs={"frameskip": 1})
+    return VecFrameStack(env, n_stack=4)
+
+
+#: The zoo's Atari / MinAtar PPO settings with a 256-sample rollout (8 envs x 32 steps): one ``train()`` is 4
+#: epochs of one minibatch of 256, i.e. 4 updates at the zoo's batch size.
+PPO_HP = dict(n_steps=32, batch_size=256, n_epochs=4, learning_rate=2.5e-4, clip_range=0.1, ent_coef=0.01)
+DQN_CARTPOLE = dict(learning_rate=2.3e-3, batch_size=64, buffer_size=100_000, learning_starts=256, train_freq=256,
+                    gradient_steps=128, target_update_interval=10)
+DQN_ATARI = dict(learning_rate=1e-4, batch_size=32, buffer_size=10_000, learning_starts=500, train_freq=4,
+                 gradient_steps=1, target_update_interval=1000, optimize_memory_usage=True,
+                 replay_buffer_kwargs=dict(handle_timeout_termination=False))
+SAC_HP = dict(learning_rate=1e-3, learning_starts=100)
+
+
+def ppo_minatar(plastic: Optional[dict[str, Any]] = None, activation: str = "relu") -> Callable[[str, int], Any]:
+    """PPO on MinAtar Breakout with the library's MinAtar CNN (16 3x3 filters, 128 features, no MLP after it) in
+    both arms: SB3's NatureCNN rejects MinAtar's 10x10 boolean frames."""
+
+    def build(device: str, seed: int) -> Any:
+        env = _minatar(8, seed)
+        if plastic is None:
+            act = MaxMin if activation == "maxmin" else th.nn.ReLU
+            kwargs = dict(features_extractor_class=PlasticCNN, net_arch=[], activation_fn=act,
+                          features_extractor_kwargs=dict(activation=activation, arch="auto"))
+            return PPO("CnnPolicy", env, policy_kwargs=kwargs, device=device, seed=seed, **PPO_HP)
+        return PlasticPPO("CnnPolicy", env, policy_kwargs=dict(net_arch=[]), device=device, seed=seed, **PPO_HP,
+                          **plastic)
+
+    return build
+
+
+def ppo_nature(plastic: Optional[dict[str, Any]] = None) -> Callable[[str, int], Any]:
+    """PPO on ALE Breakout 84x84x4 with SB3's NatureCNN (the plastic policy's Nature CNN: the same layers)."""
+
+    def build(device: str, seed: int) -> Any:
+        env = _breakout(8, seed)
+        if plastic is None:
+            return PPO("CnnPolicy", env, policy_kwargs=dict(net_arch=[]), device=device, seed=seed, **PPO_HP)
+        return PlasticPPO("CnnPolicy", env, policy_kwargs=dict(net_arch=[]), device=device, seed=seed, **PPO_HP,
+                          **plastic)
+
+    return build
+
+
+def dqn_mlp(plastic: Optional[dict[str, Any]] = None) -> Callable[[str, int], Any]:
+    """DQN on CartPole, [256, 256], the zoo's hyperparameters (batch 64)."""
+
+    def build(device: str, seed: int) -> Any:
+        env = make_vec_env("CartPole-v1", n_envs=1, seed=seed)
+        cls, extra = (DQN, {}) if plastic is None else (PlasticDQN, plastic)
+        return cls("MlpPolicy", env, policy_kwargs=dict(net_arch=[256, 256]), device=device, seed=seed,
+                   **DQN_CARTPOLE, **extra)
+
+    return build
+
+
+def dqn_nature(plastic: Optional[dict[str, Any]] = None) -> Callable[[str, int], Any]:
+    """DQN on ALE Breakout 84x84x4, NatureCNN, the zoo's hyperparameters (batch 32)."""
+
+    def build(device: str, seed: int) -> Any:
+        env = _breakout(1, seed)
+        cls, extra = (DQN, {}) if plastic is None else (PlasticDQN, plastic)
+        return cls("CnnPolicy", env, policy_kwargs=dict(net_arch=[]), device=device, seed=seed, **DQN_ATARI, **extra)
+
+    return build
+
+
+def sac_mlp(plastic: Optional[dict[str, Any]] = None, activation: str = "relu") -> Callable[[str, int], Any]:
+    """SAC on Pendulum, SB3's [256, 256] actor and two critics, batch 256."""
+
+    def build(device: str, seed: int) -> Any:
+        env = make_vec_env("Pendulum-v1", n_envs=1, seed=seed)
+        if plastic is None:
+            act = MaxMin if activation == "maxmin" else th.nn.ReLU
+            return SAC("MlpPolicy", env, policy_kwargs=dict(activation_fn=act), device=device, seed=seed, **SAC_HP)
+        return PlasticSAC("MlpPolicy", env, device=device, seed=seed, **SAC_HP, **plastic)
+
+    return build
+
+
+EXACT = dict(activation="relu")  # AdamO, the class's default coefficient, isometry_interval=1 (the defaults)
+AUTO = dict(activation="relu", isometry_interval="auto")
+MAXMIN = dict(activation="maxmin")
+MAXMIN_ADAM = dict(activation="maxmin", isometry_mode="off", optimizer="adam")
+
+register(Entry("ppo-minatar-relu", "PlasticPPO relu + exact AdamO vs PPO, MinAtar CNN", ppo_minatar(),
+               ppo_minatar(EXACT), target=0.95))
+register(Entry("ppo-minatar-auto", "as ppo-minatar-relu with isometry_interval='auto' (4 at batch 256)",
+               ppo_minatar(), ppo_minatar(AUTO), target=0.98))
+register(Entry("ppo-minatar-maxmin", "PlasticPPO maxmin + exact AdamO vs PPO relu, MinAtar CNN", ppo_minatar(),
+               ppo_minatar(MAXMIN), target=0.95))
+register(Entry("ppo-minatar-maxmin-adam", "MaxMin's own cost: PlasticPPO maxmin + plain Adam (no penalty) vs PPO "
+               "relu", ppo_minatar(), ppo_minatar(MAXMIN_ADAM)))
+register(Entry("ppo-minatar-maxmin-forward", "rollout forward pass (8 observations, no_grad): PlasticPPO maxmin vs "
+               "PPO relu", ppo_minatar(), ppo_minatar(MAXMIN), work="forward"))
+register(Entry("ppo-nature-relu", "PlasticPPO relu + exact AdamO vs PPO, Atari NatureCNN", ppo_nature(),
+               ppo_nature(EXACT), target=0.95))
+register(Entry("ppo-nature-auto", "as ppo-nature-relu with isometry_interval='auto'", ppo_nature(),
+               ppo_nature(AUTO), target=0.98))
+register(Entry("dqn-mlp-relu", "PlasticDQN relu + exact AdamO vs DQN, CartPole [256, 256], 16 updates of batch 64",
+               dqn_mlp(), dqn_mlp(EXACT), target=0.95, warmup=300, gradient_steps=16, batch_size=64))
+register(Entry("dqn-mlp-auto", "as dqn-mlp-relu with isometry_interval='auto' (16 at batch 64)", dqn_mlp(),
+               dqn_mlp(AUTO), target=0.98, warmup=300, gradient_steps=16, batch_size=64))
+register(Entry("dqn-nature-relu", "PlasticDQN relu + exact AdamO vs DQN, Atari NatureCNN, 4 updates of batch 32",
+               dqn_nature(), dqn_nature(EXACT), target=0.95, warmup=600, gradient_steps=4, batch_size=32))
+register(Entry("dqn-nature-auto", "as dqn-nature-relu with isometry_interval='auto' (32 at batch 32)", dqn_nature(),
+               dqn_nature(AUTO), target=0.98, warmup=600, gradient_steps=4, batch_size=32))
+register(Entry("sac-mlp-relu", "PlasticSAC relu + exact AdamO vs SAC, Pendulum [256, 256], 4 updates of batch 256",
+               sac_mlp(), sac_mlp(EXACT), target=0.95, warmup=300, gradient_steps=4, batch_size=256))
+register(Entry("sac-mlp-auto", "as sac-mlp-relu with isometry_interval='auto' (4 at batch 256)", sac_mlp(),
+               sac_mlp(AUTO), target=0.98, warmup=300, gradient_steps=4, batch_size=256))
+register(Entry("sac-mlp-maxmin", "PlasticSAC maxmin + exact AdamO vs SAC relu, Pendulum [256, 256]", sac_mlp(),
+               sac_mlp(MAXMIN), target=0.95, warmup=300, gradient_steps=4, batch_size=256))
+register(Entry("sac-mlp-maxmin-adam", "MaxMin's own cost: SAC with MaxMin (SB3, plain Adam) vs SAC relu",
+               sac_mlp(), sac_mlp(activation="maxmin"), warmup=300, gradient_steps=4, batch_size=256))
+
+
+# ------------------------------------------------------------------------------------------------ measuring
+def prepare(entry: Entry, build: Callable[[str, int], Any], device: str, seed: int) -> tuple[Any, Callable[[], Any]]:
+    """Build and warm up one arm; returns the model and its unit of work (a zero-argument callable)."""
+    model = build(device, seed)
+    model.learn(entry.warmup)
+    if entry.work == "forward":
+        obs, _ = model.policy.obs_to_tensor(model.env.reset())
+
+        def forward() -> Any:
+            with th.no_grad():
+                return model.policy(obs)
+
+        return model, forward
+    if entry.gradient_steps:
+        return model, lambda: model.train(gradient_steps=entry.gradient_steps, batch_size=entry.batch_size)
+    return model, model.train
+
+
+def count_flops(work: Callable[[], Any]) -> int:
+    """Matrix-product and convolution flops of one call of ``work`` (``torch.utils.flop_counter``)."""
+    with FlopCounterMode(display=False) as counter:
+        work()
+    return int(counter.get_total_flops())
+
+
+def _time(work: Callable[[], Any], clock: str, min_run_time: float, device: str) -> float:
+    timer = benchmark.Timer(stmt="work()", globals={"work": work}, timer=CLOCKS[clock])
+    if device.startswith("cuda") and clock == "wall":
+        timer = benchmark.Timer(stmt="work(); torch.cuda.synchronize()", globals={"work": work, "torch": th})
+    return float(timer.blocked_autorange(min_run_time=min_run_time).median)
+
+
+def _time_learn(model: Any, steps: int, clock: str) -> float:
+    start = CLOCKS[clock]()
+    model.learn(steps, reset_num_timesteps=False)
+    return CLOCKS[clock]() - start
+
+
+def measure(entry: Entry, rounds: int, min_run_time: float, threads: int, device: str, seed: int,
+            whole_run: int = 0, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Rounds of interleaved timings of the arms ``A``, ``A'`` and ``B`` (see the module docstring)."""
+    arms = {}
+    for arm, build in (("A", entry.baseline), ("A'", entry.baseline), ("B", entry.candidate)):
+        th.set_num_threads(threads)
+        arms[arm] = prepare(entry, build, device, seed)
+    flops = {arm: count_flops(work) for arm, (_, work) in arms.items() if arm != "A'"}
+    times: dict[str, dict[str, list[float]]] = {arm: {clock: [] for clock in CLOCKS} for arm in arms}
+    order = list(arms)
+    for r in range(rounds):
+        for arm in order[r % 3:] + order[: r % 3]:
+            model, work = arms[arm]
+            for clock in CLOCKS:
+                th.set_num_threads(threads)
+                if whole_run:
+                    times[arm][clock].append(_time_learn(model, whole_run, clock) / whole_run)
+                else:
+                    times[arm][clock].append(_time(work, clock, min_run_time, device))
+        log(f"  round {r + 1}/{rounds}: " + ", ".join(
+            f"{arm} {times[arm]['cpu'][-1] * 1e3:.2f} ms" for arm in arms) + " (cpu)")
+    result: dict[str, Any] = dict(entry=entry.name, description=entry.description, target=entry.target,
+                                  work="learn" if whole_run else entry.work, whole_run_steps=whole_run,
+                                  flops=flops, times=times)
+    result["floor"] = flops["A"] / flops["B"] if flops["B"] else None
+    for clock in CLOCKS:
+        a, a2, b = (times[arm][clock] for arm in ("A", "A'", "B"))
+        ratios = [x / y for x, y in zip(a, b)]
+        controls = [x / y for x, y in zip(a, a2)]
+        band = math.exp(max(abs(math.log(c)) for c in controls))
+        median = statistics.median(ratios)
+        result[clock] = dict(ratios=ratios, controls=controls, median=median, band=band,
+                             verdict=verdict(median, band, entry.target))
+    return result
+
+
+def verdict(median: float, band: float, target: Optional[float]) -> str:
+    """``PASS`` / ``FAIL`` where the A/A band resolves the median against the target, else ``not resolved``."""
+    if target is None:
+        return "-"
+    if median / band >= target:
+        return "PASS"
+    if median * band < target:
+        return "FAIL"
+    return "not resolved"
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    head = ("entry", "work", "target", "cpu ratio [min, max]", "A/A cpu [min, max]", "verdict (cpu)",
+            "wall ratio", "A/A wall [min, max]", "verdict (wall)", "flop floor", "cpu / floor")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for res in results:
+        cpu, wall = res["cpu"], res["wall"]
+        floor = res["floor"]
+        cells = (
+            res["entry"], res["work"], "-" if res["target"] is None else f"{res['target']:.2f}",
+            f"{cpu['median']:.3f} [{min(cpu['ratios']):.3f}, {max(cpu['ratios']):.3f}]",
+            f"[{min(cpu['controls']):.3f}, {max(cpu['controls']):.3f}]", cpu["verdict"],
+            f"{wall['median']:.3f}", f"[{min(wall['controls']):.3f}, {max(wall['controls']):.3f}]", wall["verdict"],
+            "-" if floor is None else f"{floor:.3f}", "-" if floor is None else f"{cpu['median'] / floor:.3f}",
+        )
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", nargs="+", choices=sorted(REGISTRY), help="entries to run (default: all)")
+    parser.add_argument("--list", action="store_true", help="list the entries and exit")
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds per entry (default 7)")
+    parser.add_argument("--min-run-time", type=float, default=1.0, help="seconds per blocked_autorange (default 1)")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--whole-run", type=int, default=0, metavar="STEPS",
+                        help="time learn(STEPS) per arm and round instead of one unit of work")
+    parser.add_argument("--json", help="write every timing and ratio to this file")
+    args = parser.parse_args(argv)
+    if args.list:
+        for name, entry in REGISTRY.items():
+            print(f"{name:28s} {entry.work:8s} target {entry.target}  {entry.description}")
+        return 0
+    if args.rounds < 2:
+        parser.error(f"--rounds must be >= 2 (the A/A band needs rounds), got {args.rounds}")
+    if args.device.startswith("cuda") and not th.cuda.is_available():
+        parser.error(f"--device {args.device}: no CUDA device is available")
+    names = args.only or list(REGISTRY)
+    results = []
+    for name in names:
+        print(f"{name}: {REGISTRY[name].description}", flush=True)
+        results.append(measure(REGISTRY[name], args.rounds, args.min_run_time, args.threads, args.device, args.seed,
+                               args.whole_run, log=lambda msg: print(msg, flush=True)))
+    print()
+    print(f"torch {th.__version__}, {platform.processor() or platform.machine()}, threads {args.threads}, "
+          f"device {args.device}, rounds {args.rounds}" + (f", learn({args.whole_run})" if args.whole_run else ""))
+    print(table(results))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(dict(argv=sys.argv[1:], torch=th.__version__, results=results), fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
