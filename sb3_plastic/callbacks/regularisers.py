@@ -325,8 +325,10 @@ class SpectralRegularisation(GradientPenalty):
     gradient ``coef * 2 (sigma^k - 1) k sigma^(k-1) u v^T`` joins the task gradient inside ``backward()``, before
     SB3's clipping (:class:`GradientPenalty`).
 
-    What is implemented, and why (the paper's text could not be consulted while writing this; these are the
-    choices and what they follow):
+    What is implemented, and why. The paper's full text could not be read here; a published summary of it
+    (emergentmind.com, "spectral self-regularization") gives its form, the largest singular value of each layer's
+    weight matrix with the bias included as an augmented column and a penalty with an exponent ``k``, which is what
+    is implemented below. The default ``k = 2`` is this library's reading and was not confirmed from the paper:
 
     * ``sigma_1`` is estimated by power iteration with persistent vectors, as the paper says and as spectral
       normalisation (Miyato et al., 2018; ``torch.nn.utils.spectral_norm``) does: ``power_iterations`` (default 1)
