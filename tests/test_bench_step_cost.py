@@ -1,0 +1,56 @@
+"""bench/step_cost.py: the verdict rule, the flop floor against a hand count, and one tiny measured entry."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch as th
+from stable_baselines3 import DQN
+from stable_baselines3.common.env_util import make_vec_env
+
+from sb3_plastic import PlasticDQN
+
+_BENCH = Path(__file__).resolve().parent.parent / "bench"
+_SPEC = importlib.util.spec_from_file_location("bench_step_cost", _BENCH / "step_cost.py")
+step_cost = importlib.util.module_from_spec(_SPEC)
+sys.modules[_SPEC.name] = step_cost  # dataclasses look their module up there
+_SPEC.loader.exec_module(step_cost)
+
+TINY = dict(learning_rate=1e-3, batch_size=16, learning_starts=32, train_freq=32, gradient_steps=1, buffer_size=1000)
+
+
+def _tiny(cls, **plastic):
+    def build(device, seed):
+        env = make_vec_env("CartPole-v1", n_envs=1, seed=seed)
+        return cls("MlpPolicy", env, policy_kwargs=dict(net_arch=[8, 8]), device=device, seed=seed, **TINY, **plastic)
+
+    return build
+
+
+def test_verdict_is_given_only_where_the_band_resolves_it():
+    assert step_cost.verdict(0.99, 1.02, 0.95) == "PASS"
+    assert step_cost.verdict(0.96, 1.02, 0.95) == "not resolved"
+    assert step_cost.verdict(0.90, 1.02, 0.95) == "FAIL"
+    assert step_cost.verdict(0.90, 1.10, 0.95) == "not resolved"
+    assert step_cost.verdict(0.5, 1.0, None) == "-"
+
+
+def test_flop_count_of_a_matmul_is_the_hand_count():
+    a, b = th.randn(5, 7), th.randn(7, 3)
+    assert step_cost.count_flops(lambda: a @ b) == 2 * 5 * 7 * 3
+
+
+def test_a_tiny_entry_measures_three_arms_and_the_isometry_step_flops():
+    entry = step_cost.Entry("tiny", "PlasticDQN relu vs DQN, [8, 8]", _tiny(DQN), _tiny(PlasticDQN, activation="relu"),
+                            target=0.95, warmup=64, gradient_steps=2, batch_size=16)
+    res = step_cost.measure(entry, rounds=2, min_run_time=0.01, threads=1, device="cpu", seed=0, log=lambda m: None)
+    # the exact step of a weight (m, n) costs 4 m n min(m, n): the hidden weights (8, 4) and (8, 8), not the head
+    per_update = 4 * 8 * 4 * 4 + 4 * 8 * 8 * 8
+    assert res["flops"]["B"] - res["flops"]["A"] == 2 * per_update
+    assert res["floor"] == pytest.approx(res["flops"]["A"] / res["flops"]["B"]) and res["floor"] < 1
+    for clock in ("wall", "cpu"):
+        assert len(res[clock]["ratios"]) == len(res[clock]["controls"]) == 2
+        assert res[clock]["band"] >= 1 and res[clock]["verdict"] in ("PASS", "FAIL", "not resolved")
