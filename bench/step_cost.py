@@ -48,6 +48,7 @@ import platform
 import statistics
 import sys
 import time
+import timeit
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -64,7 +65,7 @@ from sb3_plastic import PlasticDQN, PlasticPPO, PlasticSAC
 from sb3_plastic.activations import MaxMin
 from sb3_plastic.networks import PlasticCNN
 
-CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+CLOCKS = {"wall": timeit.default_timer, "cpu": time.process_time}
 WORKS = ("train", "forward")
 
 
@@ -84,6 +85,8 @@ class Entry:
     #: DQN / SAC: gradient steps and batch size of one ``train()`` call
     gradient_steps: int = 0
     batch_size: int = 0
+    #: calls of the work whose flops are counted (averaged): a whole ``isometry_interval`` window with "auto"
+    flop_calls: int = 1
 
 
 REGISTRY: dict[str, Entry] = {}
@@ -215,7 +218,7 @@ register(Entry("dqn-mlp-auto", "as dqn-mlp-relu with isometry_interval='auto' (1
 register(Entry("dqn-nature-relu", "PlasticDQN relu + exact AdamO vs DQN, Atari NatureCNN, 4 updates of batch 32",
                dqn_nature(), dqn_nature(EXACT), target=0.95, warmup=600, gradient_steps=4, batch_size=32))
 register(Entry("dqn-nature-auto", "as dqn-nature-relu with isometry_interval='auto' (32 at batch 32)", dqn_nature(),
-               dqn_nature(AUTO), target=0.98, warmup=600, gradient_steps=4, batch_size=32))
+               dqn_nature(AUTO), target=0.98, warmup=600, gradient_steps=4, batch_size=32, flop_calls=8))
 register(Entry("sac-mlp-relu", "PlasticSAC relu + exact AdamO vs SAC, Pendulum [256, 256], 4 updates of batch 256",
                sac_mlp(), sac_mlp(EXACT), target=0.95, warmup=300, gradient_steps=4, batch_size=256))
 register(Entry("sac-mlp-auto", "as sac-mlp-relu with isometry_interval='auto' (4 at batch 256)", sac_mlp(),
@@ -244,17 +247,18 @@ def prepare(entry: Entry, build: Callable[[str, int], Any], device: str, seed: i
     return model, model.train
 
 
-def count_flops(work: Callable[[], Any]) -> int:
-    """Matrix-product and convolution flops of one call of ``work`` (``torch.utils.flop_counter``)."""
+def count_flops(work: Callable[[], Any], calls: int = 1) -> float:
+    """Matrix-product and convolution flops of one call of ``work`` (``torch.utils.flop_counter``), averaged
+    over ``calls`` calls."""
     with FlopCounterMode(display=False) as counter:
-        work()
-    return int(counter.get_total_flops())
+        for _ in range(calls):
+            work()
+    return counter.get_total_flops() / calls
 
 
-def _time(work: Callable[[], Any], clock: str, min_run_time: float, device: str) -> float:
+def _time(work: Callable[[], Any], clock: str, min_run_time: float) -> float:
+    # with the wall clock (timeit.default_timer) the Timer synchronises an accelerator itself
     timer = benchmark.Timer(stmt="work()", globals={"work": work}, timer=CLOCKS[clock])
-    if device.startswith("cuda") and clock == "wall":
-        timer = benchmark.Timer(stmt="work(); torch.cuda.synchronize()", globals={"work": work, "torch": th})
     return float(timer.blocked_autorange(min_run_time=min_run_time).median)
 
 
@@ -271,7 +275,7 @@ def measure(entry: Entry, rounds: int, min_run_time: float, threads: int, device
     for arm, build in (("A", entry.baseline), ("A'", entry.baseline), ("B", entry.candidate)):
         th.set_num_threads(threads)
         arms[arm] = prepare(entry, build, device, seed)
-    flops = {arm: count_flops(work) for arm, (_, work) in arms.items() if arm != "A'"}
+    flops = {arm: count_flops(work, entry.flop_calls) for arm, (_, work) in arms.items() if arm != "A'"}
     times: dict[str, dict[str, list[float]]] = {arm: {clock: [] for clock in CLOCKS} for arm in arms}
     order = list(arms)
     for r in range(rounds):
@@ -282,7 +286,7 @@ def measure(entry: Entry, rounds: int, min_run_time: float, threads: int, device
                 if whole_run:
                     times[arm][clock].append(_time_learn(model, whole_run, clock) / whole_run)
                 else:
-                    times[arm][clock].append(_time(work, clock, min_run_time, device))
+                    times[arm][clock].append(_time(work, clock, min_run_time))
         log(f"  round {r + 1}/{rounds}: " + ", ".join(
             f"{arm} {times[arm]['cpu'][-1] * 1e3:.2f} ms" for arm in arms) + " (cpu)")
     result: dict[str, Any] = dict(entry=entry.name, description=entry.description, target=entry.target,
