@@ -28,6 +28,14 @@ matrix-product flops (its cost is memory traffic: its floor by this count is 1).
 Whole runs: ``--whole-run STEPS`` times ``learn(STEPS)`` of the three arms instead (interleaved, both clocks),
 for whole-run fps ratios over enough steps that start-up does not dominate.
 
+**How close the step is to its matrix products** (``--step-efficiency``): after the rounds, for a candidate whose
+optimizers carry the isometry step (:class:`~sb3_plastic.optim.IsometryStepMixin`), its optimizers' ``step()`` is
+timed as it runs (``t_on``), with every group's ``isometry_coef`` set to 0 (``t_off``: the base optimizer alone)
+and the bare products ``W^T W`` / ``W G`` of its regularised weights (``t_mm``, the same ``4 m n min(m, n)``
+flops). ``t_mm / (t_on - t_off)`` near 1 means the step costs what its products cost; the rest is the clamp bound
+and the elementwise work. The timed steps change the candidate's weights (its gradients stay those of its last
+update), so this runs once the rounds are done.
+
 Threads: one torch thread (``--threads``) for every arm, set before every measurement.
 
 Examples::
@@ -36,6 +44,7 @@ Examples::
     python bench/step_cost.py                                   # every entry, ~15 minutes on one core
     python bench/step_cost.py --only ppo-minatar-relu sac-mlp-relu --rounds 9
     python bench/step_cost.py --only ppo-minatar-relu --whole-run 16384 --rounds 5
+    python bench/step_cost.py --only ppo-minatar-relu sac-mlp-relu dqn-mlp-relu --step-efficiency
     python bench/step_cost.py --device cuda --json /tmp/step_cost_cuda.json
 """
 
@@ -64,6 +73,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from sb3_plastic import PlasticDQN, PlasticPPO, PlasticSAC
 from sb3_plastic.activations import MaxMin
 from sb3_plastic.networks import PlasticCNN
+from sb3_plastic.optim import IsometryStepMixin
 
 CLOCKS = {"wall": timeit.default_timer, "cpu": time.process_time}
 WORKS = ("train", "forward")
@@ -268,8 +278,86 @@ def _time_learn(model: Any, steps: int, clock: str) -> float:
     return CLOCKS[clock]() - start
 
 
+def isometry_optimizers(model: BaseAlgorithm) -> list[IsometryStepMixin]:
+    """The optimizers of ``model``'s policy (and its actor / critic / Q-net modules) that carry the isometry step."""
+    found: list[IsometryStepMixin] = []
+    for module in model.policy.modules():
+        opt = getattr(module, "optimizer", None)
+        if isinstance(opt, IsometryStepMixin) and all(opt is not o for o in found):
+            found.append(opt)
+    return found
+
+
+def step_efficiency_work(model: BaseAlgorithm) -> dict[str, Callable[[], Any]]:
+    """Three zero-argument callables on ``model``'s isometry optimizers (see the module docstring): ``"on"`` (their
+    ``step()``), ``"off"`` (the same with ``isometry_coef = 0`` in every group) and ``"matmul"`` (the two products
+    with the smaller Gram matrix of every regularised weight). Empty when the model has no isometry optimizer, or
+    when a regularised group has ``isometry_interval > 1`` (its ``step()`` does the products once every ``k``
+    calls, so there is no per-call reference to compare it with)."""
+    optimizers = isometry_optimizers(model)
+    if any(g["isometry_coef"] > 0 and g["isometry_interval"] != 1 for opt in optimizers for g in opt.param_groups):
+        return {}
+    weights = []
+    generator = th.Generator().manual_seed(0)
+    for opt in optimizers:
+        for group in opt.param_groups:
+            for p in group["params"]:
+                if p.grad is None:  # a parameter the last update did not reach: a small fixed gradient
+                    p.grad = (th.randn(p.shape, generator=generator) * 1e-3).to(p.device, p.dtype)
+                if opt.is_regularised(p, group):
+                    weights.append(p)
+    if not weights:
+        return {}
+    coefs = [[group["isometry_coef"] for group in opt.param_groups] for opt in optimizers]
+
+    def on() -> None:
+        for opt in optimizers:
+            opt.step()
+
+    def off() -> None:
+        for opt, values in zip(optimizers, coefs):
+            for group in opt.param_groups:
+                group["isometry_coef"] = 0.0
+            try:
+                opt.step()
+            finally:
+                for group, value in zip(opt.param_groups, values):
+                    group["isometry_coef"] = value
+
+    def matmul() -> None:
+        with th.no_grad():
+            for p in weights:
+                w = p.reshape(p.shape[0], -1)
+                if w.shape[0] >= w.shape[1]:
+                    w @ (w.T @ w)
+                else:
+                    (w @ w.T) @ w
+
+    return {"on": on, "off": off, "matmul": matmul}
+
+
+def measure_step_efficiency(model: BaseAlgorithm, rounds: int, min_run_time: float, threads: int,
+                            clock: str = "cpu") -> Optional[dict[str, Any]]:
+    """Rounds of interleaved timings of :func:`step_efficiency_work` (rotating order); per round the isometry part
+    ``t_on - t_off`` and the efficiency ``t_mm / (t_on - t_off)``. ``None`` for a model without the step."""
+    work = step_efficiency_work(model)
+    if not work:
+        return None
+    times: dict[str, list[float]] = {name: [] for name in work}
+    order = list(work)
+    for r in range(rounds):
+        for name in order[r % 3:] + order[: r % 3]:
+            th.set_num_threads(threads)
+            times[name].append(_time(work[name], clock, min_run_time))
+    parts = [on - off for on, off in zip(times["on"], times["off"])]
+    efficiency = [mm / part if part > 0 else float("nan") for mm, part in zip(times["matmul"], parts)]
+    return dict(clock=clock, times=times, isometry_part=parts, efficiency=efficiency,
+                median_efficiency=statistics.median(efficiency),
+                median_step_over_matmul=statistics.median(part / mm for part, mm in zip(parts, times["matmul"])))
+
+
 def measure(entry: Entry, rounds: int, min_run_time: float, threads: int, device: str, seed: int,
-            whole_run: int = 0, log: Callable[[str], None] = print) -> dict[str, Any]:
+            whole_run: int = 0, log: Callable[[str], None] = print, step_efficiency: bool = False) -> dict[str, Any]:
     """Rounds of interleaved timings of the arms ``A``, ``A'`` and ``B`` (see the module docstring)."""
     arms = {}
     for arm, build in (("A", entry.baseline), ("A'", entry.baseline), ("B", entry.candidate)):
@@ -301,6 +389,10 @@ def measure(entry: Entry, rounds: int, min_run_time: float, threads: int, device
         median = statistics.median(ratios)
         result[clock] = dict(ratios=ratios, controls=controls, median=median, band=band,
                              verdict=verdict(median, band, entry.target))
+    if step_efficiency:
+        result["step_efficiency"] = measure_step_efficiency(arms["B"][0], rounds, min_run_time, threads)
+        if result["step_efficiency"] is None:
+            log("  step efficiency: not measured (no isometry optimizer, or isometry_interval > 1)")
     return result
 
 
@@ -330,6 +422,16 @@ def table(results: list[dict[str, Any]]) -> str:
             "-" if floor is None else f"{floor:.3f}", "-" if floor is None else f"{cpu['median'] / floor:.3f}",
         )
         lines.append("| " + " | ".join(cells) + " |")
+    efficiency = [res for res in results if res.get("step_efficiency")]
+    if efficiency:
+        lines += ["", "| entry | step() on, ms | step() off, ms | isometry part, ms | its products, ms | "
+                  "part / products (median) |", "|---|---|---|---|---|---|"]
+        for res in efficiency:
+            eff = res["step_efficiency"]
+            med = {k: statistics.median(v) * 1e3 for k, v in eff["times"].items()}
+            lines.append(f"| {res['entry']} | {med['on']:.3f} | {med['off']:.3f} | "
+                         f"{statistics.median(eff['isometry_part']) * 1e3:.3f} | {med['matmul']:.3f} | "
+                         f"{eff['median_step_over_matmul']:.2f} |")
     return "\n".join(lines)
 
 
@@ -344,6 +446,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--whole-run", type=int, default=0, metavar="STEPS",
                         help="time learn(STEPS) per arm and round instead of one unit of work")
+    parser.add_argument("--step-efficiency", action="store_true",
+                        help="also time the candidate's isometry step against its bare matrix products")
     parser.add_argument("--json", help="write every timing and ratio to this file")
     args = parser.parse_args(argv)
     if args.list:
@@ -359,7 +463,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     for name in names:
         print(f"{name}: {REGISTRY[name].description}", flush=True)
         results.append(measure(REGISTRY[name], args.rounds, args.min_run_time, args.threads, args.device, args.seed,
-                               args.whole_run, log=lambda msg: print(msg, flush=True)))
+                               args.whole_run, log=lambda msg: print(msg, flush=True),
+                               step_efficiency=args.step_efficiency))
     print()
     print(f"torch {th.__version__}, {platform.processor() or platform.machine()}, threads {args.threads}, "
           f"device {args.device}, rounds {args.rounds}" + (f", learn({args.whole_run})" if args.whole_run else ""))

@@ -54,3 +54,29 @@ def test_a_tiny_entry_measures_three_arms_and_the_isometry_step_flops():
     for clock in ("wall", "cpu"):
         assert len(res[clock]["ratios"]) == len(res[clock]["controls"]) == 2
         assert res[clock]["band"] >= 1 and res[clock]["verdict"] in ("PASS", "FAIL", "not resolved")
+
+
+def test_step_efficiency_times_the_isometry_part_against_its_own_products():
+    th.manual_seed(0)
+    model = _tiny(PlasticDQN, activation="relu")("cpu", 0)
+    model.learn(64)
+    work = step_cost.step_efficiency_work(model)
+    opt = model.policy.optimizer
+    coefs = [g["isometry_coef"] for g in opt.param_groups]
+    per_update = 4 * 8 * 4 * 4 + 4 * 8 * 8 * 8  # the hidden weights (8, 4) and (8, 8)
+    assert step_cost.count_flops(work["matmul"]) == per_update
+    assert step_cost.count_flops(work["on"]) - step_cost.count_flops(work["off"]) == per_update
+    assert [g["isometry_coef"] for g in opt.param_groups] == coefs  # "off" puts the coefficients back
+    res = step_cost.measure_step_efficiency(model, rounds=2, min_run_time=0.01, threads=1)
+    assert set(res["times"]) == {"on", "off", "matmul"} and len(res["efficiency"]) == 2
+    parts = [on - off for on, off in zip(res["times"]["on"], res["times"]["off"])]
+    assert res["isometry_part"] == parts
+
+
+def test_step_efficiency_is_not_measured_without_a_per_call_step():
+    plain = _tiny(DQN)("cpu", 0)
+    auto = _tiny(PlasticDQN, activation="relu", isometry_interval=4)("cpu", 0)
+    for model in (plain, auto):
+        model.learn(64)
+        assert step_cost.step_efficiency_work(model) == {}
+        assert step_cost.measure_step_efficiency(model, rounds=2, min_run_time=0.01, threads=1) is None
