@@ -238,6 +238,20 @@ register(Entry("sac-mlp-maxmin", "PlasticSAC maxmin + exact AdamO vs SAC relu, P
 register(Entry("sac-mlp-maxmin-adam", "MaxMin's own cost: SAC with MaxMin (SB3, plain Adam) vs SAC relu",
                sac_mlp(), sac_mlp(activation="maxmin"), warmup=300, gradient_steps=4, batch_size=256))
 
+# The isometry paper's baselines (issue #15) through the plastic algorithms' keywords, isometry penalty off and plain
+# Adam (the same network as the baseline): what each one alone adds to an update. No target (the issue asks for the
+# measured cost). Their flop floor reads 1: L2-init and NaP (layer norms, the projection) add elementwise work only,
+# and the spectral penalty's power iteration is matrix-vector products, which torch's flop counter does not count.
+BASELINES = dict(activation="relu", isometry_mode="off", optimizer="adam")
+for _short, _kwargs in (("l2init", dict(l2_init_coef=1e-3)), ("spectral", dict(spectral_coef=1e-3)),
+                        ("nap", dict(nap=True))):
+    _what = ", ".join(f"{k}={v}" for k, v in _kwargs.items())
+    register(Entry(f"ppo-minatar-{_short}", f"PlasticPPO relu + Adam, {_what} vs PPO, MinAtar CNN", ppo_minatar(),
+                   ppo_minatar(dict(BASELINES, **_kwargs))))
+    register(Entry(f"dqn-mlp-{_short}", f"PlasticDQN relu + Adam, {_what} vs DQN, CartPole [256, 256]", dqn_mlp(),
+                   dqn_mlp(dict(BASELINES, **_kwargs)), warmup=300, gradient_steps=16, batch_size=64))
+    register(Entry(f"sac-mlp-{_short}", f"PlasticSAC relu + Adam, {_what} vs SAC, Pendulum [256, 256]", sac_mlp(),
+                   sac_mlp(dict(BASELINES, **_kwargs)), warmup=300, gradient_steps=4, batch_size=256))
 
 # ------------------------------------------------------------------------------------------------ measuring
 def prepare(entry: Entry, build: Callable[[str, int], Any], device: str, seed: int) -> tuple[Any, Callable[[], Any]]:
