@@ -411,6 +411,58 @@ def _recording_monitor(every: int) -> Any:
 
 #: the network-level diagnostics kept in the per-run JSON and plotted (the isometry paper's claim is about the NTK)
 DIAGNOSTICS = ("dormant_fraction", "ntk_cond", "ntk_erank", "dfi", "weight_norm")
+#: SB3's own training scalars copied from a run's TensorBoard events into its JSON (:func:`add_train_scalars`), per
+#: task over the task's tail: PPO's policy entropy (``-train/entropy_loss``) tells a policy that collapsed to one
+#: action (entropy 0) from one that still explores
+TRAIN_SCALARS = ("train/entropy_loss",)
+
+
+def train_scalars_per_task(events_dir: str, setting: Setting, tasks: int) -> dict[str, list[Optional[float]]]:
+    """Per tag of :data:`TRAIN_SCALARS` found in the TensorBoard events of ``events_dir`` (tensorboard's
+    ``EventAccumulator``): the mean of the values logged in the tail of each of the first ``tasks`` tasks (the last
+    ``setting.tail`` part of ``[k, k + 1) * task_timesteps`` in timesteps); ``None`` for a task without a value."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(events_dir, size_guidance={"scalars": 0})
+    events.Reload()
+    length = setting.task_timesteps
+    out: dict[str, list[Optional[float]]] = {}
+    for tag in TRAIN_SCALARS:
+        if tag not in events.Tags()["scalars"]:
+            continue
+        steps = np.array([e.step for e in events.Scalars(tag)], dtype=float)
+        values = np.array([e.value for e in events.Scalars(tag)], dtype=float)
+        per_task: list[Optional[float]] = []
+        for k in range(tasks):
+            start, end = (k + 1.0 - setting.tail) * length, (k + 1.0) * length
+            chosen = values[(steps > start) & (steps <= end)]
+            per_task.append(float(chosen.mean()) if chosen.size else None)
+        out[tag] = per_task
+    return out
+
+
+def add_train_scalars(out: str, setting: Setting) -> int:
+    """Copy :data:`TRAIN_SCALARS` from the TensorBoard events under ``out/tb`` (not committed) into the run JSONs
+    (committed) that lack them: ``record["train_scalars"] = {tag: [per task]}`` (a fresh agent's list has its one
+    task). Returns the number of JSONs updated; a run without its events folder is left as it is."""
+    updated = 0
+    for record_path in sorted(Path(out, "runs").glob("*/seed*.json")) + sorted(Path(out, "runs").glob("*/fresh/*.json")):
+        with open(record_path) as f:
+            record = json.load(f)
+        if "train_scalars" in record:
+            continue
+        method, seed, fresh_task = record["method"], record["seed"], record.get("fresh_task")
+        folder = Path(out, "tb", method) if fresh_task is None else Path(out, "tb", method, "fresh")
+        name = f"s{seed}_1" if fresh_task is None else f"s{seed}_task{fresh_task}_1"
+        if not (folder / name).is_dir():
+            continue
+        tasks = setting.tasks if fresh_task is None else 1
+        record["train_scalars"] = train_scalars_per_task(str(folder / name), setting, tasks)
+        with open(str(record_path) + ".tmp", "w") as f:
+            json.dump(record, f)
+        os.replace(str(record_path) + ".tmp", record_path)
+        updated += 1
+    return updated
 
 
 def _plain_cnn_kwargs(setting: Setting) -> dict[str, Any]:
@@ -619,6 +671,27 @@ def _score(record: dict, setting: Setting) -> list[float]:
     return record.get(setting.score, record["end_reward"])
 
 
+def _entropy_last_half(runs: list[dict], records: list[dict], method: str, n: int) -> dict[str, float]:
+    """PPO's policy entropy (``-train/entropy_loss``, :data:`TRAIN_SCALARS`) averaged over runs x last-half tasks of
+    the continual runs and over the matching fresh agents, where the run JSONs carry it; else ``{}``."""
+    tag = "train/entropy_loss"
+
+    def mean(lists: list[list[Optional[float]]]) -> Optional[float]:
+        values = [-v for values in lists for v in values if v is not None]
+        return float(np.mean(values)) if values else None
+
+    cont = [r["train_scalars"][tag][n // 2: n] for r in runs if tag in r.get("train_scalars", {})]
+    seeds = {r["seed"] for r in runs}
+    fresh = [r["train_scalars"][tag] for r in records if r["method"] == method and r.get("fresh_task") is not None
+             and n // 2 <= r["fresh_task"] < n and r["seed"] in seeds and tag in r.get("train_scalars", {})]
+    out = {}
+    if cont and mean(cont) is not None:
+        out["entropy_last_half"] = mean(cont)
+    if fresh and mean(fresh) is not None:
+        out["fresh_entropy_last_half"] = mean(fresh)
+    return out
+
+
 def _ci_text(v: Optional[dict], digits: int = 3) -> str:
     if not v:
         return "-"
@@ -682,6 +755,9 @@ def summarise(records: list[dict], methods: list[str], setting: Setting) -> dict
             "cpu_seconds_mean": float(np.mean([r["cpu_seconds"] for r in runs])),
             "device": runs[0]["device"],
         }
+        entropy = _entropy_last_half(runs, records, method, n)
+        if entropy:
+            entry.update(entropy)
         seen = np.isfinite(fresh)
         if seen.any():
             entry["fresh_mean"] = [float(np.nanmean(fresh[:, k])) if seen[:, k].any() else None for k in range(n)]
@@ -731,12 +807,19 @@ def markdown_table(result: dict[str, Any], setting_name: str, setting: Setting) 
         "CPU min / run |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
+    if any("entropy_last_half" in s for s in summary.values()):
+        lines[2] = lines[2].replace(" CPU min / run |", " policy entropy: continual / fresh | CPU min / run |")
+        lines[3] += "---|"
     for method, s in summary.items():
         poi = s.get("poi_vs_plain")
+        entropy = ""
+        if any("entropy_last_half" in x for x in summary.values()):
+            cells = [s.get("entropy_last_half"), s.get("fresh_entropy_last_half")]
+            entropy = " / ".join("-" if c is None else f"{c:.3f}" for c in cells) + " | "
         lines.append(
             f"| {method} | {len(s['seeds'])} | {_ci_text(s.get('iqm_fresh_last_half'))} | {_ci_text(s['iqm_last_half'])} "
             f"| {_ci_text(s.get('iqm_plasticity_last_half'))} | {s.get('vs_fresh', '-')} "
-            f"| {_ci_text(poi, 2)} | {s.get('vs_plain', '-')} | {s['cpu_seconds_mean'] / 60:.1f} |"
+            f"| {_ci_text(poi, 2)} | {s.get('vs_plain', '-')} | {entropy}{s['cpu_seconds_mean'] / 60:.1f} |"
         )
     n_tasks = max(s["tasks"] for s in summary.values())
     shown = sorted({0, 1, n_tasks // 2, n_tasks - 1} & set(range(n_tasks)))
@@ -881,6 +964,10 @@ def report(out: str, setting_name: str, setting: Setting, methods: Optional[list
 
     :raises NoRunsError: when ``out`` holds no finished run of ``methods``; nothing is written then.
     """
+    copied = add_train_scalars(out, setting)
+    if copied:
+        print(f"copied SB3's training scalars ({', '.join(TRAIN_SCALARS)}) from the TensorBoard events into {copied} "
+              "run JSONs", flush=True)
     records = load_records(out)
     found = list(dict.fromkeys(r["method"] for r in records))
     if methods is None:

@@ -202,3 +202,45 @@ def test_device_cuda_runs_on_the_gpu(tmp_path):
     assert done.returncode == 0, done.stderr
     for method in ("ppo", "plastic_relu"):
         assert json.loads((tmp_path / "runs" / method / "seed0.json").read_text())["device"].startswith("cuda")
+
+
+def test_train_scalars_are_copied_from_tensorboard_per_task_tail_and_summarised(continual, tmp_path, capsys):
+    from torch.utils.tensorboard import SummaryWriter
+
+    setting = _tiny_bandit(continual, tasks=4)  # 256 timesteps per task, tail 20 %: (204.8, 256] of each task
+    length = setting.task_timesteps
+    cont = np.full((2, 4), 0.5)
+    _synthetic_runs(tmp_path, setting, {"ppo": (cont, cont)})
+    rng = np.random.default_rng(1)
+    expected = {}
+    for seed in range(2):
+        folder = tmp_path / "tb" / "ppo" / f"s{seed}_1"
+        writer = SummaryWriter(str(folder))
+        steps = np.arange(16, setting.total_timesteps + 1, 16)
+        values = -rng.uniform(0, 0.7, steps.size)  # train/entropy_loss = -entropy
+        for step, value in zip(steps, values):
+            writer.add_scalar("train/entropy_loss", value, int(step))
+        writer.close()
+        tails = [(steps > (k + 0.8) * length) & (steps <= (k + 1) * length) for k in range(4)]
+        expected[seed] = [float(np.float32(values[t]).mean()) for t in tails]
+    # seed 0's fresh agent of task 2 has events; the others have none and are left as they are
+    writer = SummaryWriter(str(tmp_path / "tb" / "ppo" / "fresh" / "s0_task2_1"))
+    for step in (100, 220, 250):
+        writer.add_scalar("train/entropy_loss", -0.25 if step > 204 else -0.9, step)
+    writer.close()
+
+    assert continual.add_train_scalars(str(tmp_path), setting) == 3
+    for seed in range(2):
+        record = json.loads((tmp_path / "runs" / "ppo" / f"seed{seed}.json").read_text())
+        np.testing.assert_allclose(record["train_scalars"]["train/entropy_loss"], expected[seed], rtol=1e-6)
+    fresh = json.loads((tmp_path / "runs" / "ppo" / "fresh" / "seed0_task2.json").read_text())
+    assert fresh["train_scalars"]["train/entropy_loss"] == [pytest.approx(-0.25)]
+    assert "train_scalars" not in json.loads((tmp_path / "runs" / "ppo" / "fresh" / "seed1_task2.json").read_text())
+    assert continual.add_train_scalars(str(tmp_path), setting) == 0  # copied once
+
+    entry = continual.summarise(continual.load_records(str(tmp_path)), ["ppo"], setting)["methods"]["ppo"]
+    last_half = [-v for seed in range(2) for v in expected[seed][2:]]
+    assert entry["entropy_last_half"] == pytest.approx(np.mean(last_half))
+    assert entry["fresh_entropy_last_half"] == pytest.approx(0.25)
+    table = continual.markdown_table({"metrics": "x", "plain": "ppo", "methods": {"ppo": entry}}, "bandit", setting)
+    assert "policy entropy: continual / fresh" in table and f"{np.mean(last_half):.3f} / 0.250" in table
