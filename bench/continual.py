@@ -13,7 +13,8 @@ The protocol of issue #14 (DESIGN.md, "Continual semantics"):
   task ``k`` with ``pin_task``) for the same budget, one task. Plasticity at task ``k`` = continual score on task
   ``k`` / fresh score on task ``k``; reported per task and over the last half of the run, next to the absolute
   scores. Interventions that act at task changes or at the continual run's midpoint (Shrink & Perturb, both FIRE
-  methods) never trigger within one task, so their fresh agents run without them. ``--fresh none`` skips them.
+  methods) never trigger within one task, so their fresh agents run without them: they are the plain agent's fresh
+  runs, copied from them where those exist (``reused_from`` in the JSON). ``--fresh none`` skips them.
 * **Independent task sequences per seed**: run seed ``s`` trains on the task sequence of ``task_seed = s``.
 * **Statistics** (:mod:`rl_stats`): per method the IQM (rliable's ``aggregate_iqm``) over runs x last-half tasks with
   a stratified bootstrap 95 % CI, and the probability of improvement over the plain baseline (rliable's
@@ -451,7 +452,7 @@ def add_train_scalars(out: str, setting: Setting) -> int:
             record = json.load(f)
         if "train_scalars" in record:
             continue
-        method, seed, fresh_task = record["method"], record["seed"], record.get("fresh_task")
+        method, seed, fresh_task = record.get("reused_from", record["method"]), record["seed"], record.get("fresh_task")
         folder = Path(out, "tb", method) if fresh_task is None else Path(out, "tb", method, "fresh")
         name = f"s{seed}_1" if fresh_task is None else f"s{seed}_task{fresh_task}_1"
         if not (folder / name).is_dir():
@@ -582,12 +583,38 @@ def run_parts(setting: Setting, fresh: str) -> list[Optional[int]]:
     return [None] + (list(range(setting.tasks)) if fresh == "all" else [])
 
 
+def _reuse_plain_fresh(method: str, seed: int, setting: Setting, out: str, fresh_task: Optional[int]) -> Optional[dict]:
+    """The fresh agent of a :data:`TASK_CHANGE_METHODS` method is the plain agent (its intervention cannot trigger
+    within one task; :func:`build_model` builds the same model with the same seed), so an existing plain fresh run of
+    the same seed, task and setting is copied instead of trained again (``reused_from`` names it); else ``None``."""
+    if fresh_task is None or canonical_method(method) not in TASK_CHANGE_METHODS:
+        return None
+    plain = method_name("ppo", setting.algo)
+    source = run_path(out, plain, seed, fresh_task)
+    if not os.path.exists(source):
+        return None
+    with open(source) as f:
+        record = json.load(f)
+    if record["setting"] != json.loads(json.dumps(asdict(setting))):
+        return None
+    record.update(method=method, reused_from=plain)
+    path = run_path(out, method, seed, fresh_task)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump(record, f)
+    os.replace(path + ".tmp", path)
+    return record
+
+
 def run_one(method: str, seed: int, setting: Setting, params: MethodParams, out: str, device: str, threads: int,
             fresh_task: Optional[int] = None) -> dict:
     """Train one run (the continual run, or with ``fresh_task`` the fresh agent of that task) and write its JSON
     (:func:`run_path`); returns its record."""
     import torch as th
 
+    reused = _reuse_plain_fresh(method, seed, setting, out, fresh_task)
+    if reused is not None:
+        return reused
     th.set_num_threads(threads)
     tb_root = os.path.join(out, "tb", method) if fresh_task is None else os.path.join(out, "tb", method, "fresh")
     name = f"s{seed}" if fresh_task is None else f"s{seed}_task{fresh_task}"

@@ -244,3 +244,20 @@ def test_train_scalars_are_copied_from_tensorboard_per_task_tail_and_summarised(
     assert entry["fresh_entropy_last_half"] == pytest.approx(0.25)
     table = continual.markdown_table({"metrics": "x", "plain": "ppo", "methods": {"ppo": entry}}, "bandit", setting)
     assert "policy entropy: continual / fresh" in table and f"{np.mean(last_half):.3f} / 0.250" in table
+
+
+def test_fresh_agents_of_task_change_methods_are_the_plain_fresh_runs(continual, tmp_path):
+    setting = _tiny_bandit(continual)
+    params = continual.MethodParams()
+    trained = continual.run_one("ppo_snp", 2, setting, params, str(tmp_path / "a"), "cpu", 1, fresh_task=1)
+    plain = continual.run_one("ppo", 2, setting, params, str(tmp_path / "b"), "cpu", 1, fresh_task=1)
+    copied = continual.run_one("ppo_fire", 2, setting, params, str(tmp_path / "b"), "cpu", 1, fresh_task=1)
+    # the copy is what training would give: the S&P fresh agent trained from scratch scores exactly the plain one
+    assert trained["end_reward"] == plain["end_reward"] == copied["end_reward"] and "reused_from" not in trained
+    assert copied["method"] == "ppo_fire" and copied["reused_from"] == "ppo"
+    assert json.loads(Path(continual.run_path(str(tmp_path / "b"), "ppo_fire", 2, 1)).read_text()) == copied
+    assert not (tmp_path / "b" / "tb" / "ppo_fire").exists()  # nothing was trained
+    # a method whose intervention acts within a task is never copied; nor is a run of another setting
+    assert "reused_from" not in continual.run_one("ppo_l2", 2, setting, params, str(tmp_path / "b"), "cpu", 1, 1)
+    other = replace(setting, tasks=3)
+    assert "reused_from" not in continual.run_one("ppo_snp", 2, other, params, str(tmp_path / "b"), "cpu", 1, 1)
