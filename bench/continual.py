@@ -18,7 +18,8 @@ The protocol of issue #14 (DESIGN.md, "Continual semantics"):
 * **Independent task sequences per seed**: run seed ``s`` trains on the task sequence of ``task_seed = s``.
 * **Statistics** (:mod:`rl_stats`): per method the IQM (rliable's ``aggregate_iqm``) over runs x last-half tasks with
   a stratified bootstrap 95 % CI, and the probability of improvement over the plain baseline (rliable's
-  ``probability_of_improvement``) with its CI; "not resolved" wherever the two intervals compared overlap.
+  ``probability_of_improvement``) with its CI; "not resolved" wherever the two intervals compared overlap, and no
+  verdict at all ("too few seeds") for a method with fewer than :data:`MIN_VERDICT_SEEDS` runs.
 
 Methods (``--methods``; default: all but ``ppo_fire_switch``, ``ppo_cbp_dohare``, ``ppo_redo`` and the baselines of
 issue #15; on a DQN / SAC setting the ``ppo`` prefix reads ``dqn`` / ``sac``: ``dqn``, ``dqn_l2``, ...):
@@ -732,6 +733,15 @@ def _iqm_entry(matrix: np.ndarray) -> Optional[dict]:
     return {"iqm": point, "low": low, "high": high}
 
 
+#: fewest runs per method for a verdict: a bootstrap over one or two runs gives an interval that says nothing
+MIN_VERDICT_SEEDS = 3
+
+
+def _too_few(seeds: int) -> str:
+    """The verdict text when ``seeds`` runs are too few for one (else ``""``)."""
+    return f"too few seeds ({seeds} < {MIN_VERDICT_SEEDS})" if seeds < MIN_VERDICT_SEEDS else ""
+
+
 def compare(a: Optional[dict], b: Optional[dict], lower: str, higher: str) -> str:
     """``lower`` when the CI of ``a`` lies wholly below that of ``b``, ``higher`` when above, else "not resolved"."""
     if not a or not b:
@@ -800,15 +810,15 @@ def summarise(records: list[dict], methods: list[str], setting: Setting) -> dict
             else:  # a ratio needs positive fresh scores (rewards can be negative): the difference is reported
                 entry["plasticity_mean"] = None
             entry["iqm_minus_fresh_last_half"] = _iqm_entry(ends[:, half] - fresh[:, half]) if seen.all() else None
-            entry["vs_fresh"] = compare(entry["iqm_last_half"], entry["iqm_fresh_last_half"],
-                                        "below fresh (plasticity lost)", "above fresh")
+            entry["vs_fresh"] = _too_few(len(runs)) or compare(
+                entry["iqm_last_half"], entry["iqm_fresh_last_half"], "below fresh (plasticity lost)", "above fresh")
         summary[method] = entry
     if plain in summary:
         base = summary[plain]
         base_ends = np.array([_score(r, setting)[: base["tasks"]] for r in records
                               if r["method"] == plain and r.get("fresh_task") is None], dtype=float)
         for method, entry in summary.items():
-            entry["vs_plain"] = "-" if method == plain else compare(
+            entry["vs_plain"] = "-" if method == plain else _too_few(min(len(entry["seeds"]), len(base["seeds"]))) or compare(
                 entry["iqm_last_half"], base["iqm_last_half"], f"below {plain}", f"above {plain}")
             if method == plain:
                 continue

@@ -261,3 +261,18 @@ def test_fresh_agents_of_task_change_methods_are_the_plain_fresh_runs(continual,
     assert "reused_from" not in continual.run_one("ppo_l2", 2, setting, params, str(tmp_path / "b"), "cpu", 1, 1)
     other = replace(setting, tasks=3)
     assert "reused_from" not in continual.run_one("ppo_snp", 2, other, params, str(tmp_path / "b"), "cpu", 1, 1)
+
+
+def test_no_verdict_from_fewer_than_three_seeds(continual, tmp_path):
+    setting = _tiny_bandit(continual, tasks=4)
+    fresh = np.full((2, 4), 0.9) + 0.001 * np.arange(4)
+    lost = np.full((2, 4), 0.2) + 0.001 * np.arange(4)  # far below: 5 seeds of this would be resolved
+    _synthetic_runs(tmp_path, setting, {"ppo": (lost, fresh), "plastic_relu": (fresh, fresh)})
+    result = continual.summarise(continual.load_records(str(tmp_path)), ["ppo", "plastic_relu"], setting)
+    ppo, plastic = result["methods"]["ppo"], result["methods"]["plastic_relu"]
+    assert ppo["vs_fresh"] == plastic["vs_fresh"] == "too few seeds (2 < 3)"
+    assert plastic["vs_plain"] == "too few seeds (2 < 3)"
+    _synthetic_runs(tmp_path, setting, {"ppo": (np.vstack([lost, lost[:1]]), np.vstack([fresh, fresh[:1]]))})
+    result = continual.summarise(continual.load_records(str(tmp_path)), ["ppo", "plastic_relu"], setting)
+    assert result["methods"]["ppo"]["vs_fresh"] == "below fresh (plasticity lost)"  # 3 seeds
+    assert result["methods"]["plastic_relu"]["vs_plain"] == "too few seeds (2 < 3)"  # its own 2 seeds
