@@ -65,6 +65,7 @@ from typing import Any, Optional
 import torch as th
 from stable_baselines3 import DQN, PPO, SAC
 from stable_baselines3.common.base_class import BaseAlgorithm
+from stable_baselines3.common.callbacks import CallbackList
 from stable_baselines3.common.env_util import make_atari_env, make_vec_env
 from stable_baselines3.common.vec_env import VecFrameStack
 from torch.utils import benchmark
@@ -254,10 +255,26 @@ for _short, _kwargs in (("l2init", dict(l2_init_coef=1e-3)), ("spectral", dict(s
                    sac_mlp(dict(BASELINES, **_kwargs)), warmup=300, gradient_steps=4, batch_size=256))
 
 # ------------------------------------------------------------------------------------------------ measuring
+def start_interventions(model: BaseAlgorithm) -> Optional[CallbackList]:
+    """Start the keyword-enabled interventions of a plastic ``model`` (its ``intervention_callbacks()``) as
+    ``learn()`` would, and leave them running: L2-init's and spectral regularisation's gradient hooks and NaP's
+    projection are installed at training start and removed at training end, so without this a ``train()`` called
+    after ``learn()`` returns would run without them. ``None`` for a model without such interventions."""
+    callbacks = model.intervention_callbacks() if hasattr(model, "intervention_callbacks") else []
+    if not callbacks:
+        return None
+    started = CallbackList(callbacks)
+    started.init_callback(model)
+    started.on_training_start({}, {})
+    return started
+
+
 def prepare(entry: Entry, build: Callable[[str, int], Any], device: str, seed: int) -> tuple[Any, Callable[[], Any]]:
-    """Build and warm up one arm; returns the model and its unit of work (a zero-argument callable)."""
+    """Build and warm up one arm, its interventions started (:func:`start_interventions`, kept as
+    ``model.step_cost_interventions``); returns the model and its unit of work (a zero-argument callable)."""
     model = build(device, seed)
     model.learn(entry.warmup)
+    model.step_cost_interventions = start_interventions(model)
     if entry.work == "forward":
         obs, _ = model.policy.obs_to_tensor(model.env.reset())
 

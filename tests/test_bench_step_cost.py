@@ -80,3 +80,23 @@ def test_step_efficiency_is_not_measured_without_a_per_call_step():
         model.learn(64)
         assert step_cost.step_efficiency_work(model) == {}
         assert step_cost.measure_step_efficiency(model, rounds=2, min_run_time=0.01, threads=1) is None
+
+
+def test_train_steps_run_with_the_keyword_interventions_active():
+    """L2-init's hooks are removed when learn() returns: the timed train() must run with them (prepare starts them)."""
+    entry = step_cost.Entry("tiny-l2init", "", _tiny(DQN), _tiny(PlasticDQN, activation="relu", isometry_mode="off",
+                                                                  optimizer="adam", l2_init_coef=0.5), warmup=64)
+    model, _ = step_cost.prepare(entry, entry.candidate, "cpu", 0)
+    (l2init,) = model.step_cost_interventions.callbacks
+    params = list(model.policy.q_net.parameters())
+    model.policy.set_training_mode(True)
+    model.policy.optimizer.zero_grad()
+    sum((p * 0.0).sum() for p in params).backward()  # no task gradient: what arrives is the penalty's
+    theta0 = l2init.state["theta0"]
+    for key, p in l2init.named_network_parameters():
+        if key.startswith("q_net."):
+            th.testing.assert_close(p.grad, 2 * 0.5 * (p.detach() - theta0[key]))
+    assert any(p.grad.abs().sum() > 0 for p in params)  # the warm-up moved the weights away from theta_0
+    model.policy.set_training_mode(False)
+    plain, _ = step_cost.prepare(entry, entry.baseline, "cpu", 0)
+    assert plain.step_cost_interventions is None
