@@ -419,6 +419,13 @@ DIAGNOSTICS = ("dormant_fraction", "ntk_cond", "ntk_erank", "dfi", "weight_norm"
 TRAIN_SCALARS = ("train/entropy_loss",)
 
 
+def write_record(path: str, record: dict) -> None:
+    """Write a run's JSON atomically (a temporary file, then a rename): a JSON that exists is a finished run."""
+    with open(path + ".tmp", "w") as f:
+        json.dump(record, f)
+    os.replace(path + ".tmp", path)
+
+
 def train_scalars_per_task(events_dir: str, setting: Setting, tasks: int) -> dict[str, list[Optional[float]]]:
     """Per tag of :data:`TRAIN_SCALARS` found in the TensorBoard events of ``events_dir`` (tensorboard's
     ``EventAccumulator``): the mean of the values logged in the tail of each of the first ``tasks`` tasks (the last
@@ -446,8 +453,9 @@ def train_scalars_per_task(events_dir: str, setting: Setting, tasks: int) -> dic
 def add_train_scalars(out: str, setting: Setting) -> int:
     """Copy :data:`TRAIN_SCALARS` from the TensorBoard events under ``out/tb`` (not committed) into the run JSONs
     (committed) that lack them: ``record["train_scalars"] = {tag: [per task]}`` (a fresh agent's list has its one
-    task). Returns the number of JSONs updated; a run without its events folder is left as it is."""
-    updated = 0
+    task). Returns the number of JSONs updated; a run without its events folder is left as it is, and a warning
+    names how many those are."""
+    updated, missing = 0, []
     for record_path in sorted(Path(out, "runs").glob("*/seed*.json")) + sorted(Path(out, "runs").glob("*/fresh/*.json")):
         with open(record_path) as f:
             record = json.load(f)
@@ -457,13 +465,16 @@ def add_train_scalars(out: str, setting: Setting) -> int:
         folder = Path(out, "tb", method) if fresh_task is None else Path(out, "tb", method, "fresh")
         name = f"s{seed}_1" if fresh_task is None else f"s{seed}_task{fresh_task}_1"
         if not (folder / name).is_dir():
+            missing.append(str(record_path))
             continue
         tasks = setting.tasks if fresh_task is None else 1
         record["train_scalars"] = train_scalars_per_task(str(folder / name), setting, tasks)
-        with open(str(record_path) + ".tmp", "w") as f:
-            json.dump(record, f)
-        os.replace(str(record_path) + ".tmp", record_path)
+        write_record(str(record_path), record)
         updated += 1
+    if missing:
+        print(f"warning: {len(missing)} run JSONs carry no {', '.join(TRAIN_SCALARS)} and have no TensorBoard events "
+              f"under {os.path.join(out, 'tb')} to copy them from (e.g. {missing[0]}): their policy entropy is left out "
+              "of the tables", flush=True)
     return updated
 
 
@@ -601,9 +612,7 @@ def _reuse_plain_fresh(method: str, seed: int, setting: Setting, out: str, fresh
     record.update(method=method, reused_from=plain)
     path = run_path(out, method, seed, fresh_task)
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path + ".tmp", "w") as f:
-        json.dump(record, f)
-    os.replace(path + ".tmp", path)
+    write_record(path, record)
     return record
 
 
@@ -646,9 +655,7 @@ def run_one(method: str, seed: int, setting: Setting, params: MethodParams, out:
         **results,
         "diagnostics": monitor.history,
     }
-    with open(path + ".tmp", "w") as f:
-        json.dump(record, f)
-    os.replace(path + ".tmp", path)  # a JSON that exists is a finished run
+    write_record(path, record)
     progress = path.replace(".json", ".progress")
     if os.path.exists(progress):
         os.remove(progress)
@@ -844,13 +851,14 @@ def markdown_table(result: dict[str, Any], setting_name: str, setting: Setting) 
         "CPU min / run |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    if any("entropy_last_half" in s for s in summary.values()):
+    with_entropy = any("entropy_last_half" in s for s in summary.values())
+    if with_entropy:
         lines[2] = lines[2].replace(" CPU min / run |", " policy entropy: continual / fresh | CPU min / run |")
         lines[3] += "---|"
     for method, s in summary.items():
         poi = s.get("poi_vs_plain")
         entropy = ""
-        if any("entropy_last_half" in x for x in summary.values()):
+        if with_entropy:
             cells = [s.get("entropy_last_half"), s.get("fresh_entropy_last_half")]
             entropy = " / ".join("-" if c is None else f"{c:.3f}" for c in cells) + " | "
         lines.append(

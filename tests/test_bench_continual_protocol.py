@@ -230,6 +230,8 @@ def test_train_scalars_are_copied_from_tensorboard_per_task_tail_and_summarised(
     writer.close()
 
     assert continual.add_train_scalars(str(tmp_path), setting) == 3
+    # the 7 fresh runs without events are named, not skipped silently
+    assert "warning: 7 run JSONs carry no train/entropy_loss" in capsys.readouterr().out
     for seed in range(2):
         record = json.loads((tmp_path / "runs" / "ppo" / f"seed{seed}.json").read_text())
         np.testing.assert_allclose(record["train_scalars"]["train/entropy_loss"], expected[seed], rtol=1e-6)
