@@ -76,6 +76,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as futures
 import json
+import math
 import multiprocessing
 import os
 import shutil
@@ -412,7 +413,7 @@ def _recording_monitor(every: int) -> Any:
 
 
 #: the network-level diagnostics kept in the per-run JSON and plotted (the isometry paper's claim is about the NTK)
-DIAGNOSTICS = ("dormant_fraction", "ntk_cond", "ntk_erank", "dfi", "weight_norm")
+DIAGNOSTICS = ("dormant_fraction", "ntk_cond", "ntk_erank", "dfi", "dfi_hidden", "weight_norm")
 #: SB3's own training scalars copied from a run's TensorBoard events into its JSON (:func:`add_train_scalars`), per
 #: task over the task's tail: PPO's policy entropy (``-train/entropy_loss``) tells a policy that collapsed to one
 #: action (entropy 0) from one that still explores
@@ -450,25 +451,99 @@ def train_scalars_per_task(events_dir: str, setting: Setting, tasks: int) -> dic
     return out
 
 
+def _events_dir(out: str, record: dict) -> Path:
+    """The TensorBoard events folder of a run JSON under ``out/tb`` (a copied fresh agent's: its source's)."""
+    method, seed, fresh_task = record.get("reused_from", record["method"]), record["seed"], record.get("fresh_task")
+    if fresh_task is None:
+        return Path(out, "tb", method, f"s{seed}_1")
+    return Path(out, "tb", method, "fresh", f"s{seed}_task{fresh_task}_1")
+
+
+def _run_jsons(out: str) -> list[Path]:
+    return sorted(Path(out, "runs").glob("*/seed*.json")) + sorted(Path(out, "runs").glob("*/fresh/*.json"))
+
+
+def hidden_dfi_from_events(events_dir: str, network: str = "policy") -> tuple[dict[int, float], dict[int, float]]:
+    """``({step: dfi_hidden}, {step: dfi})`` from a run's TensorBoard events: ``dfi_hidden`` rebuilt from the
+    per-layer keys, the sum of ``plasticity/<network>/<layer>/dfi`` over the layers that also have a
+    ``<layer>/dormant_fraction`` (the hidden layers: the monitor scores units of hidden layers only, never of heads),
+    at each step where every such layer has a value; ``dfi`` the network-level key as logged, which identifies the
+    run. The diagnostics' own ``dfi_hidden`` key is the same sum (:func:`sb3_plastic.diagnostics.
+    network_diagnostics`); this rebuilds it for runs made before that key existed."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(events_dir, size_guidance={"scalars": 0})
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    prefix = f"plasticity/{network}/"
+    layers = [t[len(prefix):-len("/dormant_fraction")] for t in tags
+              if t.startswith(prefix) and t.endswith("/dormant_fraction") and t.count("/") == 3]
+    per_layer = [{e.step: e.value for e in events.Scalars(f"{prefix}{layer}/dfi")} for layer in layers
+                 if f"{prefix}{layer}/dfi" in tags]
+    total_tag = f"{prefix}dfi"
+    totals = {int(e.step): float(e.value) for e in events.Scalars(total_tag)} if total_tag in tags else {}
+    if not layers or len(per_layer) != len(layers):
+        return {}, totals
+    steps = set.intersection(*(set(d) for d in per_layer))
+    return {int(step): float(sum(d[step] for d in per_layer)) for step in sorted(steps)}, totals
+
+
+def add_hidden_dfi(out: str) -> int:
+    """Add ``plasticity/<network>/dfi_hidden`` to the diagnostics of the run JSONs made before the key existed,
+    from their TensorBoard events (:func:`hidden_dfi_from_events`), at the steps of the JSON's own history. The
+    events must be the JSON's own run: their network-level ``dfi`` must equal, step for step, the one the JSON
+    recorded (to float32 precision, as TensorBoard stores it); a JSON whose events are missing or belong to another
+    run (an interrupted attempt's folder) is left as it is and named in a warning. Returns the JSONs updated."""
+    updated, missing = 0, []
+    for record_path in _run_jsons(out):
+        with open(record_path) as f:
+            record = json.load(f)
+        diagnostics = record.get("diagnostics") or {}
+        networks = {k.split("/")[1] for k in diagnostics if k.endswith("/dfi")}
+        todo = [n for n in sorted(networks) if f"plasticity/{n}/dfi_hidden" not in diagnostics]
+        if not todo:
+            continue
+        folder = _events_dir(out, record)
+        if not folder.is_dir():
+            missing.append(str(record_path))
+            continue
+        for network in todo:
+            rebuilt, logged = hidden_dfi_from_events(str(folder), network)
+            total = diagnostics[f"plasticity/{network}/dfi"]
+            series = [[step, rebuilt[int(step)]] for step, _ in total if int(step) in rebuilt]
+            same_run = all(int(step) in logged and math.isclose(logged[int(step)], value, rel_tol=1e-5, abs_tol=1e-6)
+                           for step, value in total)
+            if len(series) != len(total) or not same_run:
+                missing.append(str(record_path))
+                break
+            diagnostics[f"plasticity/{network}/dfi_hidden"] = series
+        else:
+            write_record(str(record_path), record)
+            updated += 1
+    if missing:
+        print(f"warning: {len(missing)} run JSONs carry no dfi_hidden and have no matching TensorBoard events under "
+              f"{os.path.join(out, 'tb')} to rebuild it from (e.g. {missing[0]}): their hidden-layer DfI is left out",
+              flush=True)
+    return updated
+
+
 def add_train_scalars(out: str, setting: Setting) -> int:
     """Copy :data:`TRAIN_SCALARS` from the TensorBoard events under ``out/tb`` (not committed) into the run JSONs
     (committed) that lack them: ``record["train_scalars"] = {tag: [per task]}`` (a fresh agent's list has its one
     task). Returns the number of JSONs updated; a run without its events folder is left as it is, and a warning
     names how many those are."""
     updated, missing = 0, []
-    for record_path in sorted(Path(out, "runs").glob("*/seed*.json")) + sorted(Path(out, "runs").glob("*/fresh/*.json")):
+    for record_path in _run_jsons(out):
         with open(record_path) as f:
             record = json.load(f)
         if "train_scalars" in record:
             continue
-        method, seed, fresh_task = record.get("reused_from", record["method"]), record["seed"], record.get("fresh_task")
-        folder = Path(out, "tb", method) if fresh_task is None else Path(out, "tb", method, "fresh")
-        name = f"s{seed}_1" if fresh_task is None else f"s{seed}_task{fresh_task}_1"
-        if not (folder / name).is_dir():
+        folder = _events_dir(out, record)
+        if not folder.is_dir():
             missing.append(str(record_path))
             continue
-        tasks = setting.tasks if fresh_task is None else 1
-        record["train_scalars"] = train_scalars_per_task(str(folder / name), setting, tasks)
+        tasks = setting.tasks if record.get("fresh_task") is None else 1
+        record["train_scalars"] = train_scalars_per_task(str(folder), setting, tasks)
         write_record(str(record_path), record)
         updated += 1
     if missing:
@@ -727,6 +802,49 @@ def _entropy_last_half(runs: list[dict], records: list[dict], method: str, n: in
     return out
 
 
+#: the diagnostics of the summary table (:func:`diagnostics_last_half`); the condition number as its log10
+TABLE_DIAGNOSTICS = ("dormant_fraction", "ntk_erank", "ntk_cond", "dfi", "dfi_hidden")
+
+
+def _network(records: list[dict]) -> str:
+    """The network whose diagnostics are summarised and plotted: ``policy`` where the runs have it, else the first."""
+    keys = [k for r in records for k in (r.get("diagnostics") or {})]
+    if not keys:
+        return "policy"
+    return "policy" if any(k.startswith("plasticity/policy/") for k in keys) else keys[0].split("/")[1]
+
+
+def diagnostics_last_half(runs: list[dict], records: list[dict], method: str, n: int,
+                          setting: Setting) -> dict[str, dict[str, float]]:
+    """Per metric of :data:`TABLE_DIAGNOSTICS` (``ntk_cond`` as ``log10``): the continual runs' mean over the
+    passes in the last half of the tasks (steps after ``n // 2`` tasks), then the mean, min and max over seeds; and
+    ``fresh``: the fresh agents' last pass on their task, averaged over the last-half tasks and seeds. Metrics no
+    run recorded are left out."""
+    network = _network(runs)
+    start = (n // 2) * setting.task_timesteps
+    fresh_runs = [r for r in records if r["method"] == method and r.get("fresh_task") is not None
+                  and n // 2 <= r["fresh_task"] < n and r["seed"] in {x["seed"] for x in runs}]
+    out: dict[str, dict[str, float]] = {}
+    for metric in TABLE_DIAGNOSTICS:
+        key = f"plasticity/{network}/{metric}"
+        transform = np.log10 if metric == "ntk_cond" else (lambda x: x)
+        per_seed = []
+        for r in runs:
+            values = [v for step, v in (r.get("diagnostics") or {}).get(key, []) if step > start]
+            if values:
+                per_seed.append(float(np.mean(transform(np.asarray(values, dtype=float)))))
+        if not per_seed:
+            continue
+        entry = {"mean": float(np.mean(per_seed)), "min": float(np.min(per_seed)), "max": float(np.max(per_seed)),
+                 "seeds": len(per_seed)}
+        ends = [float(transform(float(r["diagnostics"][key][-1][1]))) for r in fresh_runs
+                if (r.get("diagnostics") or {}).get(key)]
+        if ends:
+            entry["fresh"] = float(np.mean(ends))
+        out["log10_ntk_cond" if metric == "ntk_cond" else metric] = entry
+    return out
+
+
 def _ci_text(v: Optional[dict], digits: int = 3) -> str:
     if not v:
         return "-"
@@ -802,6 +920,10 @@ def summarise(records: list[dict], methods: list[str], setting: Setting) -> dict
         entropy = _entropy_last_half(runs, records, method, n)
         if entropy:
             entry.update(entropy)
+        diagnostics = diagnostics_last_half(runs, records, method, n, setting)
+        if diagnostics:
+            entry["diagnostics_last_half"] = diagnostics
+            entry["diagnostics_network"] = _network(runs)
         seen = np.isfinite(fresh)
         if seen.any():
             entry["fresh_mean"] = [float(np.nanmean(fresh[:, k])) if seen[:, k].any() else None for k in range(n)]
@@ -875,6 +997,24 @@ def markdown_table(result: dict[str, Any], setting_name: str, setting: Setting) 
         cells = [f"{s['end_reward_mean'][k]:.3g}" + (f" / {ratio[k]:.2f}" if ratio else "") if k < s["tasks"] else "-"
                  for k in shown]
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    diagnosed = {m: s["diagnostics_last_half"] for m, s in summary.items() if s.get("diagnostics_last_half")}
+    if diagnosed:
+        names = {"dormant_fraction": "dormant fraction", "ntk_erank": "NTK effective rank",
+                 "log10_ntk_cond": "log10 NTK cond", "dfi": "DfI, all layers", "dfi_hidden": "DfI, hidden layers"}
+        shown_metrics = [m for m in names if any(m in d for d in diagnosed.values())]
+        network = next(s.get("diagnostics_network", "policy") for s in summary.values() if s.get("diagnostics_last_half"))
+        lines += ["", f"{network} network diagnostics (PlasticityMonitor) over the last half of the tasks: continual runs, "
+                  "mean over seeds [min, max over seeds]; fresh: the fresh agents' last pass on the same tasks", "",
+                  "| method | " + " | ".join(names[m] for m in shown_metrics) + " |", "|---|" + "---|" * len(shown_metrics)]
+        for method, d in diagnosed.items():
+            cells = []
+            for m in shown_metrics:
+                e = d.get(m)
+                fewer = e is not None and e.get("seeds", len(summary[method]["seeds"])) < len(summary[method]["seeds"])
+                cells.append("-" if e is None else f"{e['mean']:.3g} [{e['min']:.3g}, {e['max']:.3g}]"
+                             + (f" ({e['seeds']} seeds)" if fewer else "")
+                             + (f"; fresh {e['fresh']:.3g}" if "fresh" in e else ""))
+            lines.append(f"| {method} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -964,16 +1104,18 @@ def plot_plasticity(summary: dict[str, Any], path: str, title: str) -> Optional[
 
 def plot_diagnostics(records: list[dict], methods: list[str], path: str, setting: Setting) -> Optional[str]:
     """The policy network's diagnostics of the continual runs over training (mean over seeds, band: min-max over
-    seeds), task switches marked: dormant fraction, NTK condition number and effective rank, DfI."""
+    seeds), task switches marked: dormant fraction, NTK condition number and effective rank, DfI of all layers and
+    of the hidden layers alone, weight norm."""
     runs = [r for r in records if r.get("fresh_task") is None and r.get("diagnostics") and r["method"] in methods]
     if not runs:
         return None
-    network = "policy" if any(k.startswith("plasticity/policy/") for r in runs for k in r["diagnostics"]) else next(
-        iter(runs[0]["diagnostics"])).split("/")[1]
+    network = _network(runs)
     panels = [("dormant_fraction", "dormant fraction", "linear"), ("ntk_cond", "NTK condition number", "log"),
-              ("ntk_erank", "NTK effective rank", "linear"), ("dfi", "DfI (distance from isometry)", "log")]
-    fig = _figure(FIG_WIDTH + 1, 7.0)
-    axes = [fig.add_subplot(2, 2, i + 1) for i in range(4)]
+              ("ntk_erank", "NTK effective rank", "linear"), ("dfi", "DfI, all layers (heads included)", "log"),
+              ("dfi_hidden", "DfI, hidden layers (AdamO's penalised layers)", "log"),
+              ("weight_norm", "weight norm", "log")]
+    fig = _figure(FIG_WIDTH + 2, 7.0)
+    axes = [fig.add_subplot(2, 3, i + 1) for i in range(len(panels))]
     for ax, (metric, label, scale) in zip(axes, panels):
         key = f"plasticity/{network}/{metric}"
         for method in methods:
@@ -1009,6 +1151,9 @@ def report(out: str, setting_name: str, setting: Setting, methods: Optional[list
 
     :raises NoRunsError: when ``out`` holds no finished run of ``methods``; nothing is written then.
     """
+    rebuilt = add_hidden_dfi(out)
+    if rebuilt:
+        print(f"rebuilt the hidden-layer DfI (dfi_hidden) from the TensorBoard events of {rebuilt} run JSONs", flush=True)
     copied = add_train_scalars(out, setting)
     if copied:
         print(f"copied SB3's training scalars ({', '.join(TRAIN_SCALARS)}) from the TensorBoard events into {copied} "

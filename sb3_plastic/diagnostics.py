@@ -660,7 +660,10 @@ def network_diagnostics(
     matrix (``<lstm>.weight_ih_l0``, ...): ``weight_norm``, ``dist_from_init``, ``dfi`` (summed over its gate
     blocks, :mod:`sb3_plastic.recurrent`). Network-level:
     ``dormant_fraction`` and ``zero_fraction`` over all hidden units, ``weight_norm`` and ``dist_from_init``
-    over all trained parameters, ``dfi`` (sum over layers), ``grad_norm`` (:func:`output_gradient_norm` on
+    over all trained parameters, ``dfi`` (sum over all weight layers, heads included), ``dfi_hidden`` (the sum
+    without the heads, :meth:`~sb3_plastic.common.surgery.NetworkSpec.heads`: the layers AdamO's default
+    ``isometry_layers="hidden"`` regularises, so that an unpenalised head's growth does not hide the hidden layers'
+    isometry), ``grad_norm`` (:func:`output_gradient_norm` on
     the probe batch) and, on the first ``ntk_size`` distinct probe samples (:func:`unique_probe_rows`: a repeated
     sample would make the kernel singular; fewer when the outputs would exceed ``ntk_max_rows`` rows), ``ntk_cond``,
     ``ntk_log10_cond`` (its base-10 logarithm, at most ``log10(COND_CAP) = 14``), ``ntk_erank``, ``ntk_trace`` and
@@ -722,7 +725,8 @@ def _network_diagnostics(
         out["dormant_fraction"] = n_dormant / n_units
         out["zero_fraction"] = n_dead / n_units
     param_names = {id(p): name for name, p in spec.module.named_parameters()}
-    total_dfi = 0.0
+    head_ids = {id(h) for h in spec.heads()}
+    total_dfi = hidden_dfi = 0.0
     for layer in spec.weight_layers():
         name = spec.layer_names.get(id(layer), "?")
         w = layer.weight
@@ -732,6 +736,8 @@ def _network_diagnostics(
             out[f"{name}/dist_from_init"] = distance_from_init(w, init_w)
         layer_dfi = dfi(w, dfi_scale)
         total_dfi += layer_dfi
+        if id(layer) not in head_ids:
+            hidden_dfi += layer_dfi
         out[f"{name}/dfi"] = layer_dfi
         for key, value in weight_spectrum(w).items():
             out[f"{name}/{key}"] = value
@@ -744,6 +750,7 @@ def _network_diagnostics(
                 out[f"{name}/dist_from_init"] = distance_from_init(w, init_w)
             layer_dfi = deviation_from_isometry(w, dfi_scale, blocks)
             total_dfi += layer_dfi
+            hidden_dfi += layer_dfi
             out[f"{name}/dfi"] = layer_dfi
     params = spec_parameters(spec)
     norm, dist = network_norms(params, initial)
@@ -751,6 +758,7 @@ def _network_diagnostics(
     if dist is not None:
         out["dist_from_init"] = dist
     out["dfi"] = total_dfi
+    out["dfi_hidden"] = hidden_dfi
     fn, params = network_output_function(model, spec, observations, actions)
     out["grad_norm"] = output_gradient_norm(fn, params, max_elements)
     if ntk_size > 0:

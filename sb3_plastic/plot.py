@@ -74,6 +74,7 @@ METRIC_LABELS = {
     "weight_norm": "weight norm",
     "dist_from_init": "distance from the initial weights",
     "dfi": "deviation from isometry ‖WᵀW − I‖² (WWᵀ if wide)",
+    "dfi_hidden": "deviation from isometry of the hidden layers (heads excluded)",
     "sigma_max": "largest singular value of the weight",
     "sigma_min": "smallest singular value of the weight",
     "cond": "condition number of the weight (σmax / σmin)",

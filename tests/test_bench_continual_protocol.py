@@ -104,6 +104,8 @@ def test_run_cell_writes_continual_and_fresh_runs_and_resumes(continual, tmp_pat
     record = continual.run_cell("ppo_fire", 3, setting, params, str(tmp_path))
     assert record["task"] == [0, 1] and record["task_seed"] == 3 and record["fresh_task"] is None
     assert record["diagnostics"]["plasticity/policy/ntk_cond"]  # the monitor's passes are in the JSON
+    hidden, total = (np.array(record["diagnostics"][f"plasticity/policy/{k}"]) for k in ("dfi_hidden", "dfi"))
+    assert hidden.shape == total.shape and np.all(hidden[:, 1] < total[:, 1])  # the heads' DfI is left out
     for k in range(setting.tasks):
         fresh = json.loads(Path(continual.run_path(str(tmp_path), "ppo_fire", 3, k)).read_text())
         assert fresh["task"] == [k] and fresh["fresh_task"] == k
@@ -246,6 +248,68 @@ def test_train_scalars_are_copied_from_tensorboard_per_task_tail_and_summarised(
     assert entry["fresh_entropy_last_half"] == pytest.approx(0.25)
     table = continual.markdown_table({"metrics": "x", "plain": "ppo", "methods": {"ppo": entry}}, "bandit", setting)
     assert "policy entropy: continual / fresh" in table and f"{np.mean(last_half):.3f} / 0.250" in table
+
+
+def test_hidden_dfi_is_rebuilt_from_tensorboard_and_checked_against_the_recorded_total(continual, tmp_path, capsys):
+    """Runs made before ``dfi_hidden`` existed get it from their per-layer TensorBoard keys: the layers with a
+    dormant fraction (hidden), not the heads; events that do not match the JSON's own ``dfi`` are refused, named."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    setting = _tiny_bandit(continual, tasks=4)
+    cont = np.full((3, 4), 0.5)
+    _synthetic_runs(tmp_path, setting, {"ppo": (cont, cont)})
+    rng = np.random.default_rng(2)
+    steps = [100, 300, 500, 700]
+    expected = {}
+    for seed in range(3):
+        hidden = rng.uniform(1, 50, (2, len(steps)))  # two hidden layers
+        head = rng.uniform(100, 500, len(steps))  # a head: a dfi key, no dormant fraction
+        total = hidden.sum(axis=0) + head
+        path = tmp_path / "runs" / "ppo" / f"seed{seed}.json"
+        record = json.loads(path.read_text())
+        recorded = total if seed < 2 else total * 0.5  # seed 2's events belong to another run
+        record["diagnostics"]["plasticity/policy/dfi"] = [[t, float(v)] for t, v in zip(steps, recorded)]
+        record["diagnostics"]["plasticity/policy/ntk_cond"] = [[300, 1e3], [600, 1e5], [700, 1e7 * (seed + 1)]]
+        path.write_text(json.dumps(record))
+        writer = SummaryWriter(str(tmp_path / "tb" / "ppo" / f"s{seed}_1"))
+        for i, t in enumerate(steps):
+            for j, layer in enumerate(["mlp_extractor.policy_net.0", "mlp_extractor.value_net.0"]):
+                writer.add_scalar(f"plasticity/policy/{layer}/dfi", hidden[j, i], t)
+                writer.add_scalar(f"plasticity/policy/{layer}/dormant_fraction", 0.1, t)
+            writer.add_scalar("plasticity/policy/value_net/dfi", head[i], t)
+            writer.add_scalar("plasticity/policy/dfi", total[i], t)
+        writer.close()
+        expected[seed] = hidden.sum(axis=0)
+
+    assert continual.add_hidden_dfi(str(tmp_path)) == 2
+    assert "warning: 1 run JSONs carry no dfi_hidden" in capsys.readouterr().out  # seed 2, named
+    for seed in range(2):
+        record = json.loads((tmp_path / "runs" / "ppo" / f"seed{seed}.json").read_text())
+        series = np.array(record["diagnostics"]["plasticity/policy/dfi_hidden"])
+        np.testing.assert_array_equal(series[:, 0], steps)
+        np.testing.assert_allclose(series[:, 1], expected[seed], rtol=1e-6)
+    seed2 = json.loads((tmp_path / "runs" / "ppo" / "seed2.json").read_text())
+    assert "plasticity/policy/dfi_hidden" not in seed2["diagnostics"]
+    assert continual.add_hidden_dfi(str(tmp_path)) == 0  # rebuilt once
+
+    fresh_path = tmp_path / "runs" / "ppo" / "fresh" / "seed0_task3.json"  # a last-half fresh agent: its last pass
+    fresh = json.loads(fresh_path.read_text())
+    fresh["diagnostics"] = {"plasticity/policy/dfi_hidden": [[100, 5.0], [200, 7.0]]}
+    fresh_path.write_text(json.dumps(fresh))
+    # the summary's diagnostics table: the last-half passes (steps > 2 tasks = 512) per seed, then over seeds
+    entry = continual.summarise(continual.load_records(str(tmp_path)), ["ppo"], setting)["methods"]["ppo"]
+    diag = entry["diagnostics_last_half"]
+    per_seed = [expected[seed][3] for seed in range(2)]  # only step 700 lies past 512
+    assert diag["dfi_hidden"]["mean"] == pytest.approx(np.mean(per_seed), rel=1e-6)
+    assert diag["dfi_hidden"]["min"] == pytest.approx(min(per_seed), rel=1e-6)
+    assert diag["dfi_hidden"]["fresh"] == 7.0 and "fresh" not in diag["log10_ntk_cond"]
+    # the condition number as its log10, averaged per seed over the last-half passes (600, 700), then over seeds
+    log_cond = [np.mean([5.0, 7.0 + np.log10(seed + 1)]) for seed in range(3)]
+    assert diag["log10_ntk_cond"]["mean"] == pytest.approx(np.mean(log_cond))
+    assert diag["log10_ntk_cond"]["max"] == pytest.approx(max(log_cond))
+    table = continual.markdown_table({"metrics": "x", "plain": "ppo", "methods": {"ppo": entry}}, "bandit", setting)
+    assert "| DfI, hidden layers |" in table
+    assert f"{np.mean(per_seed):.3g} [{min(per_seed):.3g}, {max(per_seed):.3g}] (2 seeds); fresh 7" in table
 
 
 def test_fresh_agents_of_task_change_methods_are_the_plain_fresh_runs(continual, tmp_path):

@@ -251,6 +251,37 @@ def test_dfi_of_an_orthogonal_maxmin_network_is_zero():
     assert network_diagnostics(scaled, scaled_spec, th.randn(5, 4), ntk_size=0)[f"{hidden.name}/dfi"] == pytest.approx(36.0)
 
 
+def _svd_dfi(w: th.Tensor) -> float:
+    """Independent reference: ``||G - I||_F^2`` of the smaller Gram matrix is ``sum (sigma_i^2 - 1)^2`` over the
+    ``min(out, in)`` singular values."""
+    sigma = th.linalg.svdvals(w.detach().double().flatten(1))
+    return float((sigma.square() - 1).square().sum())
+
+
+def test_hidden_layer_dfi_leaves_out_the_heads():
+    """``dfi_hidden`` sums the non-head layers only: a head that grows moves ``dfi``, not ``dfi_hidden``."""
+    from stable_baselines3 import PPO
+
+    model = PPO("MlpPolicy", "CartPole-v1", policy_kwargs=dict(net_arch=[8, 6]), seed=0)
+    spec = find_networks(model)[0]
+    heads = {id(h) for h in spec.heads()}
+    assert {spec.layer_names[id(h)] for h in spec.heads()} == {"action_net", "value_net"}
+    obs = th.randn(10, 4, generator=th.Generator().manual_seed(0))
+    out = network_diagnostics(model, spec, obs, ntk_size=0)
+    hidden_ref = sum(_svd_dfi(m.weight) for m in spec.weight_layers() if id(m) not in heads)
+    head_ref = sum(_svd_dfi(m.weight) for m in spec.weight_layers() if id(m) in heads)
+    assert hidden_ref > 0 and head_ref > 0
+    assert out["dfi_hidden"] == pytest.approx(hidden_ref, rel=1e-5)
+    assert out["dfi"] == pytest.approx(hidden_ref + head_ref, rel=1e-5)
+    with th.no_grad():
+        model.policy.value_net.weight.mul_(10.0)
+    grown = network_diagnostics(model, spec, obs, ntk_size=0)
+    assert grown["dfi_hidden"] == pytest.approx(out["dfi_hidden"], rel=1e-9)
+    assert grown["dfi"] > out["dfi"] + 1.0
+    assert grown["dfi"] == pytest.approx(hidden_ref + sum(
+        _svd_dfi(m.weight) for m in spec.weight_layers() if id(m) in heads), rel=1e-5)
+
+
 # ---------------------------------------------------------------------------------------------------
 # Gradients and NTK
 # ---------------------------------------------------------------------------------------------------

@@ -582,6 +582,9 @@ def test_monitor_reports_lstm_blocks():
     dfi = dfi_per_layer(model.policy)
     key = "plasticity/policy/lstm_actor.weight_hh_l0/dfi"
     assert values[key] == pytest.approx(dfi["lstm_actor.weight_hh_l0"], rel=1e-5)
+    heads = dfi["action_net"] + dfi["value_net"]  # the LSTM matrices count as hidden layers
+    assert values["plasticity/policy/dfi_hidden"] == pytest.approx(sum(dfi.values()) - heads, rel=1e-5)
+    assert values["plasticity/policy/dfi"] - values["plasticity/policy/dfi_hidden"] == pytest.approx(heads, rel=1e-4)
     assert math.isfinite(values["plasticity/policy/ntk_erank"])
     x = th.randn(5, 4)
     lstm = model.policy.lstm_actor

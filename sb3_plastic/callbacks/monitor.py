@@ -45,7 +45,9 @@ class PlasticityMonitor(PlasticCallback):
       ``feature_norm`` for hidden layers; ``weight_norm``, ``dist_from_init``, ``dfi``, ``sigma_max``,
       ``sigma_min``, ``cond`` for every weight layer (heads included);
     * ``plasticity/<net>/<metric>`` per network: ``dormant_fraction``, ``zero_fraction``, ``weight_norm``,
-      ``dist_from_init``, ``dfi``, ``grad_norm`` and the empirical NTK's ``ntk_cond``, ``ntk_log10_cond``
+      ``dist_from_init``, ``dfi`` (every weight layer, heads included), ``dfi_hidden`` (the same sum without the
+      output heads: the layers AdamO regularises by default), ``grad_norm`` and the empirical NTK's ``ntk_cond``,
+      ``ntk_log10_cond``
       (``log10`` of ``ntk_cond``: plot this one, the condition number spans many decades; 14 is the cap
       :data:`~sb3_plastic.diagnostics.COND_CAP`, "numerically singular"), ``ntk_erank``, ``ntk_trace``, ``ntk_size``
       (Jacot et al., 2018; Rosseau, Müller & Nowé, 2026), on the first ``ntk_probe_size`` *distinct* probe samples
