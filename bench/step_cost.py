@@ -303,10 +303,11 @@ def _time(work: Callable[[], Any], clock: str, min_run_time: float) -> float:
     return float(timer.blocked_autorange(min_run_time=min_run_time).median)
 
 
-def _time_learn(model: Any, steps: int, clock: str) -> float:
-    start = CLOCKS[clock]()
+def _time_learn(model: Any, steps: int) -> dict[str, float]:
+    """Seconds of one ``learn(steps)`` (continuing the model's run) by every clock of :data:`CLOCKS` at once."""
+    start = {clock: read() for clock, read in CLOCKS.items()}
     model.learn(steps, reset_num_timesteps=False)
-    return CLOCKS[clock]() - start
+    return {clock: read() - start[clock] for clock, read in CLOCKS.items()}
 
 
 def isometry_optimizers(model: BaseAlgorithm) -> list[IsometryStepMixin]:
@@ -400,12 +401,14 @@ def measure(entry: Entry, rounds: int, min_run_time: float, threads: int, device
     for r in range(rounds):
         for arm in order[r % 3:] + order[: r % 3]:
             model, work = arms[arm]
+            if whole_run:  # one learn() per arm and round, read by both clocks
+                th.set_num_threads(threads)
+                for clock, seconds in _time_learn(model, whole_run).items():
+                    times[arm][clock].append(seconds / whole_run)
+                continue
             for clock in CLOCKS:
                 th.set_num_threads(threads)
-                if whole_run:
-                    times[arm][clock].append(_time_learn(model, whole_run, clock) / whole_run)
-                else:
-                    times[arm][clock].append(_time(work, clock, min_run_time))
+                times[arm][clock].append(_time(work, clock, min_run_time))
         log(f"  round {r + 1}/{rounds}: " + ", ".join(
             f"{arm} {times[arm]['cpu'][-1] * 1e3:.2f} ms" for arm in arms) + " (cpu)")
     result: dict[str, Any] = dict(entry=entry.name, description=entry.description, target=entry.target,

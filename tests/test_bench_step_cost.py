@@ -56,6 +56,29 @@ def test_a_tiny_entry_measures_three_arms_and_the_isometry_step_flops():
         assert res[clock]["band"] >= 1 and res[clock]["verdict"] in ("PASS", "FAIL", "not resolved")
 
 
+def test_whole_run_times_one_learn_per_arm_and_round_on_both_clocks():
+    entry = step_cost.Entry("tiny", "PlasticDQN relu vs DQN, [8, 8]", _tiny(DQN), _tiny(PlasticDQN, activation="relu"),
+                            target=0.95, warmup=64, gradient_steps=2, batch_size=16)
+    models = []
+
+    def build(device, seed, _build=entry.baseline):
+        models.append(_build(device, seed))
+        return models[-1]
+
+    entry = step_cost.Entry(entry.name, entry.description, build, entry.candidate, target=0.95, warmup=64,
+                            gradient_steps=2, batch_size=16)
+    res = step_cost.measure(entry, rounds=2, min_run_time=0.01, threads=1, device="cpu", seed=0, whole_run=64,
+                            log=lambda m: None)
+    assert res["work"] == "learn" and res["whole_run_steps"] == 64
+    for clock in ("wall", "cpu"):
+        for arm in ("A", "A'", "B"):
+            assert len(res["times"][arm][clock]) == 2 and all(t > 0 for t in res["times"][arm][clock])
+    # both clocks read the same learn() call: each baseline model ran 2 rounds x 64 steps after its warm-up
+    steps = [m.num_timesteps for m in models]
+    assert len(steps) == 2 and steps[0] == steps[1]
+    assert steps[0] - step_cost.prepare(entry, entry.baseline, "cpu", 0)[0].num_timesteps == 2 * 64
+
+
 def test_step_efficiency_times_the_isometry_part_against_its_own_products():
     th.manual_seed(0)
     model = _tiny(PlasticDQN, activation="relu")("cpu", 0)
