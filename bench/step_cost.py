@@ -25,8 +25,10 @@ proportional to flops (the isometry step of a weight ``(m, n)`` costs ``4 m n mi
 the smaller Gram matrix). ``measured / floor`` says how close the implementation is to it. MaxMin adds no
 matrix-product flops (its cost is memory traffic: its floor by this count is 1).
 
-Whole runs: ``--whole-run STEPS`` times ``learn(STEPS)`` of the three arms instead (interleaved, both clocks),
-for whole-run fps ratios over enough steps that start-up does not dominate.
+Whole runs: ``--whole-run STEPS`` times ``learn(STEPS)`` of the three arms instead (interleaved; one call per arm
+and round, read by both clocks), for whole-run fps ratios over enough steps that start-up does not dominate. Their
+floor is counted on one ``learn(STEPS)`` of each arm before the rounds (rollout forward passes included, which
+lifts it towards 1); that call is also every arm's warm-up.
 
 **How close the step is to its matrix products** (``--step-efficiency``): after the rounds, for a candidate whose
 optimizers carry the isometry step (:class:`~sb3_plastic.optim.IsometryStepMixin`), its optimizers' ``step()`` is
@@ -395,7 +397,12 @@ def measure(entry: Entry, rounds: int, min_run_time: float, threads: int, device
     for arm, build in (("A", entry.baseline), ("A'", entry.baseline), ("B", entry.candidate)):
         th.set_num_threads(threads)
         arms[arm] = prepare(entry, build, device, seed)
-    flops = {arm: count_flops(work, entry.flop_calls) for arm, (_, work) in arms.items() if arm != "A'"}
+    if whole_run:  # the floor of a whole run: the flops of one learn(whole_run), rollouts included (also a warm-up)
+        flops = {arm: count_flops(lambda m=model: m.learn(whole_run, reset_num_timesteps=False))
+                 for arm, (model, _) in arms.items() if arm != "A'"}
+        arms["A'"][0].learn(whole_run, reset_num_timesteps=False)  # the control arm gets the same warm-up
+    else:
+        flops = {arm: count_flops(work, entry.flop_calls) for arm, (_, work) in arms.items() if arm != "A'"}
     times: dict[str, dict[str, list[float]]] = {arm: {clock: [] for clock in CLOCKS} for arm in arms}
     order = list(arms)
     for r in range(rounds):

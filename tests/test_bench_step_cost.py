@@ -73,10 +73,15 @@ def test_whole_run_times_one_learn_per_arm_and_round_on_both_clocks():
     for clock in ("wall", "cpu"):
         for arm in ("A", "A'", "B"):
             assert len(res["times"][arm][clock]) == 2 and all(t > 0 for t in res["times"][arm][clock])
-    # both clocks read the same learn() call: each baseline model ran 2 rounds x 64 steps after its warm-up
+    # both clocks read the same learn() call: each baseline model ran a counted warm-up and 2 rounds of 64 steps
     steps = [m.num_timesteps for m in models]
     assert len(steps) == 2 and steps[0] == steps[1]
-    assert steps[0] - step_cost.prepare(entry, entry.baseline, "cpu", 0)[0].num_timesteps == 2 * 64
+    assert steps[0] - step_cost.prepare(entry, entry.baseline, "cpu", 0)[0].num_timesteps == 3 * 64
+    # the whole-run floor counts a learn(64): its rollout forwards make the isometry step a smaller share than in
+    # one train() call (the train-step floor), and the step's flops are the same per update
+    train_floor = step_cost.measure(entry, rounds=2, min_run_time=0.01, threads=1, device="cpu", seed=0,
+                                    log=lambda m: None)["floor"]
+    assert train_floor < res["floor"] < 1
 
 
 def test_step_efficiency_times_the_isometry_part_against_its_own_products():
