@@ -59,8 +59,12 @@ Layout of ``--out`` (default ``bench/results/continual/<setting>``)::
 
 Resuming: a run whose JSON exists is skipped, so rerunning the same command after an interruption
 finishes the grid (an unfinished run is started again from scratch; its partial TensorBoard folder is
-removed first). ``--plot-only`` rebuilds every table and figure from the JSON files (a fresh clone has them) and
-refuses to write anything when it finds no runs. To spread a grid over machines: ``bench/grid.py``.
+removed first). A run is trained by one process at a time: it is claimed first (``<json>.claim``,
+:func:`claim_run`), and a second process reaching a run that a live one is training reports it as failed by name
+(two processes on one run would share, and the later one delete, its TensorBoard folder). ``--plot-only`` rebuilds
+every table and figure from the JSON files (a fresh clone has them) and refuses to write anything when it finds no
+runs; runs recorded before a diagnostic existed get it from their TensorBoard events where those are on disk
+(:func:`add_hidden_dfi`, :func:`add_train_scalars`). To spread a grid over machines: ``bench/grid.py``.
 
 Examples::
 
@@ -691,15 +695,74 @@ def _reuse_plain_fresh(method: str, seed: int, setting: Setting, out: str, fresh
     return record
 
 
-def run_one(method: str, seed: int, setting: Setting, params: MethodParams, out: str, device: str, threads: int,
-            fresh_task: Optional[int] = None) -> dict:
-    """Train one run (the continual run, or with ``fresh_task`` the fresh agent of that task) and write its JSON
-    (:func:`run_path`); returns its record."""
-    import torch as th
+class RunClaimedError(RuntimeError):
+    """Another live process on this machine is training the same run (its claim file names it)."""
 
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
+def claim_run(path: str, take_over: bool = False) -> str:
+    """Claim the run whose JSON is ``path`` for this process: ``<path>.claim`` made with ``O_EXCL`` holds
+    ``host pid``. Two processes training one run would share (and the later one delete) its TensorBoard folder and
+    race on its JSON, so a claim held by a live process on this host raises :class:`RunClaimedError`; a claim left
+    by a dead process (an interrupted attempt) is taken over; one from another host is respected (remove it by hand
+    when that host is gone) unless ``take_over`` (bench/grid.py's retry of a trial whose worker optuna's heartbeat
+    declared dead). Returns the claim's path (remove it when the run is written)."""
+    import socket
+
+    claim = path + ".claim"
+    me = f"{socket.gethostname()} {os.getpid()}"
+    os.makedirs(os.path.dirname(claim) or ".", exist_ok=True)
+    for _ in range(2):
+        try:
+            fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                with open(claim) as f:
+                    host, pid = f.read().split()
+            except (OSError, ValueError):  # being written this instant, or unreadable: treat as held
+                raise RunClaimedError(f"{path} is claimed ({claim} exists)") from None
+            if not take_over and (host != socket.gethostname() or _pid_alive(int(pid))):
+                raise RunClaimedError(f"{path} is being trained by pid {pid} on {host} ({claim})") from None
+            os.remove(claim)  # a dead process's claim (or one handed over)
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(me)
+        return claim
+    raise RunClaimedError(f"{path}: could not claim {claim}")
+
+
+def run_one(method: str, seed: int, setting: Setting, params: MethodParams, out: str, device: str, threads: int,
+            fresh_task: Optional[int] = None, take_over: bool = False) -> dict:
+    """Train one run (the continual run, or with ``fresh_task`` the fresh agent of that task) and write its JSON
+    (:func:`run_path`); returns its record. The run is claimed first (:func:`claim_run`): a run that another live
+    process is training raises :class:`RunClaimedError` and nothing of it is touched."""
     reused = _reuse_plain_fresh(method, seed, setting, out, fresh_task)
     if reused is not None:
         return reused
+    path = run_path(out, method, seed, fresh_task)
+    claim = claim_run(path, take_over)
+    try:
+        if os.path.exists(path):  # finished by the previous claimant between our check and our claim
+            with open(path) as f:
+                return json.load(f)
+        return _train_run(method, seed, setting, params, out, device, threads, fresh_task)
+    finally:
+        os.remove(claim)
+
+
+def _train_run(method: str, seed: int, setting: Setting, params: MethodParams, out: str, device: str, threads: int,
+               fresh_task: Optional[int]) -> dict:
+    import torch as th
+
     th.set_num_threads(threads)
     tb_root = os.path.join(out, "tb", method) if fresh_task is None else os.path.join(out, "tb", method, "fresh")
     name = f"s{seed}" if fresh_task is None else f"s{seed}_task{fresh_task}"
@@ -738,12 +801,13 @@ def run_one(method: str, seed: int, setting: Setting, params: MethodParams, out:
 
 
 def run_cell(method: str, seed: int, setting: Setting, params: MethodParams, out: str, device: str = "cpu",
-             threads: int = 1, fresh: str = "all") -> dict:
+             threads: int = 1, fresh: str = "all", take_over: bool = False) -> dict:
     """Every run of one (method, seed) cell that has no JSON yet (the continual run, then the fresh agents), one
-    after the other; returns the continual record (bench/grid.py's unit of work)."""
+    after the other; returns the continual record (bench/grid.py's unit of work). ``take_over``: see
+    :func:`claim_run`."""
     for part in run_parts(setting, fresh):
         if not os.path.exists(run_path(out, method, seed, part)):
-            run_one(method, seed, setting, params, out, device, threads, part)
+            run_one(method, seed, setting, params, out, device, threads, part, take_over)
     with open(run_path(out, method, seed)) as f:
         return json.load(f)
 

@@ -11,7 +11,8 @@ The storage is the one the tuning uses (``sb3-plastic train -optimize --storage`
 PostgreSQL (``postgresql://user:password@host/db``) across machines. Resuming: a rerun of the same command continues
 the study; a finished cell (a COMPLETE trial, or JSON files on disk) is never rerun; a cell whose worker died is
 marked failed by optuna's heartbeat (``--heartbeat`` seconds) and retried once by another worker
-(``RetryFailedTrialCallback``); a worker that finds only cells other workers are running stops.
+(:func:`retry_callback`), which takes over the dead worker's run claims (``bench/continual.py``'s ``claim_run``:
+a run is trained by one process at a time); a worker that finds only cells other workers are running stops.
 
 Examples::
 
@@ -67,17 +68,28 @@ def grid_methods(continual: Any, methods: list[str]) -> list[str]:
     return list(dict.fromkeys(continual.canonical_method(m) for m in chosen))
 
 
+def retry_callback() -> Any:
+    """optuna's callback that re-enqueues a trial its heartbeat declared stale (``RetryHeartbeatStaleTrialCallback``;
+    ``RetryFailedTrialCallback`` before optuna 4.9)."""
+    import warnings
+
+    import optuna
+
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    return getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None) or optuna.storages.RetryFailedTrialCallback
+
+
 def make_study(storage: str, study_name: str, config: dict[str, Any], heartbeat: int) -> Any:
     """The study on ``storage`` (created, or joined when it exists with the same grid)."""
     import optuna
-    from optuna.storages import RDBStorage, RetryFailedTrialCallback
+    from optuna.storages import RDBStorage
 
     continual = _continual()
     space = {"setting": config["settings"], "method": grid_methods(continual, config["methods"]), "seed": config["seeds"]}
     for attempt in range(5):  # workers started together race to create the schema / the study: the loser retries
         try:
             rdb = RDBStorage(storage, heartbeat_interval=heartbeat, grace_period=2 * heartbeat,
-                             failed_trial_callback=RetryFailedTrialCallback(max_retry=1))
+                             failed_trial_callback=retry_callback()(max_retry=1))
             study = optuna.create_study(storage=rdb, study_name=study_name, load_if_exists=True,
                                         direction="maximize", sampler=optuna.samplers.GridSampler(space, seed=0))
             break
@@ -119,7 +131,11 @@ def objective_for(args: argparse.Namespace) -> Any:
         setting = continual.resolve_setting(name, tasks=args.tasks, change_every=args.change_every, overrides=overrides)
         out = os.path.join(args.out_root, name)
         start = time.time()
-        record = continual.run_cell(method, seed, setting, params, out, args.device, args.threads, args.fresh)
+        # a retry runs after optuna's heartbeat declared the first worker dead: its run claims are taken over
+        frozen = next(t for t in trial.study.get_trials(deepcopy=False) if t.number == trial.number)
+        retry = retry_callback().retried_trial_number(frozen) is not None
+        record = continual.run_cell(method, seed, setting, params, out, args.device, args.threads, args.fresh,
+                                    take_over=retry)
         score = np.asarray(continual._score(record, setting), dtype=float)
         trial.set_user_attr("out", out)
         trial.set_user_attr("seconds", time.time() - start)

@@ -312,6 +312,38 @@ def test_hidden_dfi_is_rebuilt_from_tensorboard_and_checked_against_the_recorded
     assert f"{np.mean(per_seed):.3g} [{min(per_seed):.3g}, {max(per_seed):.3g}] (2 seeds); fresh 7" in table
 
 
+def test_a_run_another_live_process_trains_is_not_touched_and_a_dead_claim_is_taken_over(continual, tmp_path):
+    import socket
+
+    setting = _tiny_bandit(continual)
+    params = continual.MethodParams()
+    path = continual.run_path(str(tmp_path), "ppo", 1, 0)
+    tb = tmp_path / "tb" / "ppo" / "fresh" / "s1_task0_1"
+    tb.mkdir(parents=True)
+    (tb / "events.the_other_process").write_text("x")
+    Path(path + ".claim").parent.mkdir(parents=True, exist_ok=True)
+    Path(path + ".claim").write_text(f"{socket.gethostname()} {os.getpid()}")  # a live pid: this one
+    with pytest.raises(continual.RunClaimedError, match=f"being trained by pid {os.getpid()}"):
+        continual.run_one("ppo", 1, setting, params, str(tmp_path), "cpu", 1, fresh_task=0)
+    assert (tb / "events.the_other_process").exists() and not os.path.exists(path)  # nothing touched
+    # the grid reports it by name and goes on
+    job = ("ppo", 1, 0, setting, params, str(tmp_path), "cpu", 1)
+    assert "RunClaimedError" in continual._run_job(job)[4]
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    Path(path + ".claim").write_text(f"{socket.gethostname()} {dead.pid}")  # an interrupted attempt's claim
+    record = continual.run_one("ppo", 1, setting, params, str(tmp_path), "cpu", 1, fresh_task=0)
+    assert record["fresh_task"] == 0 and os.path.exists(path) and not os.path.exists(path + ".claim")
+    assert not (tb / "events.the_other_process").exists()  # the interrupted attempt's events were cleared
+    Path(path + ".claim").write_text(f"another-host {os.getpid()}")  # another machine's claim is respected
+    os.remove(path)
+    with pytest.raises(continual.RunClaimedError, match="another-host"):
+        continual.run_one("ppo", 1, setting, params, str(tmp_path), "cpu", 1, fresh_task=0)
+    # bench/grid.py's retry of a trial whose worker was declared dead takes the claim over
+    record = continual.run_one("ppo", 1, setting, params, str(tmp_path), "cpu", 1, fresh_task=0, take_over=True)
+    assert record["fresh_task"] == 0 and os.path.exists(path) and not os.path.exists(path + ".claim")
+
+
 def test_fresh_agents_of_task_change_methods_are_the_plain_fresh_runs(continual, tmp_path):
     setting = _tiny_bandit(continual)
     params = continual.MethodParams()

@@ -87,3 +87,32 @@ def test_a_cell_finished_by_another_worker_is_not_run_again(tmp_path, monkeypatc
     study.enqueue_trial(cell)
     study.optimize(grid.objective_for(args), n_trials=1)
     assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED]
+
+
+def test_a_retried_trial_takes_over_the_dead_workers_run_claims(tmp_path, monkeypatch):
+    """A worker that dies leaves its run's claim file; optuna's heartbeat marks its trial failed and the retry
+    callback enqueues a retry, which must take the claim over (a first attempt respects claims)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_grid_retry", BENCH / "grid.py")
+    grid = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(grid)
+    args = grid.parse_args(["--storage", "sqlite://", "--study", "s", "--out-root", str(tmp_path), *GRID])
+    continual = grid._continual()
+    calls = []
+
+    def run_cell(*a, **k):
+        calls.append(k["take_over"])
+        if not k["take_over"]:
+            raise continual.RunClaimedError("claimed by pid 1 on a host that is gone")
+        return {"end_reward": [0.5]}
+
+    monkeypatch.setattr(continual, "run_cell", run_cell)
+    study = optuna.create_study(direction="maximize")
+    study.enqueue_trial({"setting": "bandit", "method": "ppo", "seed": 0})
+    study.optimize(grid.objective_for(args), n_trials=1, catch=(continual.RunClaimedError,))
+    assert calls == [False] and study.trials[0].state == optuna.trial.TrialState.FAIL
+    grid.retry_callback()(max_retry=1)(study, study.trials[0])  # what the heartbeat's callback does
+    study.optimize(grid.objective_for(args), n_trials=1)
+    assert calls == [False, True]  # the retry takes the claims over
+    assert study.trials[1].state == optuna.trial.TrialState.COMPLETE
