@@ -1096,6 +1096,17 @@ def _legend_below(fig: Any, ax: Any) -> None:
     fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=3, frameon=False)
 
 
+def method_color(method: str) -> Any:
+    """One colour per method in every figure (matplotlib's 20-colour ``tab20`` by the method's place in
+    :data:`METHODS`, whatever the algorithm): a grid's 13 methods never share a colour, as they did with the
+    10-colour default cycle."""
+    from matplotlib import colormaps
+
+    canonical = canonical_method(method)
+    index = list(METHODS).index(canonical) if canonical in METHODS else len(METHODS)
+    return colormaps["tab20"](index % 20)
+
+
 #: the figures' size in inches at this dpi: ~1000 px wide, legible at README width
 FIG_WIDTH, DPI = 9.0, 110
 
@@ -1112,7 +1123,8 @@ def plot_end_of_task(summary: dict[str, Any], path: str, title: str, setting: Se
     for method, s in summary.items():
         y = np.array(s["end_reward_mean"])
         x = np.arange(len(y))
-        (line,) = ax.plot(x, y, marker="o", markersize=3, label=f"{method} ({len(s['seeds'])} seeds)")
+        (line,) = ax.plot(x, y, marker="o", markersize=3, label=f"{method} ({len(s['seeds'])} seeds)",
+                          color=method_color(method))
         ax.fill_between(x, s["score_ci_low"], s["score_ci_high"], color=line.get_color(), alpha=0.15, linewidth=0)
         if s.get("fresh_mean") and not fresh_drawn and method == canonical_to(summary, setting):
             fresh = np.array([np.nan if v is None else v for v in s["fresh_mean"]], dtype=float)
@@ -1151,7 +1163,8 @@ def plot_plasticity(summary: dict[str, Any], path: str, title: str) -> Optional[
     for method, s in have.items():
         y = np.array(s["plasticity_mean"])
         x = np.arange(len(y))
-        (line,) = ax.plot(x, y, marker="o", markersize=3, label=f"{method} ({len(s['seeds'])} seeds)")
+        (line,) = ax.plot(x, y, marker="o", markersize=3, label=f"{method} ({len(s['seeds'])} seeds)",
+                          color=method_color(method))
         ax.fill_between(x, s["plasticity_ci_low"], s["plasticity_ci_high"], color=line.get_color(), alpha=0.15,
                         linewidth=0)
     ax.axhline(1.0, color="black", linestyle="--", linewidth=1.2, label="fresh agent (= 1)")
@@ -1178,7 +1191,8 @@ def plot_diagnostics(records: list[dict], methods: list[str], path: str, setting
               ("ntk_erank", "NTK effective rank", "linear"), ("dfi", "DfI, all layers (heads included)", "log"),
               ("dfi_hidden", "DfI, hidden layers (AdamO's penalised layers)", "log"),
               ("weight_norm", "weight norm", "log")]
-    fig = _figure(FIG_WIDTH + 2, 7.0)
+    rows = (len(methods) + 2) // 3
+    fig = _figure(FIG_WIDTH + 2, 6.2 + 0.2 * rows)
     axes = [fig.add_subplot(2, 3, i + 1) for i in range(len(panels))]
     for ax, (metric, label, scale) in zip(axes, panels):
         key = f"plasticity/{network}/{metric}"
@@ -1189,7 +1203,7 @@ def plot_diagnostics(records: list[dict], methods: list[str], path: str, setting
             n = min(len(x) for x in series)
             steps = series[0][:n, 0]
             values = np.array([x[:n, 1] for x in series])
-            (line,) = ax.plot(steps, values.mean(axis=0), label=method, linewidth=1.2)
+            (line,) = ax.plot(steps, values.mean(axis=0), label=method, linewidth=1.2, color=method_color(method))
             ax.fill_between(steps, values.min(axis=0), values.max(axis=0), color=line.get_color(), alpha=0.12,
                             linewidth=0)
         for k in range(1, setting.tasks):
@@ -1202,7 +1216,7 @@ def plot_diagnostics(records: list[dict], methods: list[str], path: str, setting
     fig.suptitle(f"{network} network diagnostics (PlasticityMonitor): mean over seeds, band: min-max over seeds; "
                  "dotted: task switches", fontsize=9)
     _legend_below(fig, axes[0])
-    fig.tight_layout(rect=(0, 0.08, 1, 0.97))
+    fig.tight_layout(rect=(0, 0.03 + 0.03 * rows, 1, 0.97))
     fig.savefig(path, dpi=DPI)
     return path
 
