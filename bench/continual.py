@@ -469,24 +469,28 @@ def _run_jsons(out: str) -> list[Path]:
 
 def hidden_dfi_from_events(events_dir: str, network: str = "policy") -> tuple[dict[int, float], dict[int, float]]:
     """``({step: dfi_hidden}, {step: dfi})`` from a run's TensorBoard events: ``dfi_hidden`` rebuilt from the
-    per-layer keys, the sum of ``plasticity/<network>/<layer>/dfi`` over the layers that also have a
-    ``<layer>/dormant_fraction`` (the hidden layers: the monitor scores units of hidden layers only, never of heads),
-    at each step where every such layer has a value; ``dfi`` the network-level key as logged, which identifies the
-    run. The diagnostics' own ``dfi_hidden`` key is the same sum (:func:`sb3_plastic.diagnostics.
-    network_diagnostics`); this rebuilds it for runs made before that key existed."""
+    per-layer keys, the sum of ``plasticity/<network>/<layer>/dfi`` over every layer but the heads, at each step
+    where every such layer has a value; ``dfi`` the network-level key as logged, which identifies the run. A head is
+    a weight layer (it has ``<layer>/sigma_max``, which LSTM matrices do not) without a ``<layer>/dormant_fraction``
+    (the monitor scores the units of every non-head layer). The diagnostics' own ``dfi_hidden`` key is the same sum
+    (:func:`sb3_plastic.diagnostics.network_diagnostics`); this rebuilds it for runs made before that key existed."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(events_dir, size_guidance={"scalars": 0})
     events.Reload()
     tags = set(events.Tags()["scalars"])
     prefix = f"plasticity/{network}/"
-    layers = [t[len(prefix):-len("/dormant_fraction")] for t in tags
-              if t.startswith(prefix) and t.endswith("/dormant_fraction") and t.count("/") == 3]
-    per_layer = [{e.step: e.value for e in events.Scalars(f"{prefix}{layer}/dfi")} for layer in layers
-                 if f"{prefix}{layer}/dfi" in tags]
+
+    def layers_with(metric: str) -> set[str]:
+        return {t[len(prefix):-len(metric) - 1] for t in tags
+                if t.startswith(prefix) and t.endswith("/" + metric) and t.count("/") == 3}
+
+    heads = layers_with("sigma_max") - layers_with("dormant_fraction")
+    per_layer = [{e.step: e.value for e in events.Scalars(f"{prefix}{layer}/dfi")}
+                 for layer in sorted(layers_with("dfi") - heads)]
     total_tag = f"{prefix}dfi"
     totals = {int(e.step): float(e.value) for e in events.Scalars(total_tag)} if total_tag in tags else {}
-    if not layers or len(per_layer) != len(layers):
+    if not per_layer:
         return {}, totals
     steps = set.intersection(*(set(d) for d in per_layer))
     return {int(step): float(sum(d[step] for d in per_layer)) for step in sorted(steps)}, totals

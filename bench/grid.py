@@ -68,15 +68,35 @@ def grid_methods(continual: Any, methods: list[str]) -> list[str]:
     return list(dict.fromkeys(continual.canonical_method(m) for m in chosen))
 
 
-def retry_callback() -> Any:
-    """optuna's callback that re-enqueues a trial its heartbeat declared stale (``RetryHeartbeatStaleTrialCallback``;
-    ``RetryFailedTrialCallback`` before optuna 4.9)."""
+def _retry_class() -> Any:
+    """optuna's callback class that re-enqueues a trial its heartbeat declared stale
+    (``RetryHeartbeatStaleTrialCallback``; ``RetryFailedTrialCallback`` before optuna 4.9)."""
+    import optuna
+
+    return getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None) or optuna.storages.RetryFailedTrialCallback
+
+
+def retry_callback(max_retry: int = 1) -> Any:
+    """An instance of :func:`_retry_class` (its experimental-API warning silenced here only)."""
     import warnings
 
     import optuna
 
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    return getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None) or optuna.storages.RetryFailedTrialCallback
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return _retry_class()(max_retry=max_retry)
+
+
+def is_retry(trial: Any) -> bool:
+    """Whether ``trial`` is the heartbeat's retry of a failed trial (its worker was declared dead)."""
+    import warnings
+
+    import optuna
+
+    frozen = next(t for t in trial.study.get_trials(deepcopy=False) if t.number == trial.number)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return _retry_class().retried_trial_number(frozen) is not None
 
 
 def make_study(storage: str, study_name: str, config: dict[str, Any], heartbeat: int) -> Any:
@@ -89,7 +109,7 @@ def make_study(storage: str, study_name: str, config: dict[str, Any], heartbeat:
     for attempt in range(5):  # workers started together race to create the schema / the study: the loser retries
         try:
             rdb = RDBStorage(storage, heartbeat_interval=heartbeat, grace_period=2 * heartbeat,
-                             failed_trial_callback=retry_callback()(max_retry=1))
+                             failed_trial_callback=retry_callback(max_retry=1))
             study = optuna.create_study(storage=rdb, study_name=study_name, load_if_exists=True,
                                         direction="maximize", sampler=optuna.samplers.GridSampler(space, seed=0))
             break
@@ -132,10 +152,8 @@ def objective_for(args: argparse.Namespace) -> Any:
         out = os.path.join(args.out_root, name)
         start = time.time()
         # a retry runs after optuna's heartbeat declared the first worker dead: its run claims are taken over
-        frozen = next(t for t in trial.study.get_trials(deepcopy=False) if t.number == trial.number)
-        retry = retry_callback().retried_trial_number(frozen) is not None
         record = continual.run_cell(method, seed, setting, params, out, args.device, args.threads, args.fresh,
-                                    take_over=retry)
+                                    take_over=is_retry(trial))
         score = np.asarray(continual._score(record, setting), dtype=float)
         trial.set_user_attr("out", out)
         trial.set_user_attr("seconds", time.time() - start)

@@ -262,7 +262,7 @@ def test_hidden_dfi_is_rebuilt_from_tensorboard_and_checked_against_the_recorded
     steps = [100, 300, 500, 700]
     expected = {}
     for seed in range(3):
-        hidden = rng.uniform(1, 50, (2, len(steps)))  # two hidden layers
+        hidden = rng.uniform(1, 50, (3, len(steps)))  # two hidden Linear layers and an LSTM matrix
         head = rng.uniform(100, 500, len(steps))  # a head: a dfi key, no dormant fraction
         total = hidden.sum(axis=0) + head
         path = tmp_path / "runs" / "ppo" / f"seed{seed}.json"
@@ -275,8 +275,13 @@ def test_hidden_dfi_is_rebuilt_from_tensorboard_and_checked_against_the_recorded
         for i, t in enumerate(steps):
             for j, layer in enumerate(["mlp_extractor.policy_net.0", "mlp_extractor.value_net.0"]):
                 writer.add_scalar(f"plasticity/policy/{layer}/dfi", hidden[j, i], t)
+                writer.add_scalar(f"plasticity/policy/{layer}/sigma_max", 2.0, t)
                 writer.add_scalar(f"plasticity/policy/{layer}/dormant_fraction", 0.1, t)
+            # an LSTM matrix: a dfi, no sigma_max and no dormant fraction of its own (its cells have one): hidden
+            writer.add_scalar("plasticity/policy/lstm_actor.weight_hh_l0/dfi", hidden[2, i], t)
+            writer.add_scalar("plasticity/policy/lstm_actor.l0/dormant_fraction", 0.1, t)
             writer.add_scalar("plasticity/policy/value_net/dfi", head[i], t)
+            writer.add_scalar("plasticity/policy/value_net/sigma_max", 9.0, t)
             writer.add_scalar("plasticity/policy/dfi", total[i], t)
         writer.close()
         expected[seed] = hidden.sum(axis=0)

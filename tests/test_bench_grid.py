@@ -112,7 +112,7 @@ def test_a_retried_trial_takes_over_the_dead_workers_run_claims(tmp_path, monkey
     study.enqueue_trial({"setting": "bandit", "method": "ppo", "seed": 0})
     study.optimize(grid.objective_for(args), n_trials=1, catch=(continual.RunClaimedError,))
     assert calls == [False] and study.trials[0].state == optuna.trial.TrialState.FAIL
-    grid.retry_callback()(max_retry=1)(study, study.trials[0])  # what the heartbeat's callback does
+    grid.retry_callback(max_retry=1)(study, study.trials[0])  # what the heartbeat's callback does
     study.optimize(grid.objective_for(args), n_trials=1)
     assert calls == [False, True]  # the retry takes the claims over
     assert study.trials[1].state == optuna.trial.TrialState.COMPLETE
