@@ -344,7 +344,13 @@ DOHARE_CBP = dict(replacement_rate=1e-4, maturity_threshold=10_000, betas=(0.99,
 def _task_recorder(setting: Setting, results: dict[str, list[float]], progress_path: Optional[str] = None) -> Any:
     """A callback accumulating, per task of env copy 0's ``info["task_id"]``, the mean reward per env step
     over the task and over its last ``tail`` part, and the mean return of the episodes ending in that tail;
-    writes ``continual/...`` keys to SB3's logger at each task end."""
+    writes ``continual/...`` keys to SB3's logger at each task end.
+
+    A task's reading covers its first ``change_every`` env steps (``info["task_step"]`` 1 to ``change_every``) and
+    nothing after: SB3 stops ``learn`` at the first rollout boundary at or after ``total_timesteps``, so a fresh
+    agent (its env pinned to one task) runs a few steps past the task's length when ``change_every`` is not a
+    multiple of ``n_steps``. The continual run's steps there belong to the next task; read by the fresh agent, an
+    episode ending in them would make the fresh reading of the same training differ from the continual one."""
     from stable_baselines3.common.callbacks import BaseCallback
 
     tail_start = round((1.0 - setting.tail) * setting.change_every)
@@ -381,10 +387,13 @@ def _task_recorder(setting: Setting, results: dict[str, list[float]], progress_p
             if task != self._task:
                 self._close_task()
                 self._task, self._sums[:], self._counts[:], self._returns = task, 0.0, 0.0, []
+            task_step = int(infos[0].get("task_step", 0))
+            if task_step > setting.change_every:
+                return True  # past the task's length: a fresh agent's last rollout (see above)
             rewards = np.asarray(self.locals["rewards"], dtype=np.float64)
             self._sums[0] += rewards.sum()
             self._counts[0] += rewards.size
-            if int(infos[0].get("task_step", 0)) > tail_start:
+            if task_step > tail_start:
                 self._sums[1] += rewards.sum()
                 self._counts[1] += rewards.size
                 self._returns.extend(float(i["episode"]["r"]) for i in infos if "episode" in i)

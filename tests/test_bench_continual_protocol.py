@@ -379,3 +379,20 @@ def test_no_verdict_from_fewer_than_three_seeds(continual, tmp_path):
     result = continual.summarise(continual.load_records(str(tmp_path)), ["ppo", "plastic_relu"], setting)
     assert result["methods"]["ppo"]["vs_fresh"] == "below fresh (plasticity lost)"  # 3 seeds
     assert result["methods"]["plastic_relu"]["vs_plain"] == "too few seeds (2 < 3)"  # its own 2 seeds
+
+
+def test_fresh_agent_of_task_0_reads_what_the_continual_run_reads_on_task_0(continual, tmp_path):
+    """A fresh agent of task 0 and the continual run's task 0 are the same training (same seed, task and steps up
+    to the task's end), so their task-0 readings must be equal. The fresh agent's last rollout runs past the task's
+    length (``change_every`` is not a multiple of ``n_steps``); those steps are not part of the task and must not be
+    read (before the fix, an episode ending in them entered the fresh agent's end-of-task return)."""
+    ppo = dict(continual.SETTINGS["cartpole_obs"].ppo, n_steps=16, batch_size=32, n_epochs=1)
+    setting = replace(continual.SETTINGS["cartpole_obs"], tasks=2, change_every=100, n_envs=2, ppo=ppo,
+                      monitor_every=10**6, tail=0.5)
+    assert setting.change_every % ppo["n_steps"]  # the last rollout of a task runs past its end
+    params = continual.MethodParams()
+    cont = continual.run_one("ppo", 1, setting, params, str(tmp_path), "cpu", 1)
+    fresh = continual.run_one("ppo", 1, setting, params, str(tmp_path), "cpu", 1, fresh_task=0)
+    assert fresh["timesteps"] > setting.task_timesteps  # the overshoot happened
+    for key in ("mean_reward", "end_reward", "end_return", "end_episodes"):
+        assert fresh[key] == [cont[key][0]], key

@@ -6,7 +6,7 @@ import pytest
 import torch as th
 from torch import nn
 
-from sb3_plastic import AdamO, MaxMin, dfi_per_layer, get_activation, isometry_penalty, isometry_penalty_grad
+from sb3_plastic import AdamO, MaxMin, activations, dfi_per_layer, get_activation, isometry_penalty, isometry_penalty_grad
 from sb3_plastic.isometry import orthogonal_init_network_
 from sb3_plastic.optim import reset_optimizer_state
 
@@ -21,8 +21,9 @@ def maxmin_reference(x: th.Tensor) -> th.Tensor:
     return out
 
 
-@pytest.mark.parametrize("shape", [(5, 6), (3, 4, 5, 7), (2, 8, 3)])
+@pytest.mark.parametrize("shape", [(5, 6), (3, 4, 5, 7), (2, 8, 3), (64, 8, 8, 8)])
 def test_maxmin_matches_elementwise_reference(shape):
+    th.manual_seed(0)
     x = th.randn(*shape)
     y = MaxMin()(x)
     assert y.shape == x.shape
@@ -34,11 +35,98 @@ def test_maxmin_matches_elementwise_reference(shape):
 
 
 def test_maxmin_gradient_norm_preserved_and_no_arg_constructor():
+    th.manual_seed(0)
     x = th.randn(4, 10, requires_grad=True)
     g = th.randn(4, 10)
     MaxMin()(x).backward(g)
     assert th.allclose(x.grad.norm(), g.norm())
     assert get_activation("maxmin") is MaxMin
+
+
+def _gather_only(monkeypatch):
+    monkeypatch.setattr(activations, "BITWISE_MIN_NUMEL", 2**62)
+
+
+def _special_values(x: th.Tensor) -> th.Tensor:
+    """Ties, signed zeros, NaN and infinities in some pairs of a (N, C, ...) input."""
+    x = x.clone()
+    x[:, 0] = x[:, 1]  # ties
+    x[0, 2], x[0, 3] = -0.0, 0.0
+    x[1, 2], x[1, 3] = 0.0, -0.0
+    x[0, 4].view(-1)[0], x[1, 5].view(-1)[0] = float("nan"), float("nan")
+    x[2, 4].view(-1)[0], x[2, 5].view(-1)[0] = float("inf"), -float("inf")
+    return x
+
+
+@pytest.mark.parametrize("dtype", [th.float32, th.float64, th.float16, th.bfloat16])
+def test_maxmin_bitwise_path_gives_the_gather_paths_bits(monkeypatch, dtype):
+    """The fast path for conv feature maps (a masked swap of raw bits) against the gather path: the same bits
+    forward and backward, ties, signed zeros, NaN and infinities included."""
+    th.manual_seed(0)
+    x = _special_values(th.randn(32, 8, 12, 12)).to(dtype).requires_grad_()
+    g = th.randn(x.shape).to(dtype)
+    g[3, 0].view(-1)[0] = float("inf")
+    assert activations._takes_bitwise_path(x)
+    y = MaxMin()(x)
+    (gx,) = th.autograd.grad(y, x, g)
+    _gather_only(monkeypatch)
+    assert not activations._takes_bitwise_path(x)
+    y_ref = MaxMin()(x)
+    (gx_ref,) = th.autograd.grad(y_ref, x, g)
+    as_int = activations._SAME_WIDTH_INT[dtype]
+    assert th.equal(y.detach().view(as_int), y_ref.detach().view(as_int))
+    assert th.equal(gx.view(as_int), gx_ref.view(as_int))
+    # pairs along channels: channel 0 of the output is the larger of input channels 0 and 1 (finite entries)
+    finite = x.detach()[4:, :2].float()
+    assert th.equal(y.detach()[4:, 0].float(), th.maximum(finite[:, 0], finite[:, 1]))
+
+
+def test_maxmin_bitwise_path_under_torch_func(monkeypatch):
+    """Jacobians (reverse and forward mode), vmap over vjp, a Hessian and double backward through the bitwise
+    path equal those through the gather path."""
+    from torch.func import hessian, jacfwd, jacrev, jvp, vjp, vmap
+
+    th.manual_seed(1)
+    x = th.randn(4, 4, 4, 4, dtype=th.float64)
+    x[:, 1] = x[:, 0]  # ties
+    weights = th.randn(x.shape, dtype=th.float64)
+
+    def scalar(z):
+        return (MaxMin()(z) * weights).sin().sum()
+
+    def transforms():
+        out = {"jacrev": jacrev(MaxMin())(x), "jacfwd": jacfwd(MaxMin())(x), "hessian": hessian(scalar)(x)}
+        out["jvp"] = jvp(MaxMin(), (x,), (weights,))[1]
+        _, vjp_fn = vjp(MaxMin(), x)
+        out["vmap_vjp"] = vmap(vjp_fn)(th.stack([weights, weights.cos()]))[0]
+        out["vmap"] = vmap(MaxMin())(x.unsqueeze(1).expand(4, 3, 4, 4, 4))
+        xr = x.clone().requires_grad_()
+        (gr,) = th.autograd.grad(scalar(xr), xr, create_graph=True)
+        out["double_backward"] = th.autograd.grad(gr.square().sum(), xr)[0]
+        return out
+
+    monkeypatch.setattr(activations, "BITWISE_MIN_NUMEL", 1)
+    monkeypatch.setattr(activations, "BITWISE_MIN_PLANE", 1)
+    assert activations._takes_bitwise_path(x)
+    fast = transforms()
+    _gather_only(monkeypatch)
+    slow = transforms()
+    for key in slow:
+        assert th.equal(fast[key], slow[key]), key
+
+
+def test_maxmin_path_choice():
+    """The bitwise path only for large (N, C, *spatial) maps of a float dtype in eager mode; MLP inputs, small
+    maps and traced modules take the gather path."""
+    big = th.randn(64, 16, 8, 8)
+    assert activations._takes_bitwise_path(big)
+    assert not activations._takes_bitwise_path(th.randn(256, 256))  # (N, F): pairs are adjacent elements
+    assert not activations._takes_bitwise_path(th.randn(8, 16, 10, 10))  # below BITWISE_MIN_NUMEL
+    assert not activations._takes_bitwise_path(th.randn(2048, 16, 2, 2))  # planes below BITWISE_MIN_PLANE
+    assert not activations._takes_bitwise_path(big.to(th.int32))
+    traced = th.jit.trace(MaxMin(), big)
+    assert "gather" in str(traced.graph) and "bitwise" not in str(traced.graph)
+    assert th.equal(traced(big), MaxMin()(big))
 
 
 def test_maxmin_odd_width_error():

@@ -1,0 +1,51 @@
+"""bench/maxmin_paths.py: the forced paths, the verdict rule and one tiny measured run."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch as th
+
+from sb3_plastic import activations
+
+_BENCH = Path(__file__).resolve().parent.parent / "bench"
+_SPEC = importlib.util.spec_from_file_location("bench_maxmin_paths", _BENCH / "maxmin_paths.py")
+maxmin_paths = importlib.util.module_from_spec(_SPEC)
+sys.modules[_SPEC.name] = maxmin_paths
+_SPEC.loader.exec_module(maxmin_paths)
+
+
+def test_forced_paths_switch_and_restore_the_bounds():
+    bounds = activations.BITWISE_MIN_PLANE, activations.BITWISE_MIN_NUMEL
+    mlp = th.empty(4, 8, 3)
+    with maxmin_paths.forced("bitwise"):
+        assert activations._takes_bitwise_path(mlp)
+    with maxmin_paths.forced("gather"):
+        assert not activations._takes_bitwise_path(th.empty(256, 16, 8, 8))
+    assert (activations.BITWISE_MIN_PLANE, activations.BITWISE_MIN_NUMEL) == bounds
+    with pytest.raises(ValueError, match="'scatter'"), maxmin_paths.forced("scatter"):
+        pass
+
+
+def test_verdict_only_where_the_band_resolves_it():
+    assert maxmin_paths.verdict(1.5, 1.1) == "bitwise faster"
+    assert maxmin_paths.verdict(0.5, 1.1) == "gather faster"
+    assert maxmin_paths.verdict(1.05, 1.1) == "not resolved"
+
+
+def test_a_tiny_run_reports_every_shape_and_work(tmp_path, capsys):
+    out = tmp_path / "paths.json"
+    assert maxmin_paths.main(["--rounds", "1", "--min-run-time", "0.01", "--only", "1", "7", "--json", str(out)]) == 0
+    results = json.loads(out.read_text())["results"]
+    assert [(r["name"], r["work"]) for r in results] == [
+        ("minatar conv, rollout", "train"), ("minatar conv, rollout", "forward"),
+        ("mlp 256, batch 256", "train"), ("mlp 256, batch 256", "forward")]
+    assert all(r["chosen"] == "gather" for r in results)  # both below the bitwise bounds
+    assert all(len(r["ratios"]) == 1 and r["band"] >= 1.0 for r in results)
+    assert "| minatar conv, rollout | (8, 16, 8, 8) | train |" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        maxmin_paths.main(["--only", "99"])
