@@ -231,6 +231,43 @@ class IsometryStepMixin:
         if all("isometry_mode" in group for group in self.param_groups):  # load_state_dict, copy.deepcopy
             self._register_coupled_hooks()
 
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """``torch.optim.Optimizer.load_state_dict``, also from the one-group layout of an SB3 checkpoint.
+
+        A plastic policy splits the parameters SB3's optimizer holds in one group into isometry groups (the
+        regularised weights, the rest with ``isometry_coef=0``) and keeps SB3's order in ``flat_param_order``. A
+        state dict without isometry settings and with one group over exactly those parameters (what
+        ``stable_baselines3`` saves, loaded by ``model.set_parameters``) is mapped onto these groups: every
+        parameter's state (Adam's moments and step) goes to the same parameter, every group takes the loaded
+        group's hyperparameters (``lr``, ``betas``, ...) and keeps its own ``isometry_*`` settings.
+        """
+        super().load_state_dict(self._from_one_group_layout(state_dict))  # type: ignore[misc]
+
+    def _from_one_group_layout(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        order = getattr(self, "flat_param_order", None)
+        saved = state_dict.get("param_groups", [])
+        if order is None or len(saved) == len(self.param_groups) or any("isometry_mode" in g for g in saved):
+            return state_dict  # the optimizer's own layout (or an unknown one: torch's checks apply)
+        ours = [p for group in self.param_groups for p in group["params"]]
+        saved_ids = [i for group in saved for i in group["params"]]
+        if len(saved) != 1 or len(saved_ids) != len(order) or len(ours) != len(order):
+            raise ValueError(
+                f"cannot load an optimizer state with {len(saved)} param group(s) over {len(saved_ids)} parameters "
+                f"into {type(self).__name__} with {len(self.param_groups)} groups over {len(ours)}: only the "
+                f"one-group layout of an SB3 optimizer over the same {len(order)} parameters is mapped"
+            )
+        position = {id(p): j for j, p in enumerate(ours)}
+        new_index = {saved_ids[k]: position[id(p)] for k, p in enumerate(order)}
+        hyper = {k: v for k, v in saved[0].items() if k != "params"}
+        groups = []
+        start = 0
+        for group in self.param_groups:
+            own = {k: v for k, v in group.items() if k.startswith("isometry_")}
+            groups.append({**hyper, **own, "params": list(range(start, start + len(group["params"])))})
+            start += len(group["params"])
+        state = {new_index[k]: v for k, v in state_dict["state"].items()}
+        return {"state": state, "param_groups": groups}
+
     def _isometry_base_step(self) -> Callable[..., Any]:
         """The ``step`` of the torch optimizer class this mixin sits on (the next class in the MRO)."""
         mro = type(self).__mro__

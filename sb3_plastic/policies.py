@@ -282,7 +282,9 @@ class PlasticPolicyMixin:
                 {"params": [p for p in params if id(p) not in regularised], "isometry_coef": 0.0},
             ]
             groups = [g for g in groups if g["params"]]
-            setattr(owner, attr, optimizer_class(groups, lr=old.param_groups[0]["lr"], **self.optimizer_kwargs))  # type: ignore[attr-defined]
+            optimizer = optimizer_class(groups, lr=old.param_groups[0]["lr"], **self.optimizer_kwargs)  # type: ignore[attr-defined]
+            optimizer.flat_param_order = params  # SB3's order: a one-group SB3 checkpoint loads into these groups
+            setattr(owner, attr, optimizer)
 
     def _get_constructor_parameters(self) -> dict[str, Any]:
         data = super()._get_constructor_parameters()  # type: ignore[misc]

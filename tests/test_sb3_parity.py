@@ -413,3 +413,56 @@ def test_defaults_pass_sb3_contribs_masked_identity_performance_test():
     model = PlasticMaskablePPO("MlpPolicy", env, gamma=0.4, seed=32, verbose=0)
     model.learn(3000)
     evaluate_policy(model, env, n_eval_episodes=20, reward_threshold=90, warn=False)
+
+
+def _optimizers(model):
+    policy = model.policy
+    return [policy.actor.optimizer, policy.critic.optimizer] if hasattr(policy, "actor") else [policy.optimizer]
+
+
+@pytest.mark.parametrize(
+    "sb3_cls, plastic_cls, env_id, extra",
+    [(DQN, PlasticDQN, "CartPole-v1", dict(learning_starts=16, train_freq=4)),
+     (PPO, PlasticPPO, "CartPole-v1", dict(n_steps=32)),
+     (SAC, PlasticSAC, "Pendulum-v1", dict(learning_starts=16))],
+    ids=["DQN", "PPO", "SAC"],
+)
+def test_an_sb3_checkpoint_loads_into_the_plastic_model(tmp_path, sb3_cls, plastic_cls, env_id, extra):
+    """``set_parameters`` of an SB3 checkpoint: SB3's Adam keeps one param group, AdamO splits the same parameters
+    into a regularised group and the rest; the moments land on the same parameters (matched by name), SB3's
+    hyperparameters are kept, the isometry settings stay the plastic model's, and training continues."""
+    net = dict(net_arch=[16, 16])
+    sb3 = sb3_cls("MlpPolicy", env_id, seed=0, policy_kwargs=net, learning_rate=3e-4, **extra)
+    sb3.learn(64)
+    sb3.save(tmp_path / "sb3.zip")
+    plastic = plastic_cls("MlpPolicy", env_id, seed=1, policy_kwargs=net, learning_rate=3e-4, **extra)
+    settings = [[{k: v for k, v in g.items() if k.startswith("isometry_")} for g in opt.param_groups]
+                for opt in _optimizers(plastic)]
+    plastic.set_parameters(str(tmp_path / "sb3.zip"))
+    ours_by_name = dict(plastic.policy.named_parameters())
+    name_of = {id(p): n for n, p in plastic.policy.named_parameters()}
+    theirs_by_name = dict(sb3.policy.named_parameters())
+    for name, param in theirs_by_name.items():
+        assert th.equal(ours_by_name[name], param), name
+    for theirs, ours, own in zip(_optimizers(sb3), _optimizers(plastic), settings):
+        assert len(theirs.param_groups) == 1 and len(ours.param_groups) == 2
+        assert [{k: v for k, v in g.items() if k.startswith("isometry_")} for g in ours.param_groups] == own
+        checked = 0
+        for group in ours.param_groups:
+            assert group["lr"] == theirs.param_groups[0]["lr"] and group["eps"] == theirs.param_groups[0]["eps"]
+            for p in group["params"]:
+                reference = theirs.state[theirs_by_name[name_of[id(p)]]]
+                for key in ("exp_avg", "exp_avg_sq", "step"):
+                    assert th.equal(ours.state[p][key], reference[key]), (name_of[id(p)], key)
+                checked += 1
+        assert checked == sum(len(g["params"]) for g in theirs.param_groups)
+    plastic.learn(64)
+
+
+def test_a_foreign_optimizer_layout_is_refused_with_the_counts():
+    model = PlasticPPO("MlpPolicy", "CartPole-v1", seed=0, policy_kwargs=dict(net_arch=[8]))
+    optimizer = model.policy.optimizer
+    params = list(model.policy.parameters())
+    other = th.optim.Adam([{"params": params[:2]}, {"params": params[2:3]}, {"params": params[3:]}])
+    with pytest.raises(ValueError, match="3 param group"):
+        optimizer.load_state_dict(other.state_dict())
