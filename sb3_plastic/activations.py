@@ -24,7 +24,8 @@ _SAME_WIDTH_INT: dict[th.dtype, th.dtype] = {
     th.bfloat16: th.int16,
 }
 
-#: MaxMin takes the bitwise path for inputs ``(N, C, *spatial)`` whose spatial size is at least this ...
+#: MaxMin takes the bitwise path for inputs ``(N, C, *spatial)`` whose spatial size is at least this (an ``(N, F)``
+#: input counts as spatial size 1) ...
 BITWISE_MIN_PLANE = 16
 #: ... and whose number of elements is at least this; other inputs take the gather path. Both paths give the same
 #: bits; these bounds only choose the faster one (bench/results/step_cost/LOG.md, "MaxMin formulations": on one
@@ -84,9 +85,9 @@ def _takes_bitwise_path(x: th.Tensor) -> bool:
     # eager mode only: tracing, scripting, ONNX export and torch.compile see the plain gather form
     if th.jit.is_tracing() or th.jit.is_scripting() or th.onnx.is_in_onnx_export() or th.compiler.is_compiling():
         return False
-    if x.dtype not in _SAME_WIDTH_INT or x.dim() < 3 or x.numel() < BITWISE_MIN_NUMEL:
+    if x.dtype not in _SAME_WIDTH_INT or x.numel() < BITWISE_MIN_NUMEL:
         return False
-    return math.prod(x.shape[2:]) >= BITWISE_MIN_PLANE
+    return math.prod(x.shape[2:]) >= BITWISE_MIN_PLANE  # an (N, F) input has planes of 1
 
 
 class MaxMin(nn.Module):

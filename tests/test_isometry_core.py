@@ -81,6 +81,23 @@ def test_maxmin_bitwise_path_gives_the_gather_paths_bits(monkeypatch, dtype):
     assert th.equal(y.detach()[4:, 0].float(), th.maximum(finite[:, 0], finite[:, 1]))
 
 
+def test_maxmin_bitwise_path_on_mlp_inputs_when_forced(monkeypatch):
+    """(N, F) inputs take the gather path by default (planes of 1); forced, the bitwise path gives the same bits."""
+    th.manual_seed(0)
+    x = _special_values(th.randn(64, 12, 1))[:, :, 0].contiguous().requires_grad_()
+    g = th.randn(x.shape)
+    assert not activations._takes_bitwise_path(x)
+    y_ref = MaxMin()(x)
+    (gx_ref,) = th.autograd.grad(y_ref, x, g)
+    monkeypatch.setattr(activations, "BITWISE_MIN_NUMEL", 1)
+    monkeypatch.setattr(activations, "BITWISE_MIN_PLANE", 1)
+    assert activations._takes_bitwise_path(x)
+    y = MaxMin()(x)
+    (gx,) = th.autograd.grad(y, x, g)
+    assert th.equal(y.detach().view(th.int32), y_ref.detach().view(th.int32))
+    assert th.equal(gx.view(th.int32), gx_ref.view(th.int32))
+
+
 def test_maxmin_bitwise_path_under_torch_func(monkeypatch):
     """Jacobians (reverse and forward mode), vmap over vjp, a Hessian and double backward through the bitwise
     path equal those through the gather path."""
