@@ -1,8 +1,9 @@
 """Batched matrix products and torch.compile for the isometry update, against the library's per-weight loop (#16).
 
 The decoupled update of SAC's critic weights (two Q nets of ``[256, 256]``: two weights of each shape), as
-:class:`~sb3_plastic.optim.IsometryStepMixin` computes it per weight (``loop``), with the same-shape weights stacked
-into one ``bmm`` (``bmm``) and, with ``--compile``, the per-weight function under ``torch.compile`` (``compiled``).
+:class:`~sb3_plastic.optim.IsometryStepMixin` computes it per weight (``loop``); with the same-shape weights stacked
+into one ``bmm`` (``bmm``: the library's stacked-matrix update, which LSTM gate blocks use); with ``--compile``, the
+per-weight function under ``torch.compile`` (``compiled``).
 7 interleaved rounds (the arms' order rotates), ``torch.utils.benchmark`` blocked autorange, CPU time, one thread;
 ``loop2`` is the A/A control. Ratio ``t_loop / t_arm`` (> 1: the arm is faster).
 
@@ -19,32 +20,23 @@ import time
 import torch as th
 from torch.utils import benchmark
 
-from sb3_plastic.optim import MAX_ISOMETRY_STEP
+from sb3_plastic.optim import IsometryStepMixin
+
+#: the param group settings of the timed update (AdamO's defaults at SAC's learning rate)
+GROUP = dict(lr=3e-4, isometry_coef=0.1, isometry_scale=1.0, isometry_interval=1)
 
 
-def update_one(w: th.Tensor, scale: float = 1.0, limit: float = 3e-4) -> th.Tensor:
-    """The library's decoupled update of one weight (Gram matrix, clamp bound, folded step, one product)."""
-    m = w.reshape(w.shape[0], -1)
-    tall = m.shape[0] >= m.shape[1]
-    gram = m.T @ m if tall else m @ m.T
-    bound = gram.abs().sum(dim=1).max().clamp_min(1e-12)
-    gram.diagonal().sub_(scale)
-    step = th.clamp(MAX_ISOMETRY_STEP / (4.0 * bound), max=limit)
-    gram.mul_(4.0 * step)
-    return (m @ gram if tall else gram @ m).view_as(w)
+def update_one(w: th.Tensor) -> th.Tensor:
+    """The library's decoupled update of one weight (what ``AdamO.step`` subtracts)."""
+    return IsometryStepMixin._isometry_update(w, GROUP)[0]
 
 
-def update_batched(ws: list[th.Tensor], scale: float = 1.0, limit: float = 3e-4) -> list[th.Tensor]:
-    """The same update of several same-shape weights, stacked: one ``bmm`` per product, a clamp per weight."""
-    stacked = th.stack([w.reshape(w.shape[0], -1) for w in ws])
-    tall = stacked.shape[-2] >= stacked.shape[-1]
-    gram = stacked.mT @ stacked if tall else stacked @ stacked.mT
-    bound = gram.abs().sum(dim=-1).amax(dim=-1).clamp_min(1e-12)
-    gram.diagonal(dim1=-2, dim2=-1).sub_(scale)
-    step = th.clamp(MAX_ISOMETRY_STEP / (4.0 * bound), max=limit)
-    gram.mul_(4.0 * step.view(-1, 1, 1))
-    updates = (stacked @ gram if tall else gram @ stacked).unbind(0)
-    return [u.view_as(w) for u, w in zip(updates, ws)]
+def update_batched(ws: list[th.Tensor]) -> list[th.Tensor]:
+    """The same update of several same-shape weights in one call: the weights stacked along their rows and updated
+    as blocks by the library's stacked-matrix update (``isometry_blocks``, one ``bmm`` per product, a clamp per
+    block), then split again."""
+    update, _ = IsometryStepMixin._block_isometry_update(th.cat(ws), GROUP, len(ws))
+    return list(update.split(ws[0].shape[0]))
 
 
 def main(argv: list[str]) -> int:

@@ -325,18 +325,7 @@ class IsometryStepMixin:
                     update, step = self._block_isometry_update(p, group, blocks)
                     pending.append((p, update, step))
                     continue
-                # Gradient of R at the current (pre-step) parameters, as in the update rule above; the Gram
-                # matrix is computed once for the gradient and for the blow-up bound.
-                w = as_matrix(p)
-                tall = w.shape[0] >= w.shape[1]
-                gram = w.T @ w if tall else w @ w.T
-                bound = gram.abs().sum(dim=1).max().clamp_min(1e-12)
-                gram.diagonal().sub_(group["isometry_scale"])
-                limit = float(group["lr"]) * group["isometry_coef"] * interval
-                step = th.clamp(MAX_ISOMETRY_STEP / (4.0 * bound), max=limit)
-                # fold 4 * step into the small Gram residual: the full-size product is the update itself
-                gram.mul_(4.0 * step)
-                pending.append((p, (w @ gram if tall else gram @ w).view_as(p), step))
+                pending.append((p, *self._isometry_update(p, group)))
         # torch wraps every optimizer class's ``step`` to run step hooks; calling the wrapped base step from
         # here would run the hooks registered on this optimizer twice per step.
         base_step = self._isometry_base_step()
@@ -351,6 +340,22 @@ class IsometryStepMixin:
         if reregister:  # a group switched to coupled after construction: hooks from the next backward on
             self._register_coupled_hooks()
         return loss
+
+    @staticmethod
+    def _isometry_update(p: th.Tensor, group: dict[str, Any]) -> tuple[th.Tensor, th.Tensor]:
+        """The decoupled isometry update of one weight and its clamped step: ``(update, step)``."""
+        # Gradient of R at the current (pre-step) parameters, as in the update rule above; the Gram
+        # matrix is computed once for the gradient and for the blow-up bound.
+        w = as_matrix(p)
+        tall = w.shape[0] >= w.shape[1]
+        gram = w.T @ w if tall else w @ w.T
+        bound = gram.abs().sum(dim=1).max().clamp_min(1e-12)
+        gram.diagonal().sub_(group["isometry_scale"])
+        limit = float(group["lr"]) * group["isometry_coef"] * group["isometry_interval"]
+        step = th.clamp(MAX_ISOMETRY_STEP / (4.0 * bound), max=limit)
+        # fold 4 * step into the small Gram residual: the full-size product is the update itself
+        gram.mul_(4.0 * step)
+        return (w @ gram if tall else gram @ w).view_as(p), step
 
     @staticmethod
     def _block_isometry_update(p: th.Tensor, group: dict[str, Any], blocks: int) -> tuple[th.Tensor, th.Tensor]:

@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch as th
+from bench_modules import load_bench
 
 from sb3_plastic import activations
 
-_BENCH = Path(__file__).resolve().parent.parent / "bench"
-_SPEC = importlib.util.spec_from_file_location("bench_maxmin_paths", _BENCH / "maxmin_paths.py")
-maxmin_paths = importlib.util.module_from_spec(_SPEC)
-sys.modules[_SPEC.name] = maxmin_paths
-_SPEC.loader.exec_module(maxmin_paths)
+maxmin_paths = load_bench("maxmin_paths")
 
 
 def test_forced_paths_switch_and_restore_the_bounds():

@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch as th
+from bench_modules import load_bench
 from stable_baselines3 import DQN
 from stable_baselines3.common.env_util import make_vec_env
 
 from sb3_plastic import PlasticDQN
 
-_BENCH = Path(__file__).resolve().parent.parent / "bench"
-_SPEC = importlib.util.spec_from_file_location("bench_step_cost", _BENCH / "step_cost.py")
-step_cost = importlib.util.module_from_spec(_SPEC)
-sys.modules[_SPEC.name] = step_cost  # dataclasses look their module up there
-_SPEC.loader.exec_module(step_cost)
+step_cost = load_bench("step_cost")
 
 TINY = dict(learning_rate=1e-3, batch_size=16, learning_starts=32, train_freq=32, gradient_steps=1, buffer_size=1000)
 
