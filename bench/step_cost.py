@@ -38,6 +38,15 @@ flops). ``t_mm / (t_on - t_off)`` near 1 means the step costs what its products 
 and the elementwise work. The timed steps change the candidate's weights (its gradients stay those of its last
 update), so this runs once the rounds are done.
 
+**torch.compile** (``--compile candidate`` / ``--compile all``): after the flops are counted (eager), the candidate
+(or every arm) has the tensor work of its ``train()`` compiled with ``torch.compile`` (:func:`compile_train_step`:
+the policy's training forward passes, whose backward AOTAutograd compiles with them, and every optimizer's
+``step``); SB3's Python loop around them (minibatches, the loss's few elementwise ops, logging) stays eager. Every
+compiled arm is warmed up until it stops compiling; the number of graphs compiled during the rounds is recorded
+(``compiled_during_rounds``, 0 when the timed code was the compiled code) and a nonzero count is reported.
+``candidate`` asks whether compiling the plastic model brings it to the eager SB3 speed; ``all`` compares compiled
+with compiled (the A/A control is then compiled too).
+
 Threads: one torch thread (``--threads``) for every arm, set before every measurement.
 
 Examples::
@@ -47,6 +56,7 @@ Examples::
     python bench/step_cost.py --only ppo-minatar-relu sac-mlp-relu --rounds 9
     python bench/step_cost.py --only ppo-minatar-relu --whole-run 16384 --rounds 5
     python bench/step_cost.py --only ppo-minatar-relu sac-mlp-relu dqn-mlp-relu --step-efficiency
+    python bench/step_cost.py --only ppo-minatar-maxmin sac-mlp-relu --compile candidate
     python bench/step_cost.py --device cuda --json /tmp/step_cost_cuda.json
 """
 
@@ -80,6 +90,8 @@ from sb3_plastic.optim import IsometryStepMixin
 
 CLOCKS = {"wall": timeit.default_timer, "cpu": time.process_time}
 WORKS = ("train", "forward")
+#: ``--compile``: which arms run their train step under torch.compile
+COMPILE_MODES = ("off", "candidate", "all")
 
 
 @dataclass(frozen=True)
@@ -290,6 +302,57 @@ def prepare(entry: Entry, build: Callable[[str, int], Any], device: str, seed: i
     return model, model.train
 
 
+def model_optimizers(model: BaseAlgorithm) -> list[th.optim.Optimizer]:
+    """Every optimizer ``model.train()`` steps: those of the policy and its modules (PPO's and DQN's policy, SAC's
+    actor and critic) and SAC's entropy-coefficient optimizer."""
+    found: list[th.optim.Optimizer] = []
+    for opt in [getattr(module, "optimizer", None) for module in model.policy.modules()] + [
+            getattr(model, "ent_coef_optimizer", None)]:
+        if isinstance(opt, th.optim.Optimizer) and all(opt is not o for o in found):
+            found.append(opt)
+    return found
+
+
+def compile_train_step(model: BaseAlgorithm) -> None:
+    """Put the tensor work of ``model.train()`` under ``torch.compile``, in place: the training forward passes
+    (PPO's ``policy.evaluate_actions``; DQN's ``q_net`` and ``q_net_target``; SAC's ``actor.action_log_prob``,
+    ``critic`` and ``critic_target``), whose backward AOTAutograd compiles with them, and the ``step`` of every
+    optimizer (:func:`model_optimizers`). A rollout's action selection (``policy.forward``) is not compiled: the
+    train-step entries do not time it."""
+    policy = model.policy
+    if isinstance(model, PPO):
+        policy.evaluate_actions = th.compile(policy.evaluate_actions)
+    elif isinstance(model, DQN):
+        policy.q_net.compile()
+        policy.q_net_target.compile()
+    elif isinstance(model, SAC):
+        policy.actor.action_log_prob = th.compile(policy.actor.action_log_prob)
+        policy.critic.compile()
+        policy.critic_target.compile()
+    else:
+        raise ValueError(f"compile_train_step: no compile plan for {type(model).__name__} (PPO, DQN and SAC have one)")
+    for opt in model_optimizers(model):
+        opt.step = th.compile(opt.step)  # type: ignore[method-assign]
+
+
+def compiled_graphs() -> int:
+    """Graphs torch.compile has compiled in this process so far."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def warm_up_compiled(work: Callable[[], Any], max_calls: int = 10) -> int:
+    """Call ``work`` until a call compiles nothing new (recompilations for a changing step count included); the
+    number of calls. Raises if it still compiles after ``max_calls``."""
+    for calls in range(1, max_calls + 1):
+        before = compiled_graphs()
+        work()
+        if compiled_graphs() == before and calls > 1:
+            return calls
+    raise RuntimeError(f"torch.compile still compiles after {max_calls} calls of the work")
+
+
 def count_flops(work: Callable[[], Any], calls: int = 1) -> float:
     """Matrix-product and convolution flops of one call of ``work`` (``torch.utils.flop_counter``), averaged
     over ``calls`` calls."""
@@ -313,13 +376,8 @@ def _time_learn(model: Any, steps: int) -> dict[str, float]:
 
 
 def isometry_optimizers(model: BaseAlgorithm) -> list[IsometryStepMixin]:
-    """The optimizers of ``model``'s policy (and its actor / critic / Q-net modules) that carry the isometry step."""
-    found: list[IsometryStepMixin] = []
-    for module in model.policy.modules():
-        opt = getattr(module, "optimizer", None)
-        if isinstance(opt, IsometryStepMixin) and all(opt is not o for o in found):
-            found.append(opt)
-    return found
+    """The optimizers of ``model`` (:func:`model_optimizers`) that carry the isometry step."""
+    return [opt for opt in model_optimizers(model) if isinstance(opt, IsometryStepMixin)]
 
 
 def step_efficiency_work(model: BaseAlgorithm) -> dict[str, Callable[[], Any]]:
@@ -391,8 +449,14 @@ def measure_step_efficiency(model: BaseAlgorithm, rounds: int, min_run_time: flo
 
 
 def measure(entry: Entry, rounds: int, min_run_time: float, threads: int, device: str, seed: int,
-            whole_run: int = 0, log: Callable[[str], None] = print, step_efficiency: bool = False) -> dict[str, Any]:
+            whole_run: int = 0, log: Callable[[str], None] = print, step_efficiency: bool = False,
+            compile: str = "off") -> dict[str, Any]:
     """Rounds of interleaved timings of the arms ``A``, ``A'`` and ``B`` (see the module docstring)."""
+    if compile not in COMPILE_MODES:
+        raise ValueError(f"compile must be one of {COMPILE_MODES}, got {compile!r}")
+    if compile != "off" and (whole_run or entry.work != "train" or step_efficiency):
+        raise ValueError(f"{entry.name}: --compile times train-step entries only (work 'train', no --whole-run, "
+                         "no --step-efficiency)")
     arms = {}
     for arm, build in (("A", entry.baseline), ("A'", entry.baseline), ("B", entry.candidate)):
         th.set_num_threads(threads)
@@ -403,6 +467,20 @@ def measure(entry: Entry, rounds: int, min_run_time: float, threads: int, device
         arms["A'"][0].learn(whole_run, reset_num_timesteps=False)  # the control arm gets the same warm-up
     else:
         flops = {arm: count_flops(work, entry.flop_calls) for arm, (_, work) in arms.items() if arm != "A'"}
+    compiled_arms = {"off": (), "candidate": ("B",), "all": ("A", "A'", "B")}[compile]
+    if compiled_arms:
+        import torch._dynamo
+
+        # the arms' models share code objects (Adam.step, the policy's methods): one cache entry per model and
+        # step-count specialisation, more than torch's default limit of 8 with SAC's three optimizers per model
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 1024)
+        for arm in compiled_arms:
+            th.set_num_threads(threads)
+            compile_train_step(arms[arm][0])
+            calls = warm_up_compiled(arms[arm][1])
+            log(f"  {arm}: compiled, warm after {calls} calls")
+    graphs_before = compiled_graphs()
     times: dict[str, dict[str, list[float]]] = {arm: {clock: [] for clock in CLOCKS} for arm in arms}
     order = list(arms)
     for r in range(rounds):
@@ -420,7 +498,11 @@ def measure(entry: Entry, rounds: int, min_run_time: float, threads: int, device
             f"{arm} {times[arm]['cpu'][-1] * 1e3:.2f} ms" for arm in arms) + " (cpu)")
     result: dict[str, Any] = dict(entry=entry.name, description=entry.description, target=entry.target,
                                   work="learn" if whole_run else entry.work, whole_run_steps=whole_run,
-                                  flops=flops, times=times)
+                                  flops=flops, times=times, compile=compile, compiled_arms=list(compiled_arms))
+    if compiled_arms:
+        result["compiled_during_rounds"] = compiled_graphs() - graphs_before
+        if result["compiled_during_rounds"]:
+            log(f"  WARNING: {result['compiled_during_rounds']} graphs were compiled during the timed rounds")
     result["floor"] = flops["A"] / flops["B"] if flops["B"] else None
     for clock in CLOCKS:
         a, a2, b = (times[arm][clock] for arm in ("A", "A'", "B"))
@@ -489,6 +571,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help="time learn(STEPS) per arm and round instead of one unit of work")
     parser.add_argument("--step-efficiency", action="store_true",
                         help="also time the candidate's isometry step against its bare matrix products")
+    parser.add_argument("--compile", choices=COMPILE_MODES, default="off",
+                        help="torch.compile the train step of the candidate or of every arm (default off)")
     parser.add_argument("--json", help="write every timing and ratio to this file")
     args = parser.parse_args(argv)
     if args.list:
@@ -505,10 +589,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"{name}: {REGISTRY[name].description}", flush=True)
         results.append(measure(REGISTRY[name], args.rounds, args.min_run_time, args.threads, args.device, args.seed,
                                args.whole_run, log=lambda msg: print(msg, flush=True),
-                               step_efficiency=args.step_efficiency))
+                               step_efficiency=args.step_efficiency, compile=args.compile))
     print()
     print(f"torch {th.__version__}, {platform.processor() or platform.machine()}, threads {args.threads}, "
-          f"device {args.device}, rounds {args.rounds}" + (f", learn({args.whole_run})" if args.whole_run else ""))
+          f"device {args.device}, rounds {args.rounds}" + (f", learn({args.whole_run})" if args.whole_run else "")
+          + (f", compiled arms: {args.compile}" if args.compile != "off" else ""))
     print(table(results))
     if args.json:
         with open(args.json, "w") as fh:

@@ -334,7 +334,13 @@ class IsometryStepMixin:
         base_step(self)
         for p, update, step in pending:
             p.sub_(update)
-            self.state[p]["isometry_step"] = step.detach()
+            last = self.state[p].get("isometry_step")
+            if isinstance(last, th.Tensor) and (last.shape, last.dtype, last.device) == (step.shape, step.dtype, step.device):
+                # in place: a new tensor at every step would make a torch.compile'd step recompile at every step
+                # (its guards hold the state's tensors), and fall back to eager at the recompile limit
+                last.copy_(step)
+            else:
+                self.state[p]["isometry_step"] = step.detach()
         for p, count in counted:
             self.state[p]["isometry_count"] = count
         if reregister:  # a group switched to coupled after construction: hooks from the next backward on

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch as th
 from bench_modules import load_bench
@@ -121,3 +123,59 @@ def test_train_steps_run_with_the_keyword_interventions_active():
     model.policy.set_training_mode(False)
     plain, _ = step_cost.prepare(entry, entry.baseline, "cpu", 0)
     assert plain.step_cost_interventions is None
+
+
+def _compiled(fn):
+    return hasattr(fn, "_torchdynamo_orig_callable")
+
+
+def test_compile_train_step_trains_as_the_eager_model():
+    """The compiled train step is the same computation: from the same state and the same replay samples, a compiled
+    PlasticDQN and an eager one end with the same parameters, and only the compiled one's work is compiled."""
+    import numpy as np
+
+    models = []
+    for _ in range(2):
+        models.append(_tiny(PlasticDQN, activation="relu")("cpu", 0))
+        models[-1].learn(64)
+    models[1].policy.load_state_dict(models[0].policy.state_dict())
+    # a copy: torch's load_state_dict keeps the given state tensors, which the two optimizers would then share
+    models[1].policy.optimizer.load_state_dict(copy.deepcopy(models[0].policy.optimizer.state_dict()))
+    step_cost.compile_train_step(models[1])
+    assert _compiled(models[1].policy.optimizer.step) and not _compiled(models[0].policy.optimizer.step)
+    assert models[1].policy.q_net._compiled_call_impl is not None and models[0].policy.q_net._compiled_call_impl is None
+    before = [p.detach().clone() for p in models[1].policy.q_net.parameters()]
+    for _ in range(3):
+        for model in models:
+            np.random.seed(5)  # the replay buffer samples from numpy's global generator
+            model.train(gradient_steps=2, batch_size=16)
+    for a, b in zip(models[0].policy.parameters(), models[1].policy.parameters()):
+        th.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert all(not th.equal(b, p) for b, p in zip(before, models[1].policy.q_net.parameters()))  # it trained
+
+
+def test_a_compiled_candidate_is_warm_before_the_rounds_and_its_flops_are_counted_eager():
+    models = {}
+
+    def builder(cls, key, **plastic):
+        def build(device, seed):
+            models.setdefault(key, []).append(_tiny(cls, **plastic)(device, seed))
+            return models[key][-1]
+
+        return build
+
+    entry = step_cost.Entry("tiny", "", builder(DQN, "A"), builder(PlasticDQN, "B", activation="relu"), target=0.95,
+                            warmup=64, gradient_steps=2, batch_size=16)
+    res = step_cost.measure(entry, rounds=2, min_run_time=0.01, threads=1, device="cpu", seed=0, log=lambda m: None,
+                            compile="candidate")
+    assert res["compile"] == "candidate" and res["compiled_arms"] == ["B"] and res["compiled_during_rounds"] == 0
+    (candidate,) = models["B"]
+    assert _compiled(candidate.policy.optimizer.step)
+    assert not any(_compiled(m.policy.optimizer.step) for m in models["A"])
+    eager = step_cost.measure(entry, rounds=2, min_run_time=0.01, threads=1, device="cpu", seed=0, log=lambda m: None)
+    assert res["flops"] == eager["flops"] and res["flops"]["B"] > res["flops"]["A"] > 0
+    with pytest.raises(ValueError, match="train-step entries only"):
+        step_cost.measure(entry, rounds=2, min_run_time=0.01, threads=1, device="cpu", seed=0, whole_run=64,
+                          compile="all")
+    with pytest.raises(ValueError, match="compile must be one of"):
+        step_cost.measure(entry, rounds=2, min_run_time=0.01, threads=1, device="cpu", seed=0, compile="yes")

@@ -358,6 +358,42 @@ def test_adamo_runs_step_hooks_once_per_step():
     assert calls == [0, 1] * 3
 
 
+@pytest.mark.parametrize("interval", [1, 3])
+def test_compiled_adamo_step_compiles_once_and_matches_eager(interval):
+    """``torch.compile(opt.step)`` on the policies' layout (the regularised weights in one group, the rest in
+    another): the step keeps its state tensors, which the compiled step's guards hold, so it does not recompile at
+    every step (falling back to eager, silently, at the recompile limit), and it updates as the eager step."""
+    from torch._dynamo.utils import counters
+
+    th.manual_seed(11)
+    nets = [nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 4))]
+    nets.append(copy.deepcopy(nets[0]))
+    opts = [AdamO([dict(params=[net[0].weight, net[2].weight]), dict(params=[net[0].bias, net[2].bias],
+                                                                          isometry_coef=0.0)],
+                  lr=1e-2, isometry_coef=0.5, isometry_interval=interval) for net in nets]
+    th._dynamo.reset()
+    counters.clear()
+    compiled = th.compile(opts[1].step)
+    graphs = []
+    for _ in range(12):
+        x = th.randn(5, 6)
+        for net, opt in zip(nets, opts):
+            opt.zero_grad()
+            net(x).pow(2).sum().backward()
+        opts[0].step()
+        compiled()
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs[-1] == graphs[2 * interval + 1] > 0, graphs  # no compilation once the count has varied
+    for eager, comp in zip(*nets):
+        for a, b in zip(eager.parameters(), comp.parameters()):
+            assert th.allclose(a, b, atol=1e-5)
+    for group0, group1 in zip(opts[0].param_groups, opts[1].param_groups):
+        for p0, p1 in zip(group0["params"], group1["params"]):
+            if p0.dim() == 2:
+                s0, s1 = opts[0].state[p0], opts[1].state[p1]
+                assert s0["isometry_count"] == s1["isometry_count"] == 12
+                assert th.allclose(s0["isometry_step"], s1["isometry_step"])
+
 def test_isometry_interval_applies_every_k_steps_with_k_times_the_step():
     th.manual_seed(6)
     w = nn.Parameter(th.randn(6, 4) * 0.7)
