@@ -23,6 +23,7 @@ from pathlib import Path
 import gymnasium as gym
 import optuna
 import pytest
+import torch as th
 import yaml
 
 from sb3_plastic import PlasticDQN, PlasticPPO, PlasticSAC, zoo
@@ -235,6 +236,47 @@ def test_optimize_two_trials_sampled_values_reach_the_model(tmp_path, monkeypatc
     assert model.intervention_configs["cbp"].replacement_rate == params["replacement_rate"]
     assert model.n_steps == 2 ** params["n_steps_pow"]
 
+
+def test_optimize_with_a_baseline_sampler_as_the_samplers_docstring_says(tmp_path, monkeypatch):
+    """The recipe of :mod:`sb3_plastic.samplers` for the isometry paper's baselines: register the L2-init sampler
+    under ``plastic_ppo``, turn the penalty off in the yaml, run ``-optimize``. Each trial's model is plain Adam with
+    L2-init at the sampled coefficient (its theta_0 recorded during the trial), and ``--trial-id`` replays it."""
+    from rl_zoo3 import hyperparams_opt
+
+    from sb3_plastic.samplers import plastic_sampler_for
+
+    sampler, converter = plastic_sampler_for("ppo", method="l2_init")
+    monkeypatch.setitem(hyperparams_opt.HYPERPARAMS_SAMPLER, "plastic_ppo", sampler)
+    monkeypatch.setitem(hyperparams_opt.HYPERPARAMS_CONVERTER, "plastic_ppo", converter)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "l2init.yml").write_text(yaml.safe_dump({"CartPole-v1": {
+        "n_envs": 2, "n_timesteps": 512, "policy": "MlpPolicy", "isometry_mode": "off", "optimizer": "adam"}}))
+    storage, name = f"sqlite:///{tmp_path / 'l2.db'}", "l2init"
+    study = _study(storage, name)
+    for _ in range(2):
+        study.enqueue_trial(CHEAP_PPO)
+    _train(
+        *("--algo", "plastic_ppo", "--env", "CartPole-v1", "-conf", "l2init.yml"),
+        *("-optimize", "--n-trials", "2", "-n", "512", "--n-evaluations", "1", "--eval-episodes", "1"),
+        *("--storage", storage, "--study-name", name, "--pruner", "none", "--no-optim-plots"),
+        *("--optimization-log-path", "trials", "-f", "logs", "--seed", "0"),
+    )
+    trials = optuna.load_study(storage=storage, study_name=name).trials
+    assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE] * 2
+    for trial in trials:
+        assert "l2_init_coef" in trial.params and not set(PLASTIC_PARAMS) & set(trial.params)
+        model = _load(tmp_path / "trials" / f"trial_{trial.number}" / "best_model.zip", "plastic_ppo")
+        assert type(model.policy.optimizer) is th.optim.Adam  # isometry_mode 'off' + optimizer adam: no AdamO
+        assert model.intervention_configs["l2_init"].l2_init_coef == trial.params["l2_init_coef"]
+        assert model.intervention_configs["cbp"].replacement_rate == 0.0  # the plastic space was not sampled
+        assert model.plastic_state["L2Init:auto"]["theta0"]  # the regulariser ran during the trial
+    _train(
+        *("--algo", "plastic_ppo", "--env", "CartPole-v1", "-conf", "l2init.yml", "-n", "256", "--eval-freq", "-1"),
+        *("-f", "replay", "--storage", storage, "--study-name", name, "--trial-id", "1"),
+    )
+    model = _load(tmp_path / "replay/plastic_ppo/CartPole-v1_1/CartPole-v1.zip", "plastic_ppo")
+    assert model.intervention_configs["l2_init"].l2_init_coef == trials[1].params["l2_init_coef"]
+    assert model.n_steps == 2 ** trials[1].params["n_steps_pow"]
 
 @pytest.mark.parametrize("algo, env_id", [("plastic_dqn", "CartPole-v1"), ("plastic_sac", "Pendulum-v1")])
 def test_off_policy_samplers_build_models_and_round_trip(algo, env_id):
