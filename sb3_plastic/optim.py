@@ -426,6 +426,10 @@ class AdamO(IsometryStepMixin, AdamRestartMixin, th.optim.Adam):
     shape ``(k,)``, in a group with ``isometry_blocks=k > 1``). In coupled mode
     no clamp applies (Adam normalises the summed gradient). A parameter whose ``.grad`` is ``None`` gets
     neither the Adam step nor the isometry step (as AdamW skips its weight decay).
+
+    ``torch.compile(optimizer.step)`` works: the state tensors are updated in place, so the compiled step is
+    compiled once, and once more when the step count turns dynamic. On CPU, compiling a whole training step
+    slowed the small networks measured and sped up NatureCNN PPO (bench/README.md, issue #16).
     """
 
     def __init__(
