@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import sys
-from pathlib import Path
 
 import torch as th
-
-BENCH = Path(__file__).resolve().parent.parent / "bench"
+from bench_modules import load_bench
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("bench_continual", BENCH / "continual.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("continual")
 
 
 def test_continual_quick_grid_resumes_and_reports(tmp_path, capsys):
@@ -69,10 +61,7 @@ def test_continual_rejects_bad_arguments(capsys):
 
 
 def test_denormals_script_counts_and_validates(capsys):
-    spec = importlib.util.spec_from_file_location("bench_denormals", BENCH / "denormals.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
+    module = load_bench("denormals")
     assert module.count_denormal([th.tensor([0.0, 1e-40, -1e-39, 1e-30, 1.0])]) == 2
     threads = th.get_num_threads()
     try:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+from bench_modules import load_bench
 from test_zoo import _postgres_url
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
@@ -70,11 +71,7 @@ def test_two_workers_share_one_postgres_study(tmp_path):
 def test_a_cell_finished_by_another_worker_is_not_run_again(tmp_path, monkeypatch):
     """The race behind a duplicate COMPLETE trial: once every cell has started, optuna's GridSampler hands a worker
     a random cell, possibly one another worker has already finished; that cell must be pruned, not rerun."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_grid_under_test", BENCH / "grid.py")
-    grid = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(grid)
+    grid = load_bench("grid")
     args = grid.parse_args(["--storage", "sqlite://", "--study", "s", "--out-root", str(tmp_path), *GRID])
     continual = grid._continual()
     monkeypatch.setattr(continual, "run_cell", lambda *a, **k: pytest.fail("a finished cell was run again"))
@@ -92,11 +89,7 @@ def test_a_cell_finished_by_another_worker_is_not_run_again(tmp_path, monkeypatc
 def test_a_retried_trial_takes_over_the_dead_workers_run_claims(tmp_path, monkeypatch):
     """A worker that dies leaves its run's claim file; optuna's heartbeat marks its trial failed and the retry
     callback enqueues a retry, which must take the claim over (a first attempt respects claims)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_grid_retry", BENCH / "grid.py")
-    grid = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(grid)
+    grid = load_bench("grid")
     args = grid.parse_args(["--storage", "sqlite://", "--study", "s", "--out-root", str(tmp_path), *GRID])
     continual = grid._continual()
     calls = []

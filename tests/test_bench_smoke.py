@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -10,18 +9,14 @@ from types import ModuleType
 
 import pytest
 import torch as th
+from bench_modules import load_bench
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 
 
 def load_bench_script(name: str) -> ModuleType:
     """Import ``bench/<name>.py`` as a module (bench/ is not a package)."""
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench(name)
 
 
 def test_supervised_quick(tmp_path, capsys):

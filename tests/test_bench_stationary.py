@@ -3,25 +3,17 @@ the table rebuilds from the run files alone, finished runs are skipped, and the 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch as th
-
-BENCH = Path(__file__).resolve().parent.parent / "bench"
+from bench_modules import load_bench
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("bench_stationary", BENCH / "stationary.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("stationary")
 
 
 def test_stationary_quick_runs_both_arms_and_rebuilds_the_table(tmp_path, capsys):
