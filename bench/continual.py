@@ -1403,7 +1403,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         skipped = len(cells) - len(jobs)
         if skipped:
             print(f"resuming: {skipped} finished runs skipped", flush=True)
-        failures = []
+        failures, claimed = [], []
         start = time.time()
         if args.jobs == 1:
             outcomes = map(_run_job, jobs)
@@ -1411,14 +1411,21 @@ def main(argv: Optional[list[str]] = None) -> int:
             pool = futures.ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn"))
             outcomes = (f.result() for f in futures.as_completed([pool.submit(_run_job, j) for j in jobs]))
         for method, seed, fresh_task, seconds, error in outcomes:
-            status = "FAILED " + error if error else "done"
+            # a run another live worker holds is not a failure: that worker writes it
+            held = bool(error) and error.startswith(f"{RunClaimedError.__name__}:")
+            status = f"skipped, another worker holds it ({error})" if held else "FAILED " + error if error else "done"
             what = "" if fresh_task is None else f" fresh task {fresh_task}"
             print(f"[{time.time() - start:7.0f}s] {method} seed {seed}{what}: {status} ({seconds / 60:.1f} min)",
                   file=sys.stderr, flush=True)
-            if error:
+            if held:
+                claimed.append((method, seed, fresh_task))
+            elif error:
                 failures.append((method, seed, fresh_task, error))
         if args.jobs != 1:
             pool.shutdown()
+        if claimed:
+            print(f"{len(claimed)} runs skipped: another worker holds them ({claimed}); the same command, run again "
+                  "once that worker is done, finds them finished or resumes what it left", flush=True)
         if failures:
             print(f"{len(failures)} runs failed: {failures}", flush=True)
     try:

@@ -317,6 +317,20 @@ def test_hidden_dfi_is_rebuilt_from_tensorboard_and_checked_against_the_recorded
     assert f"{np.mean(per_seed):.3g} [{min(per_seed):.3g}, {max(per_seed):.3g}] (2 seeds); fresh 7" in table
 
 
+def test_a_run_another_worker_holds_is_reported_as_skipped_not_failed(continual, tmp_path, capsys):
+    """Two workers on one folder: a run the other (live) worker holds is a skip, named as such, not a failure."""
+    import socket
+
+    path = continual.run_path(str(tmp_path), "ppo", 0, None)
+    Path(path + ".claim").parent.mkdir(parents=True, exist_ok=True)
+    Path(path + ".claim").write_text(f"{socket.gethostname()} {os.getpid()}")  # a live pid: this one
+    code = continual.main(["--quick", "--methods", "ppo", "--fresh", "none", "--out", str(tmp_path)])
+    captured = capsys.readouterr()
+    assert "ppo seed 0: skipped, another worker holds it (RunClaimedError" in captured.err
+    assert "FAILED" not in captured.err and "runs failed" not in captured.out
+    assert "1 runs skipped: another worker holds them ([('ppo', 0, None)])" in captured.out
+    assert code == 2 and not os.path.exists(path)  # nothing finished yet, so no table
+
 def test_a_run_another_live_process_trains_is_not_touched_and_a_dead_claim_is_taken_over(continual, tmp_path):
     import socket
 
