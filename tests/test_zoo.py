@@ -190,16 +190,17 @@ def _study(storage: str, name: str) -> optuna.Study:
     return optuna.load_study(storage=storage, study_name=name)
 
 
-def _optimize_two_cheap_trials(tmp_path, monkeypatch, algo: str, env: str, name: str) -> list:
+def _optimize_two_cheap_trials(tmp_path, monkeypatch, algo: str, env: str, name: str, config: str = "") -> list:
     """``-optimize`` with 2 trials of 512 steps in an sqlite study (cheap PPO settings enqueued, the plastic
-    ones sampled), each trial's best model saved under ``trials/``; returns the completed trials."""
+    ones sampled), each trial's best model saved under ``trials/``; returns the completed trials. ``config``: the
+    yaml file (default: the project's ``zoo_configs/<algo>.yml``)."""
     monkeypatch.chdir(tmp_path)
     storage = f"sqlite:///{tmp_path / 'tune.db'}"
     study = _study(storage, name)
     for _ in range(2):
         study.enqueue_trial(CHEAP_PPO)
     _train(
-        *("--algo", algo, "--env", env, "-conf", str(CONFIGS / f"{algo}.yml")),
+        *("--algo", algo, "--env", env, "-conf", config or str(CONFIGS / f"{algo}.yml")),
         *("-optimize", "--n-trials", "2", "-n", "512", "--n-evaluations", "1", "--eval-episodes", "1"),
         *("--storage", storage, "--study-name", name, "--pruner", "none", "--no-optim-plots"),
         *("--optimization-log-path", "trials", "-f", "logs", "--seed", "0"),
@@ -248,21 +249,10 @@ def test_optimize_with_a_baseline_sampler_as_the_samplers_docstring_says(tmp_pat
     sampler, converter = plastic_sampler_for("ppo", method="l2_init")
     monkeypatch.setitem(hyperparams_opt.HYPERPARAMS_SAMPLER, "plastic_ppo", sampler)
     monkeypatch.setitem(hyperparams_opt.HYPERPARAMS_CONVERTER, "plastic_ppo", converter)
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "l2init.yml").write_text(yaml.safe_dump({"CartPole-v1": {
+    config = tmp_path / "l2init.yml"
+    config.write_text(yaml.safe_dump({"CartPole-v1": {
         "n_envs": 2, "n_timesteps": 512, "policy": "MlpPolicy", "isometry_mode": "off", "optimizer": "adam"}}))
-    storage, name = f"sqlite:///{tmp_path / 'l2.db'}", "l2init"
-    study = _study(storage, name)
-    for _ in range(2):
-        study.enqueue_trial(CHEAP_PPO)
-    _train(
-        *("--algo", "plastic_ppo", "--env", "CartPole-v1", "-conf", "l2init.yml"),
-        *("-optimize", "--n-trials", "2", "-n", "512", "--n-evaluations", "1", "--eval-episodes", "1"),
-        *("--storage", storage, "--study-name", name, "--pruner", "none", "--no-optim-plots"),
-        *("--optimization-log-path", "trials", "-f", "logs", "--seed", "0"),
-    )
-    trials = optuna.load_study(storage=storage, study_name=name).trials
-    assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE] * 2
+    trials = _optimize_two_cheap_trials(tmp_path, monkeypatch, "plastic_ppo", "CartPole-v1", "l2init", str(config))
     for trial in trials:
         assert "l2_init_coef" in trial.params and not set(PLASTIC_PARAMS) & set(trial.params)
         model = _load(tmp_path / "trials" / f"trial_{trial.number}" / "best_model.zip", "plastic_ppo")
@@ -271,8 +261,8 @@ def test_optimize_with_a_baseline_sampler_as_the_samplers_docstring_says(tmp_pat
         assert model.intervention_configs["cbp"].replacement_rate == 0.0  # the plastic space was not sampled
         assert model.plastic_state["L2Init:auto"]["theta0"]  # the regulariser ran during the trial
     _train(
-        *("--algo", "plastic_ppo", "--env", "CartPole-v1", "-conf", "l2init.yml", "-n", "256", "--eval-freq", "-1"),
-        *("-f", "replay", "--storage", storage, "--study-name", name, "--trial-id", "1"),
+        *("--algo", "plastic_ppo", "--env", "CartPole-v1", "-conf", str(config), "-n", "256", "--eval-freq", "-1"),
+        *("-f", "replay", "--storage", f"sqlite:///{tmp_path / 'tune.db'}", "--study-name", "l2init", "--trial-id", "1"),
     )
     model = _load(tmp_path / "replay/plastic_ppo/CartPole-v1_1/CartPole-v1.zip", "plastic_ppo")
     assert model.intervention_configs["l2_init"].l2_init_coef == trials[1].params["l2_init_coef"]
