@@ -69,7 +69,6 @@ import platform
 import statistics
 import sys
 import time
-import timeit
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -88,7 +87,18 @@ from sb3_plastic.activations import MaxMin
 from sb3_plastic.networks import PlasticCNN
 from sb3_plastic.optim import IsometryStepMixin
 
-CLOCKS = {"wall": timeit.default_timer, "cpu": time.process_time}
+
+def synchronized_process_time() -> float:
+    """Process CPU time, read once the accelerator (if any) has finished its queued work."""
+    if th.accelerator.is_available():
+        th.accelerator.synchronize()
+    return time.process_time()
+
+
+#: the two clocks of every timing. ``benchmark.timer`` is torch's default Timer clock: the wall clock read after
+#: synchronising the accelerator. (A Timer given ``timeit.default_timer`` explicitly does *not* synchronise, and on a
+#: GPU it would time kernel launches only.) On a GPU read the wall clock: CPU time there counts the host's wait.
+CLOCKS: dict[str, Callable[[], float]] = {"wall": benchmark.timer, "cpu": synchronized_process_time}
 WORKS = ("train", "forward")
 #: ``--compile``: which arms run their train step under torch.compile
 COMPILE_MODES = ("off", "candidate", "all")
@@ -363,7 +373,6 @@ def count_flops(work: Callable[[], Any], calls: int = 1) -> float:
 
 
 def _time(work: Callable[[], Any], clock: str, min_run_time: float) -> float:
-    # with the wall clock (timeit.default_timer) the Timer synchronises an accelerator itself
     timer = benchmark.Timer(stmt="work()", globals={"work": work}, timer=CLOCKS[clock])
     return float(timer.blocked_autorange(min_run_time=min_run_time).median)
 
@@ -584,20 +593,27 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.device.startswith("cuda") and not th.cuda.is_available():
         parser.error(f"--device {args.device}: no CUDA device is available")
     names = args.only or list(REGISTRY)
-    results = []
+    where = th.cuda.get_device_name(args.device) if args.device.startswith("cuda") else ""
+    results: list[dict[str, Any]] = []
+
+    def dump(complete: bool) -> None:  # after every entry, so that a run cut short keeps what it measured
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump(dict(argv=sys.argv[1:], torch=th.__version__, device=args.device, device_name=where,
+                               complete=complete, results=results), fh, indent=1)
+
     for name in names:
         print(f"{name}: {REGISTRY[name].description}", flush=True)
         results.append(measure(REGISTRY[name], args.rounds, args.min_run_time, args.threads, args.device, args.seed,
                                args.whole_run, log=lambda msg: print(msg, flush=True),
                                step_efficiency=args.step_efficiency, compile=args.compile))
+        dump(complete=False)
     print()
-    print(f"torch {th.__version__}, {platform.processor() or platform.machine()}, threads {args.threads}, "
+    print(f"torch {th.__version__}, {where or platform.processor() or platform.machine()}, threads {args.threads}, "
           f"device {args.device}, rounds {args.rounds}" + (f", learn({args.whole_run})" if args.whole_run else "")
           + (f", compiled arms: {args.compile}" if args.compile != "off" else ""))
     print(table(results))
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(dict(argv=sys.argv[1:], torch=th.__version__, results=results), fh, indent=1)
+    dump(complete=True)
     return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch as th
@@ -43,3 +44,22 @@ def test_a_tiny_run_reports_every_shape_and_work(tmp_path, capsys):
     assert "| minatar conv, rollout | (8, 16, 8, 8) | train |" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         maxmin_paths.main(["--only", "99"])
+
+
+def test_a_gpu_run_reads_a_clock_that_waits_for_the_device(monkeypatch):
+    assert maxmin_paths.clock_of("cpu") is time.process_time
+    synced = []
+    monkeypatch.setattr(th.accelerator, "is_available", lambda: True)
+    monkeypatch.setattr(th.accelerator, "synchronize", lambda *a, **k: synced.append(1))
+    maxmin_paths.clock_of("cuda")()
+    assert synced == [1]
+
+
+def test_bad_devices_are_refused_by_name(capsys):
+    with pytest.raises(SystemExit):
+        maxmin_paths.main(["--device", "gpu0"])
+    assert "'gpu0' is not a torch device" in capsys.readouterr().err
+    if not th.cuda.is_available():
+        with pytest.raises(SystemExit):
+            maxmin_paths.main(["--device", "cuda"])
+        assert "no CUDA device is available" in capsys.readouterr().err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch as th
@@ -179,3 +180,34 @@ def test_a_compiled_candidate_is_warm_before_the_rounds_and_its_flops_are_counte
                           compile="all")
     with pytest.raises(ValueError, match="compile must be one of"):
         step_cost.measure(entry, rounds=2, min_run_time=0.01, threads=1, device="cpu", seed=0, compile="yes")
+
+
+def test_both_clocks_wait_for_the_accelerator(monkeypatch):
+    # torch's Timer synchronises a GPU only through its default clock: one passed explicitly (timeit.default_timer)
+    # times kernel launches. Every clock of the bench must wait for the device's queued work before it reads.
+    synced = []
+    monkeypatch.setattr(th.accelerator, "is_available", lambda: True)
+    monkeypatch.setattr(th.accelerator, "synchronize", lambda *a, **k: synced.append(1))
+    for clock in ("wall", "cpu"):
+        before = len(synced)
+        step_cost.CLOCKS[clock]()
+        assert len(synced) == before + 1, clock
+
+
+def test_the_json_keeps_every_finished_entry_when_a_run_is_cut_short(tmp_path, monkeypatch):
+    tiny = step_cost.Entry("tiny", "PlasticDQN relu vs DQN, [8, 8]", _tiny(DQN), _tiny(PlasticDQN, activation="relu"),
+                           target=0.95, warmup=64, gradient_steps=2, batch_size=16)
+
+    def broken(device, seed):
+        raise KeyboardInterrupt  # what a timeout's signal or Ctrl-C does in the middle of a run
+
+    monkeypatch.setitem(step_cost.REGISTRY, "tiny", tiny)
+    monkeypatch.setitem(step_cost.REGISTRY, "broken", step_cost.Entry("broken", "", broken, broken, target=None))
+    out = tmp_path / "cost.json"
+    with pytest.raises(KeyboardInterrupt):
+        step_cost.main(["--only", "tiny", "broken", "--rounds", "2", "--min-run-time", "0.01", "--json", str(out)])
+    cut = json.loads(out.read_text())
+    assert not cut["complete"] and [r["entry"] for r in cut["results"]] == ["tiny"] and cut["device"] == "cpu"
+    assert step_cost.main(["--only", "tiny", "--rounds", "2", "--min-run-time", "0.01", "--json", str(out)]) == 0
+    done = json.loads(out.read_text())
+    assert done["complete"] and len(done["results"]) == 1 and len(done["results"][0]["cpu"]["ratios"]) == 2

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# The GPU checks of issue #16 and the CUDA tests, as one command for a lent GPU machine (device `run`).
+#
+# A lent machine has torch with CUDA but none of SB3 / gymnasium / MinAtar / ale-py: they travel as wheels. Once,
+# on the development machine, in the repository root (Python 3.12 wheels for the device's python3):
+#
+#     bench/gpu_session.sh --download-wheels          # into .whl/ (git-ignored through .git/info/exclude), ~4 MB
+#
+# then, through the device tool: run(command="bench/gpu_session.sh", carry=[".whl"], timeout_s=600).
+# Stages, each under its own `timeout` so the whole command ends inside the tool's 10 minutes (~7-8 minutes):
+#   1. install the wheels and this package (no network, no dependencies resolved)
+#   2. the CUDA tests (tests/test_cuda.py and the tests named *cuda* elsewhere; pytest's -k ignores case)
+#   3. bench/step_cost.py --device cuda over the entries that carry a target (wall clock, synchronised)
+#   4. bench/step_cost.py --device cuda --compile all over three train-step entries
+#   5. bench/maxmin_paths.py --device cuda
+# The transcript (session.log) and the three JSONs go to $OUT (bench/results/step_cost/gpu_<date>/ when OUT is unset).
+#
+# SB3P_GPU_DEVICE=cpu SB3P_GPU_QUICK=1 bench/gpu_session.sh runs the same stages here at toy size (a smoke check of
+# the script itself; its numbers mean nothing).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+WHEELS=(stable-baselines3==2.9.2 sb3-contrib==2.9.2 gymnasium==1.4.0 farama-notifications==0.0.6 minatar==1.0.15
+        ale-py==0.12.1)
+
+if [ "${1:-}" = "--download-wheels" ]; then
+    mkdir -p .git/info .whl
+    grep -qx "/.whl/" .git/info/exclude 2>/dev/null || echo "/.whl/" >> .git/info/exclude
+    exec python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+        --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl "${WHEELS[@]}"
+fi
+
+DEVICE="${SB3P_GPU_DEVICE:-cuda}"
+QUICK="${SB3P_GPU_QUICK:-0}"
+OUT="${OUT:-bench/results/step_cost/gpu_$(date -u +%Y-%m-%d)}"
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
+PY=python3
+
+exec > >(tee -a "$OUT/session.log") 2>&1   # the whole transcript; the tool's reply holds only its tail
+
+stage() { echo; echo "=== $(date -u +%H:%M:%S) $*"; }
+
+stage "1. environment"
+nvidia-smi -L 2>/dev/null || echo "no nvidia-smi"
+if ! $PY -c "import stable_baselines3, minatar, ale_py" 2>/dev/null; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} || echo "WARNING: the wheels did not install"
+fi
+if ! $PY -c "import sb3_plastic.envs" 2>/dev/null; then
+    # envs/ installs as sb3_plastic.envs, so a PYTHONPATH to the checkout alone is not enough
+    $PY -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --target /tmp/site . \
+        && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} || echo "WARNING: the package did not install"
+fi
+$PY - <<'PYEOF'
+import torch, stable_baselines3, sb3_plastic
+print(f"torch {torch.__version__}, cuda available {torch.cuda.is_available()}",
+      torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")
+print(f"stable-baselines3 {stable_baselines3.__version__}, sb3_plastic at {sb3_plastic.__file__}")
+PYEOF
+
+if [ "$QUICK" = 1 ]; then
+    ROUNDS=(--rounds 2 --min-run-time 0.01); ENTRIES=(dqn-mlp-relu); COMPILED=(dqn-mlp-relu); SHAPES=(--only 1 7)
+    TESTS=(tests/test_bench_maxmin_paths.py -k gpu)
+else
+    ROUNDS=(--rounds 3 --min-run-time 0.3)
+    ENTRIES=(ppo-minatar-relu ppo-minatar-auto ppo-minatar-maxmin ppo-minatar-maxmin-forward ppo-nature-relu
+             ppo-nature-auto dqn-mlp-relu dqn-mlp-auto dqn-nature-relu dqn-nature-auto sac-mlp-relu sac-mlp-auto
+             sac-mlp-maxmin)
+    COMPILED=(ppo-minatar-relu ppo-nature-relu sac-mlp-relu)
+    SHAPES=()
+    TESTS=(tests/test_cuda.py tests/test_isometry_core.py tests/test_regularisers.py tests/test_bench_continual_protocol.py
+           -k cuda)
+fi
+
+stage "2. CUDA tests"
+timeout 150 $PY -m pytest -q -p no:cacheprovider -p no:randomly -rs "${TESTS[@]}"
+
+stage "3. step_cost --device $DEVICE"
+timeout 240 $PY bench/step_cost.py --device "$DEVICE" "${ROUNDS[@]}" --only "${ENTRIES[@]}" \
+    --json "$OUT/step_cost.json"
+
+stage "4. step_cost --device $DEVICE --compile all"
+timeout 120 $PY bench/step_cost.py --device "$DEVICE" "${ROUNDS[@]}" --only "${COMPILED[@]}" --compile all \
+    --json "$OUT/step_cost_compile.json"
+
+stage "5. maxmin_paths --device $DEVICE"
+timeout 60 $PY bench/maxmin_paths.py --device "$DEVICE" --rounds 3 --min-run-time 0.1 "${SHAPES[@]}" \
+    --json "$OUT/maxmin_paths.json"
+
+stage "done"
+ls -la "$OUT"
