@@ -12,13 +12,14 @@ SB3's ``NatureCNN``, so a seeded run is identical.
 
 from __future__ import annotations
 
-from typing import Union
+import warnings
+from typing import Optional, Union
 
 import gymnasium as gym
 import numpy as np
 import torch as th
 from gymnasium import spaces
-from stable_baselines3.common.preprocessing import get_flattened_obs_dim, is_image_space, is_image_space_channels_first
+from stable_baselines3.common.preprocessing import get_flattened_obs_dim, is_image_space
 from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
 from torch import nn
 
@@ -39,6 +40,28 @@ def is_binary_frame_space(space: gym.Space) -> bool:
     """Whether ``space`` is a 3-D boolean ``Box``: MinAtar's ``(10, 10, C)`` frames (Young & Tian, 2019) and
     the boolean CHIP-8 screens of Octax, which :class:`PlasticCNN` takes on purpose (SB3's ``NatureCNN`` does not)."""
     return isinstance(space, spaces.Box) and len(space.shape) == 3 and space.dtype == np.bool_
+
+
+def infer_channels_last(space: spaces.Box) -> bool:
+    """Whether a non-uint8 3-D ``Box`` holds ``(H, W, C)`` frames, for :class:`PlasticCNN` ``channels_last=None``.
+
+    Boolean frames (:func:`is_binary_frame_space`) whose first two sizes are equal are MinAtar's ``(10, 10, C)``:
+    channels-last, whatever ``C`` is. Otherwise the smallest size is the channel axis, as SB3's
+    ``is_image_space_channels_first`` reads it (Octax's ``(frame_skip, 32, 64)`` is channels-first). SB3's rule alone
+    would read Seaquest's and ``SwitchingMinAtar``'s ``(10, 10, 10)`` as ``(C, H, W)`` (a tie goes to the first axis)
+    and convolve over image rows. A box whose smallest size is shared by its first and last axes is ambiguous: it is
+    read as ``(C, H, W)``, with a warning that asks for ``channels_last``.
+    """
+    shape = space.shape
+    if is_binary_frame_space(space) and shape[0] == shape[1]:
+        return True
+    smallest = min(shape)
+    if shape[0] == smallest and shape[2] == smallest:
+        warnings.warn(f"PlasticCNN: the observation shape {shape} reads as (C, H, W) or as (H, W, C); taking (C, H, W). "
+                      "Say which with policy_kwargs=dict(features_extractor_kwargs=dict(channels_last=...)).",
+                      stacklevel=3)
+        return False
+    return int(np.argmin(shape)) == 2
 
 
 def check_cnn_space(observation_space: gym.Space, normalized_image: bool) -> None:
@@ -80,6 +103,9 @@ class PlasticCNN(BaseFeaturesExtractor):
     :param normalized_image: as in SB3's ``NatureCNN``: the observations are already normalised, so any 3-D
         ``Box`` is taken (SB3 sets it from ``normalize_images=False``). Without it the space must be an image
         (uint8, [0, 255]) or boolean frames; anything else raises :class:`ImageSpaceError` where SB3 asserts.
+    :param channels_last: the layout of a non-uint8 box: ``True`` for ``(H, W, C)``, ``False`` for ``(C, H, W)``,
+        ``None`` (default) to infer it (:func:`infer_channels_last`). uint8 images always arrive channels-first
+        (SB3's ``VecTransposeImage``), so only ``None`` or ``False`` is accepted for them.
     """
 
     def __init__(
@@ -89,6 +115,7 @@ class PlasticCNN(BaseFeaturesExtractor):
         activation: Union[str, type[nn.Module]] = "relu",
         arch: str = "auto",
         normalized_image: bool = False,
+        channels_last: Optional[bool] = None,
     ) -> None:
         if not isinstance(observation_space, spaces.Box) or len(observation_space.shape) != 3:
             raise ImageSpaceError(f"PlasticCNN needs a 3-D Box observation space (C, H, W), got {observation_space}")
@@ -99,9 +126,17 @@ class PlasticCNN(BaseFeaturesExtractor):
         shape = observation_space.shape
         # uint8 images reach the extractor channels-first (SB3 wraps the env in VecTransposeImage);
         # other boxes (MinAtar's (10, 10, C) booleans) are moved channels-first here when needed.
-        self.channels_last = not is_image_space(observation_space, check_channels=False) and (
-            not is_image_space_channels_first(observation_space)
-        )
+        if is_image_space(observation_space, check_channels=False):
+            if channels_last:
+                raise ValueError(f"channels_last=True for the uint8 image space {observation_space}: SB3 transposes "
+                                 "channels-last images itself (VecTransposeImage); leave channels_last=None")
+            self.channels_last = False
+        elif channels_last is None:
+            self.channels_last = infer_channels_last(observation_space)
+        elif isinstance(channels_last, (bool, np.bool_)):
+            self.channels_last = bool(channels_last)
+        else:
+            raise ValueError(f"channels_last must be None, True or False, got {channels_last!r}")
         chw = (shape[2], shape[0], shape[1]) if self.channels_last else shape
         if arch == "auto":
             arch = "nature" if min(chw[1], chw[2]) >= NATURE_MIN_SIZE else "minatar"

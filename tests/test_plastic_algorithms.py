@@ -14,6 +14,7 @@ from stable_baselines3.common.envs import FakeImageEnv
 
 from sb3_plastic import AdamO, MaxMin, PlasticDQN, PlasticPPO, PlasticSAC
 from sb3_plastic.isometry import dfi_per_layer
+from sb3_plastic.envs import register_envs
 from sb3_plastic.networks import PlasticCNN
 
 minatar.gym.register_envs()
@@ -197,6 +198,44 @@ def test_minatar_small_cnn_with_maxmin():
     extractor = model.policy.features_extractor
     assert isinstance(extractor, PlasticCNN) and extractor.arch == "minatar" and extractor.channels_last
     model.learn(64)
+
+
+@pytest.mark.parametrize("env_id", ["sb3_plastic/SwitchingMinAtar-v0", "sb3_plastic/PermutedMinAtar-Seaquest-v0"])
+def test_square_minatar_frames_are_read_channels_last(env_id):
+    # (10, 10, 10): SB3's smallest-axis rule breaks the tie towards the first axis and reads image rows as channels
+    register_envs()
+    env = gym.make(env_id)
+    assert env.observation_space.shape == (10, 10, 10)
+    model = PlasticPPO("CnnPolicy", env, **PPO_FAST)
+    extractor = model.policy.features_extractor
+    assert extractor.channels_last
+    th.manual_seed(0)
+    obs = th.rand(3, 10, 10, 10) > 0.5
+    with th.no_grad():
+        conv = extractor.cnn[0]
+        expected = extractor.linear(extractor.cnn(obs.float().permute(0, 3, 1, 2)))
+        assert th.equal(extractor(obs.float()), expected)
+        # a permutation of the channel axis (what PermutedMinAtar does) is a permutation of the conv's inputs
+        perm = th.randperm(10)
+        swapped = th.nn.functional.conv2d(obs.float().permute(0, 3, 1, 2)[:, perm], conv.weight[:, perm], conv.bias)
+        assert th.allclose(swapped, conv(obs.float().permute(0, 3, 1, 2)), atol=1e-5)
+
+
+def test_channel_layout_of_other_boxes_and_its_errors():
+    binary = gym.spaces.Box(0, 1, (10, 10, 12), dtype=bool)  # MinAtar-like, more channels than rows
+    assert PlasticCNN(binary).channels_last and PlasticCNN(binary).cnn[0].in_channels == 12
+    octax = gym.spaces.Box(0, 1, (4, 32, 64), dtype=bool)
+    assert not PlasticCNN(octax).channels_last and PlasticCNN(octax).cnn[0].in_channels == 4
+    floats = gym.spaces.Box(-1.0, 1.0, (10, 10, 10), dtype=np.float32)
+    with pytest.warns(UserWarning, match=r"\(10, 10, 10\) reads as \(C, H, W\) or as \(H, W, C\)"):
+        assert not PlasticCNN(floats, normalized_image=True).channels_last
+    assert PlasticCNN(floats, normalized_image=True, channels_last=True).channels_last
+    assert not PlasticCNN(binary, channels_last=False).channels_last
+    image = gym.spaces.Box(0, 255, (4, 84, 84), dtype=np.uint8)
+    with pytest.raises(ValueError, match="channels_last=True for the uint8 image space"):
+        PlasticCNN(image, channels_last=True)
+    with pytest.raises(ValueError, match="channels_last must be None, True or False, got 'hwc'"):
+        PlasticCNN(binary, channels_last="hwc")
 
 
 @pytest.mark.parametrize(
