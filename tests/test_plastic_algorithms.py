@@ -13,8 +13,8 @@ from stable_baselines3 import DQN, PPO, SAC
 from stable_baselines3.common.envs import FakeImageEnv
 
 from sb3_plastic import AdamO, MaxMin, PlasticDQN, PlasticPPO, PlasticSAC
-from sb3_plastic.isometry import dfi_per_layer
 from sb3_plastic.envs import register_envs
+from sb3_plastic.isometry import dfi_per_layer
 from sb3_plastic.networks import PlasticCNN
 
 minatar.gym.register_envs()
