@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +29,9 @@ def require(module: str, extra: str, env_name: str) -> None:
 def check_games(games: Any, canonical: Callable[[Any], str], kind: str) -> list[str]:
     """Validate a list of game names (a single string is one game) and map each through ``canonical``.
 
+    A list naming one game only (``"breakout"``, ``["breakout", "breakout"]``) is allowed but warned about: the
+    env then never changes game, so it is not task-switching (its tasks differ only in their seeds).
+
     :raises ValueError: for an empty list, a non-list or an unknown game (raised by ``canonical``).
     """
     if isinstance(games, str):
@@ -38,4 +42,11 @@ def check_games(games: Any, canonical: Callable[[Any], str], kind: str) -> list[
         raise ValueError(f"games must be a list of {kind} game names, got {games!r}") from None
     if not games:
         raise ValueError(f"games must name at least one {kind} game, got an empty list")
-    return [canonical(game) for game in games]
+    games = [canonical(game) for game in games]
+    if len(set(games)) == 1:
+        warnings.warn(
+            f"Switching{kind} with only one game ({games[0]!r}) in games={games}: the env never changes game, so it "
+            "is not task-switching; give at least two different games",
+            stacklevel=3,
+        )
+    return games

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numbers
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Optional, SupportsFloat
 
@@ -43,7 +44,8 @@ class PiecewiseStationaryWrapper(gym.Wrapper):
       step after ``k * change_every`` steps) switches to task ``k`` at the start of the call, before the
       action reaches the wrapped env; that step's transition, observation and info belong to task ``k``.
     * ``at_episode_end=True``: only ``reset()`` switches; the episode started by a ``reset()`` after ``n``
-      steps runs under task ``n // change_every``.
+      steps runs under task ``n // change_every``. With ``change_every`` shorter than an episode a switch can
+      skip tasks; the first such switch is warned about.
 
     Every ``reset()`` applies the due task ``env_steps // change_every`` first (task 0 at the first reset).
     A ``reset(seed=...)`` starts the copy afresh: ``env_steps`` goes back to 0 and task 0 is applied, so a
@@ -86,6 +88,9 @@ class PiecewiseStationaryWrapper(gym.Wrapper):
         self._task_info: dict[str, Any] = {}
         self._change_every = self.schedule.change_every
         self._pinned: Optional[int] = None  # pin_task(): the task this copy runs whatever its step count
+        self._resumed = False  # set_env_steps() positioned the copy: the next switch restores the task's start
+        self._from_pin = False  # pin_task() changed the pin: the next switch may jump over tasks by design
+        self._warned_skip = False  # a switch that skipped tasks (at_episode_end) was warned about
         # hot path: the bound step of the env that actually steps (GameSwitchingEnv points it at the game in
         # play), and whether observation() must run (subclasses may turn it off while it is the identity)
         self._inner_step = env.step
@@ -132,11 +137,29 @@ class PiecewiseStationaryWrapper(gym.Wrapper):
         # every switch goes through here (subclasses' inlined steps included): a pinned task overrides the due one
         if self._pinned is not None:
             task_index = self._pinned
+        elif (self._task_id is not None and task_index > self._task_id + 1 and not self._resumed
+              and not self._from_pin and not self._warned_skip):
+            self._warned_skip = True  # a jump of set_env_steps() or of a pin is not a skip
+            warnings.warn(
+                f"{type(self).__name__}: at_episode_end=True and change_every={self._change_every} is shorter than an "
+                f"episode: the reset after {self._env_steps} env steps goes from task {self._task_id} to task "
+                f"{task_index}, skipping task(s) {self._task_id + 1}..{task_index - 1} (warned once); make change_every "
+                "longer than an episode or use at_episode_end=False",
+                stacklevel=3,
+            )
+        self._from_pin = False
         extra = self.apply_task(task_index, self.schedule.rng(task_index))
         self._task_info = dict(extra) if extra else {}
         self._extras = bool(self._task_info) or self._transform_obs
         self._task_id = task_index
-        self._task_start = self._env_steps
+        if self._resumed and self._pinned is None:
+            # the first switch after set_env_steps(): the task started at its scheduled step, as in the uninterrupted
+            # run (immediate mode exactly; with at_episode_end the uninterrupted run started it at the first reset
+            # at or after that step, less than one episode later)
+            self._task_start = min(self._env_steps, task_index * self._change_every)
+        else:
+            self._task_start = self._env_steps
+        self._resumed = False
         if self._pinned is not None:
             self._next_change = sys.maxsize  # a pinned copy never switches on its own
         else:
@@ -162,6 +185,7 @@ class PiecewiseStationaryWrapper(gym.Wrapper):
         ):
             raise ValueError(f"task_index must be a non-negative integer or None, got {task_index!r}")
         self._pinned = None if task_index is None else int(task_index)
+        self._from_pin = True
         if self._task_id is None:
             return  # not started yet: the next reset() applies the pinned (or due) task
         wanted = self._pinned if self._pinned is not None else self._env_steps // self._change_every
@@ -175,17 +199,23 @@ class PiecewiseStationaryWrapper(gym.Wrapper):
     # ------------------------------------------------------------------ gym API
     def set_env_steps(self, env_steps: int) -> None:
         """Position the schedule after ``env_steps`` steps (e.g. to resume a run); the next unseeded ``reset()``
-        applies task ``env_steps // change_every`` (a seeded one would rewind to 0).
+        applies task ``k = env_steps // change_every`` (a seeded one would rewind to 0). ``task_step`` then counts
+        from the task's scheduled start ``k * change_every``, as in a run that took those steps (with
+        ``at_episode_end=True`` that run started task ``k`` at its first reset at or after that step, so there
+        ``task_step`` may exceed the uninterrupted run's by less than one episode; a pinned task counts from the
+        reset that applies it).
         With a vector env: ``vec_env.env_method("set_env_steps", n)`` then ``vec_env.reset()``."""
         if isinstance(env_steps, bool) or not isinstance(env_steps, numbers.Integral) or env_steps < 0:
             raise ValueError(f"env_steps must be a non-negative integer, got {env_steps!r}")
         self._env_steps = int(env_steps)
         self._task_id = None
+        self._resumed = True
 
     def reset(self, *, seed: Optional[int] = None, options: Optional[dict[str, Any]] = None) -> tuple[ObsType, dict[str, Any]]:
         if seed is not None:  # a seeded reset starts this copy afresh, task sequence included
             self._env_steps = 0
             self._task_id = None
+            self._resumed = False
         if self._task_id is None or self._env_steps >= self._next_change:
             self._switch(self._env_steps // self._change_every)
         obs, info = self.env.reset(seed=seed, options=options)

@@ -72,7 +72,8 @@ def _add_plot(subparsers: argparse._SubParsersAction) -> None:
         type=positive_int,
         default=None,
         metavar="STEPS",
-        help="environment steps per task, to mark task switches (default: from the logged plasticity/task_id)",
+        help="model timesteps per task (= change_every x n_envs), the unit of the TensorBoard step axis, to mark "
+        "task switches (default: from the logged plasticity/task_id)",
     )
     parser.add_argument(
         "--metrics",

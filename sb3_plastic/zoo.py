@@ -35,6 +35,8 @@ Before handing over, :func:`register`
   the continued run also continues the model's ``num_timesteps`` (rl_zoo3 would restart it at 0): ``-n N``
   trains N more timesteps, and a continual env's task sequence goes on where the saved model left it
   (:class:`ContinuedTraining`).
+  Without ``--eval-env-kwargs`` the eval env is made with the training env's ``env_kwargs``, the yaml's included
+  (rl_zoo3 would pass it only the command line's ``--env-kwargs``).
   A maskable algorithm (``plastic_ppo_mask``) is also evaluated with action masks, during training
   (``--eval-freq``) and optuna trials (:func:`action_mask_evaluation`), and :func:`enjoy` plays it with masks.
   On a piecewise-stationary env the evaluations follow the training task (:func:`task_following_evaluation`) and
@@ -203,6 +205,11 @@ def _experiment_manager_class() -> type:
 
         def _preprocess_hyperparams(self, hyperparams: dict[str, Any]) -> Any:
             result = super()._preprocess_hyperparams(hyperparams)
+            # rl_zoo3 binds eval_env_kwargs to the command line's env_kwargs before it reads the yaml, then rebinds
+            # env_kwargs to the yaml's: without --eval-env-kwargs the eval env would miss the yaml's env_kwargs
+            # (another task schedule, task seed, even other spaces). It gets the training env's kwargs instead.
+            if getattr(self, "_eval_env_kwargs_args", None) is None:
+                self.eval_env_kwargs = self.env_kwargs
             if self.algo in plastic_algorithms():
                 check_hyperparameters(self.algo, result[0], where=f"{self.config} [{self.env_name.gym_id}]")
             return result
@@ -270,10 +277,11 @@ def _experiment_manager_class() -> type:
             trained at that moment (:class:`~sb3_plastic.callbacks.ContinualEvalCallback`'s mechanism) and the
             objective is the **mean over all evaluations of the trial of each evaluation's mean return**: the
             average performance over the run, i.e. the area under the evaluation curve divided by the number of
-            evaluations. Continual learning is about staying good on every new task, so neither the last
-            evaluation (one task, and noisy) nor the best (an easy task wins) measures it. Each evaluation's
-            mean return is still reported to optuna as the intermediate value of its evaluation index, as
-            rl_zoo3 does, so pruning works unchanged. The trial's user attribute ``objective`` names the
+            evaluations, counting only the evaluations made within the trial's budget ``-n`` (SB3 trains on to
+            the next rollout boundary: :func:`continual_objective`). Continual learning is about staying good on
+            every new task, so neither the last evaluation (one task, and noisy) nor the best (an easy task wins)
+            measures it. Each evaluation's mean return is still reported to optuna as the intermediate value of
+            its evaluation index, as rl_zoo3 does, so pruning works unchanged. The trial's user attribute ``objective`` names the
             quantity returned (``"mean_over_evaluations"`` or ``"last_evaluation"``).
             """
             import optuna
@@ -281,7 +289,7 @@ def _experiment_manager_class() -> type:
             try:
                 with action_mask_evaluation(self.algo), task_following_evaluation() as created:
                     value = super().objective(trial)
-                value = continual_objective(created, value, trial)
+                value = continual_objective(created, value, trial, n_timesteps=self.n_timesteps)
             except optuna.TrialPruned:
                 self._consecutive_failures = 0
                 raise
@@ -424,22 +432,35 @@ def task_following_evaluation() -> Iterator[list[Any]]:
         names["EvalCallback"], names["TrialEvalCallback"] = saved
 
 
-def continual_objective(created: Sequence[Any], value: float, trial: Any = None) -> float:
+def continual_objective(created: Sequence[Any], value: float, trial: Any = None, n_timesteps: Optional[int] = None) -> float:
     """The tuning objective of a trial whose evaluation callbacks were ``created`` (see
     ``PlasticExperimentManager.objective``): when the trial's evaluation callback (the last one built) followed
     the training task on a continual env, the mean over its evaluations of their mean return
-    (:meth:`~sb3_plastic.callbacks.continual_eval.TaskFollowingEvalMixin.mean_evaluation_reward`); otherwise
-    ``value``, rl_zoo3's objective (the last evaluation's mean return).
+    (:meth:`~sb3_plastic.callbacks.continual_eval.TaskFollowingEvalMixin.mean_evaluation_reward`), counting
+    only the evaluations made at ``num_timesteps <= n_timesteps``; otherwise ``value``, rl_zoo3's objective
+    (the last evaluation's mean return).
+
+    SB3 trains on to the rollout boundary at or after ``-n``, so a trial may train, and be evaluated, beyond
+    its budget by up to one rollout (``n_steps * n_envs``, which the sampler varies per trial); the evaluations
+    after ``-n`` are left out so that every trial is averaged over the same part of the run.
 
     :param created: the callbacks yielded by :func:`task_following_evaluation`.
     :param value: rl_zoo3's objective value.
-    :param trial: the optuna trial; its user attribute ``objective`` records which quantity was returned.
+    :param trial: the optuna trial; its user attribute ``objective`` records which quantity was returned, and
+        ``objective_evaluations`` how many evaluations the mean is over (continual envs).
+    :param n_timesteps: the trial's budget (``-n``); ``None``: every evaluation counts.
     """
     callback = created[-1] if created else None
     continual = bool(getattr(callback, "follows_task", False))
     if trial is not None:
         trial.set_user_attr("objective", "mean_over_evaluations" if continual else "last_evaluation")
-    return callback.mean_evaluation_reward() if continual else value
+    if not continual:
+        return value
+    assert callback is not None
+    if trial is not None:
+        counted = len(callback.evaluations_within(n_timesteps)) or len(callback.evaluation_mean_rewards)
+        trial.set_user_attr("objective_evaluations", counted)
+    return callback.mean_evaluation_reward(n_timesteps)
 
 
 def ensure_study(storage: str, study_name: str, attempts: int = 8) -> None:

@@ -3,9 +3,10 @@
 
 The continual env is ``sb3_plastic/RandomLabelBandit-v0`` (16-step episodes, cheap) with a small
 ``change_every``, so the task changes several times in a few hundred steps. The reference for "the task being
-trained at an evaluation" is the schedule itself: evaluations come every 32 steps of each copy, at the end of
-a 16-step episode, where the vector env's automatic reset has already started the due task, so after ``s``
-steps of each copy (lockstep copies) the training copies are on task ``s // change_every``.
+trained at an evaluation" is the schedule itself: after ``s`` steps of each copy (lockstep copies) the step just
+taken has index ``s - 1``, so the agent has been training on task ``(s - 1) // change_every``. Evaluations come
+every 32 steps of each copy, at the end of a 16-step episode: at a task boundary the vector env's automatic reset
+has already started the next task, which the agent has not trained on yet, and the evaluation must not measure it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import optuna
 import pytest
 import yaml
 from stable_baselines3 import PPO
-from stable_baselines3.common.callbacks import EvalCallback
+from stable_baselines3.common.callbacks import BaseCallback, EvalCallback
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import DummyVecEnv, VecFrameStack, VecNormalize
 
@@ -38,11 +39,11 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 def expected_task(timesteps: int, n_envs: int, change_every: int = CHANGE_EVERY) -> int:
-    """The training copies' task after ``timesteps`` model timesteps (each copy took ``timesteps // n_envs``
-    steps, ending an episode: the reset applied the due task)."""
+    """The task the agent trained on in the last step before ``timesteps`` model timesteps (each copy took
+    ``timesteps // n_envs`` steps, ending an episode; the last one has index ``timesteps // n_envs - 1``)."""
     steps = timesteps // n_envs
     assert steps % 16 == 0  # an episode end (RandomLabelBandit's 16-step episodes)
-    return steps // change_every
+    return (steps - 1) // change_every
 
 
 def bandit(n_envs: int, seed: int = 0, **kwargs) -> DummyVecEnv:
@@ -197,7 +198,7 @@ def test_evaluations_follow_the_training_task(tmp_path, wrapper):
 
     data = np.load(tmp_path / "evaluations.npz")
     expected = [expected_task(int(t), n_envs) for t in data["timesteps"]]
-    assert len(expected) == total // (32 * n_envs) and max(expected) == 5  # tasks 0 .. 5
+    assert len(expected) == total // (32 * n_envs) and max(expected) == 4  # tasks 0 .. 4
     assert data["task_ids"].tolist() == expected == callback.evaluation_task_ids
     assert callback.seen_tasks == [{task} for task in expected]  # every evaluation step ran on that task
     assert sorted(data.files) == ["ep_lengths", "results", "task_ids", "timesteps"]
@@ -209,6 +210,49 @@ def test_evaluations_follow_the_training_task(tmp_path, wrapper):
     PPO("MlpPolicy", WRAPPERS[wrapper](bandit(n_envs, seed=1), True), n_steps=32, batch_size=32, n_epochs=1,
         seed=0).learn(total, callback=plain)
     assert [min(seen) for seen in plain.seen_tasks] != expected
+
+
+class _LastTrainingTask(BaseCallback):
+    """Records ``infos[0]["task_id"]`` of the training step just taken, before the evaluation of the same step."""
+
+    def __init__(self):
+        super().__init__()
+        self.tasks: list[int] = []
+
+    def _on_step(self) -> bool:
+        self.tasks.append(int(self.locals["infos"][0]["task_id"]))
+        return True
+
+
+def _two_games() -> GameSwitchingEnv:
+    return GameSwitchingEnv([lambda: gym.make("CartPole-v1"), lambda: gym.make("CartPole-v1")], change_every=48,
+                            names=["a", "b"])
+
+
+BOUNDARY_ENVS = {
+    # the bandit's 16-step episodes end exactly at every task boundary
+    "bandit": lambda n_envs, seed: bandit(n_envs, seed=seed),
+    # game switching truncates the last step of every task: its episode always ends at the boundary
+    "game_switching": lambda n_envs, seed: make_vec_env(_two_games, n_envs=n_envs, seed=seed),
+}
+
+
+@pytest.mark.parametrize("n_envs", [1, 2])
+@pytest.mark.parametrize("kind", list(BOUNDARY_ENVS))
+def test_an_evaluation_at_a_task_boundary_measures_the_task_just_trained(kind, n_envs):
+    """At ``k * change_every`` steps of each copy the automatic reset has already put the training copies on task
+    ``k``; the evaluation of that step measures task ``k - 1``, the one the agent trained on (never task ``k``)."""
+    change_every = CHANGE_EVERY if kind == "bandit" else 48
+    make = BOUNDARY_ENVS[kind]
+    evaluation = RecordingContinualEval(make(1, 2), eval_freq=change_every, n_eval_episodes=1, verbose=0)
+    trained = _LastTrainingTask()
+    model = PPO("MlpPolicy", make(n_envs, 1), n_steps=change_every, batch_size=change_every, n_epochs=1, seed=0)
+    model.learn(4 * change_every * n_envs, callback=[trained, evaluation])
+    # evaluation i comes after (i + 1) * change_every steps of each copy: the last training step was task i
+    assert evaluation.evaluation_task_ids == [0, 1, 2, 3]
+    assert evaluation.evaluation_task_ids == trained.tasks[change_every - 1::change_every]
+    assert evaluation.seen_tasks == [{0}, {1}, {2}, {3}]  # every evaluation step ran on that task
+    assert model.get_env().get_attr("task_id", [0])[0] == 4  # while the training env is on the next task
 
 
 def test_continual_eval_is_eval_callback_on_a_stationary_env(tmp_path):
@@ -247,6 +291,28 @@ def test_mismatched_envs_are_warned_about():
         _learn_briefly(stationary(), ContinualEvalCallback(bandit(1), eval_freq=8))
     with pytest.warns(UserWarning, match=r"eval env's task_seed \[7\] differs from the training env's 0"):
         _learn_briefly(bandit(1), ContinualEvalCallback(bandit(1, task_seed=7), eval_freq=8))
+
+
+def test_an_eval_env_with_other_kwargs_is_warned_about():
+    """The eval env must be the training env's: another episode length (or any other env kwarg) is warned about,
+    naming the kwargs; change_every / at_episode_end may differ (a pinned eval copy never follows its own schedule)."""
+    with pytest.warns(UserWarning, match=r"eval env's kwargs \{'episode_length': 8\} differ from the training "
+                                         r"env's \{'episode_length': 16\}"):
+        _learn_briefly(bandit(1), ContinualEvalCallback(bandit(1, episode_length=8), eval_freq=8))
+    with pytest.warns(UserWarning, match=r"eval env is sb3_plastic/RandomLabelBandit-v0, the training env "
+                                         r"sb3_plastic/SwitchingBandit"):
+        gym.register("sb3_plastic/SwitchingBanditCopy-v0", entry_point=gym.spec(BANDIT).entry_point)
+        try:
+            train = make_vec_env("sb3_plastic/SwitchingBanditCopy-v0", n_envs=1, seed=0,
+                                 env_kwargs={"change_every": CHANGE_EVERY})
+            _learn_briefly(train, ContinualEvalCallback(bandit(1), eval_freq=8))
+        finally:
+            gym.registry.pop("sb3_plastic/SwitchingBanditCopy-v0")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _learn_briefly(bandit(1, episode_length=8),
+                       ContinualEvalCallback(bandit(1, episode_length=8, change_every=5, at_episode_end=True), eval_freq=8))
+    assert not [w for w in caught if "eval env" in str(w.message)]
 
 
 def test_plastic_learn_warns_about_a_plain_eval_callback_on_a_continual_env():
@@ -293,8 +359,8 @@ def test_zoo_eval_follows_the_training_task(tmp_path, bandit_conf):
            "--eval-freq", "64", "--eval-episodes", "1")
     data = np.load(tmp_path / "logs" / "plastic_ppo" / f"{BANDIT_DIR}_1" / "evaluations.npz")
     expected = [expected_task(int(t), 2) for t in data["timesteps"]]
-    assert len(expected) == 10 and max(expected) == 5
-    assert data["task_ids"].tolist() == expected
+    assert len(expected) == 10 and max(expected) == 4
+    assert data["task_ids"].tolist() == expected == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]  # 5 tasks of 64 steps per copy
 
 
 def _one_trial(env: str, conf: Path, name: str, n_evaluations: int) -> optuna.trial.FrozenTrial:
@@ -317,7 +383,7 @@ def test_zoo_tuning_objective_on_a_continual_env_is_the_mean_over_evaluations(tm
     means = data["results"].mean(axis=1)
     assert len(means) == 5
     assert data["task_ids"].tolist() == [expected_task(int(t), 2) for t in data["timesteps"]]
-    assert data["task_ids"].tolist() == [1, 2, 3, 4, 5]  # one evaluation per 128-timestep task, at its end
+    assert data["task_ids"].tolist() == [0, 1, 2, 3, 4]  # one evaluation per 128-timestep task, at its end
     assert trial.value == pytest.approx(float(np.mean(means)), abs=1e-12)
     assert [trial.intermediate_values[i] for i in range(1, 6)] == pytest.approx(means.tolist())  # each reported
     assert trial.user_attrs["objective"] == "mean_over_evaluations"

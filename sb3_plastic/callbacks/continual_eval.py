@@ -4,7 +4,8 @@ SB3's :class:`~stable_baselines3.common.callbacks.EvalCallback` evaluates on a s
 their own steps: with a :class:`~sb3_plastic.envs.PiecewiseStationaryWrapper` env that copy switches tasks at
 its own pace (after ``change_every`` *evaluation* steps), so ``evaluations.npz``, ``best_model.zip`` and an
 optuna objective built on it mostly measure task 0. :class:`ContinualEvalCallback` pins every evaluation copy
-to the training env's current task before each evaluation (:meth:`~sb3_plastic.envs.PiecewiseStationaryWrapper.pin_task`)
+to the task the agent is training on before each evaluation (the task of the training step just taken:
+:meth:`TaskFollowingEvalMixin.trained_task`; :meth:`~sb3_plastic.envs.PiecewiseStationaryWrapper.pin_task`)
 and records which task each evaluation measured. :func:`continual_eval_callback_class` gives the same
 behaviour to any ``EvalCallback`` subclass (sb3-contrib's ``MaskableEvalCallback``, rl_zoo3's
 ``TrialEvalCallback``): the mechanism lives once, in :class:`TaskFollowingEvalMixin`.
@@ -12,6 +13,7 @@ behaviour to any ``EvalCallback`` subclass (sb3-contrib's ``MaskableEvalCallback
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from typing import Any, Optional
 
@@ -39,17 +41,21 @@ def current_task(env: VecEnv, index: int = 0) -> Optional[int]:
 
 
 class TaskFollowingEvalMixin:
-    """Put in front of an ``EvalCallback`` class: each evaluation runs on the training env's current task.
+    """Put in front of an ``EvalCallback`` class: each evaluation runs on the task the agent is training on.
 
     At training start the training env and the eval env are checked for
     :class:`~sb3_plastic.envs.PiecewiseStationaryWrapper` copies:
 
-    * both piecewise-stationary: before every evaluation the current task of the first such training copy
-      (copy 0 normally; read through SB3's vector-env wrappers) is read, every piecewise-stationary eval copy
+    * both piecewise-stationary: before every evaluation the task of the training step just taken by the first
+      such training copy (copy 0 normally; ``infos[copy]["task_id"]`` of that step, :meth:`trained_task`) is
+      read, so an evaluation at a task boundary measures the task just trained, never the next one that the
+      vector env's automatic reset may already have started; every piecewise-stationary eval copy
       is pinned to it (``pin_task``; the evaluation's first ``reset()`` applies it), ``eval/task_id`` is
       logged with SB3's ``eval/...`` values, the task is appended to :attr:`evaluation_task_ids` and saved as
       the extra array ``task_ids`` of ``evaluations.npz`` (next to SB3's ``timesteps``, ``results``,
       ``ep_lengths``; one entry per evaluation);
+      An eval env made from another env id or with other kwargs than the training env (apart from
+      :data:`EVAL_KWARGS_MAY_DIFFER`), or with another ``task_seed``, is warned about;
     * neither: nothing changes, the callback is the base class exactly (same evaluations, same files);
     * only one of them: a warning says so and the base class's behaviour is kept (a stationary eval env
       cannot follow the task; a piecewise-stationary eval env with a stationary training env runs its own
@@ -62,7 +68,9 @@ class TaskFollowingEvalMixin:
 
     Every evaluation's mean return is also kept in :attr:`evaluation_mean_rewards` (stationary or not);
     :meth:`mean_evaluation_reward` is their mean, the area under the evaluation curve divided by the number
-    of evaluations (the tuning objective of :mod:`sb3_plastic.zoo` on continual envs).
+    of evaluations (the tuning objective of :mod:`sb3_plastic.zoo` on continual envs; with ``max_timesteps``
+    only the evaluations within that budget count, the model's ``num_timesteps`` of each being kept in
+    :attr:`evaluation_num_timesteps`).
     """
 
     eval_env: VecEnv
@@ -86,6 +94,8 @@ class TaskFollowingEvalMixin:
         self.evaluation_task_ids: list[int] = []
         #: The mean return of each evaluation.
         self.evaluation_mean_rewards: list[float] = []
+        #: The model's ``num_timesteps`` at each evaluation (one entry per :attr:`evaluation_mean_rewards`).
+        self.evaluation_num_timesteps: list[int] = []
         self._training_copy = 0
         self._eval_copies: list[int] = []
 
@@ -104,6 +114,7 @@ class TaskFollowingEvalMixin:
                     f"{train_seed}: a pinned task index then means a different task; give both the same task_seed",
                     stacklevel=2,
                 )
+            self._check_eval_env_kwargs(training[0], evaluation)
         elif training:
             warnings.warn(
                 f"{type(self).__name__}: the training env is piecewise-stationary but the eval env is not: "
@@ -118,8 +129,60 @@ class TaskFollowingEvalMixin:
                 stacklevel=2,
             )
 
-    def _follow_training_task(self) -> Optional[int]:
+    def _check_eval_env_kwargs(self, training_copy: int, eval_copies: list[int]) -> None:
+        """Warn when the eval env is made from another env id or with other kwargs than the training env.
+
+        Compared: the gymnasium spec's ``id`` and ``kwargs`` (the constructor's defaults filled in) of training copy
+        ``training_copy`` and of every eval copy in ``eval_copies``. Not compared: :data:`EVAL_KWARGS_MAY_DIFFER`
+        (a pinned eval copy never follows its own schedule; ``task_seed`` is checked on its own). Envs without a
+        spec (made without ``gym.make``) are not compared.
+        """
+        train_spec = self.training_env.get_attr("spec", indices=[training_copy])[0]
+        if train_spec is None:
+            return
+        train_kwargs = _spec_kwargs(train_spec)
+        for spec in self.eval_env.get_attr("spec", indices=eval_copies):
+            if spec is None:
+                continue
+            if spec.id != train_spec.id:
+                warnings.warn(
+                    f"{type(self).__name__}: the eval env is {spec.id}, the training env {train_spec.id}: evaluations "
+                    "then measure another env; make the eval env with the training env's id and kwargs",
+                    stacklevel=3,
+                )
+                return
+            eval_kwargs = _spec_kwargs(spec)
+            keys = sorted(k for k in set(train_kwargs) | set(eval_kwargs)
+                          if k not in EVAL_KWARGS_MAY_DIFFER and not _same(train_kwargs.get(k), eval_kwargs.get(k)))
+            if keys:
+                warnings.warn(
+                    f"{type(self).__name__}: the eval env's kwargs {({k: eval_kwargs.get(k) for k in keys})} differ from "
+                    f"the training env's {({k: train_kwargs.get(k) for k in keys})}: evaluations then measure another "
+                    "env; make the eval env with the training env's kwargs",
+                    stacklevel=3,
+                )
+                return
+
+    def trained_task(self) -> Optional[int]:
+        """The task of the training step just taken (the one this callback's ``_on_step`` follows).
+
+        Read from that step's info (``self.locals["infos"][copy]["task_id"]``, which SB3's algorithms hand to
+        their callbacks), not from the env's current task: when the step ended an episode at a task boundary
+        (always so for game switching, which truncates the last step of a task, and for any env whose episode
+        length divides ``change_every``), the vector env's automatic reset has already started the next task,
+        on which the agent has not trained. Falls back to the env's current task (:func:`current_task`) when
+        no step info is available (``None`` before the env's first ``reset()``).
+        """
+        infos = getattr(self, "locals", {}).get("infos")
+        if infos is not None and len(infos) > self._training_copy:
+            task = infos[self._training_copy].get("task_id")
+            if task is not None:
+                return int(task)
         task = current_task(self.training_env, self._training_copy)
+        return None if task is None else int(task)
+
+    def _follow_training_task(self) -> Optional[int]:
+        task = self.trained_task()
         if task is None:  # cannot happen inside learn() (SB3 resets the env first); evaluate as the base class
             warnings.warn(f"{type(self).__name__}: the training env has no task yet; the eval env is not pinned")
             return None
@@ -136,6 +199,7 @@ class TaskFollowingEvalMixin:
         continue_training = super()._on_step()  # type: ignore[misc]
         if due:
             self.evaluation_mean_rewards.append(float(self.last_mean_reward))
+            self.evaluation_num_timesteps.append(int(self.num_timesteps))  # type: ignore[attr-defined]
             if task is not None:
                 self.evaluation_task_ids.append(task)
                 if self.log_path is not None:
@@ -157,11 +221,67 @@ class TaskFollowingEvalMixin:
             **kwargs,
         )
 
-    def mean_evaluation_reward(self) -> float:
-        """Mean over the evaluations so far of each evaluation's mean return (``-inf`` before the first one)."""
-        if not self.evaluation_mean_rewards:
+    def evaluations_within(self, max_timesteps: Optional[int] = None) -> list[float]:
+        """The mean returns of the evaluations made at ``num_timesteps <= max_timesteps`` (all for ``None``).
+
+        :param max_timesteps: the budget (e.g. the ``total_timesteps`` asked of ``learn()``: SB3 may train on to
+            the next rollout boundary, and evaluations after the budget measure more training than asked for).
+        :raises ValueError: for a ``max_timesteps`` that is not a non-negative integer or ``None``.
+        """
+        if max_timesteps is None:
+            return list(self.evaluation_mean_rewards)
+        if isinstance(max_timesteps, bool) or not isinstance(max_timesteps, (int, np.integer)) or max_timesteps < 0:
+            raise ValueError(f"max_timesteps must be a non-negative integer or None, got {max_timesteps!r}")
+        return [r for r, t in zip(self.evaluation_mean_rewards, self.evaluation_num_timesteps) if t <= max_timesteps]
+
+    def mean_evaluation_reward(self, max_timesteps: Optional[int] = None) -> float:
+        """Mean over the evaluations so far of each evaluation's mean return (``-inf`` before the first one).
+
+        :param max_timesteps: count only the evaluations made at ``num_timesteps <= max_timesteps``
+            (:meth:`evaluations_within`); ``None``: all of them. When none is within it, all of them count, with a
+            warning.
+        """
+        rewards = self.evaluations_within(max_timesteps)
+        if not rewards and self.evaluation_mean_rewards:
+            warnings.warn(
+                f"{type(self).__name__}: no evaluation at num_timesteps <= max_timesteps={max_timesteps} (evaluations "
+                f"at {self.evaluation_num_timesteps}); the mean is over all of them",
+                stacklevel=2,
+            )
+            rewards = self.evaluation_mean_rewards
+        if not rewards:
             return float("-inf")
-        return float(np.mean(self.evaluation_mean_rewards))
+        return float(np.mean(rewards))
+
+
+#: Env kwargs that may differ between the training and the eval env: the schedule's timing (a pinned eval copy
+#: never switches on its own), the task seed (checked on its own) and rendering.
+EVAL_KWARGS_MAY_DIFFER: frozenset[str] = frozenset({"change_every", "at_episode_end", "task_seed", "render_mode"})
+
+
+def _spec_kwargs(spec: Any) -> dict[str, Any]:
+    """The kwargs an env was made with: ``spec.kwargs`` over the defaults of its entry point's signature."""
+    kwargs: dict[str, Any] = {}
+    try:
+        from gymnasium.envs.registration import load_env_creator
+
+        creator = load_env_creator(spec.entry_point) if isinstance(spec.entry_point, str) else spec.entry_point
+        for name, parameter in inspect.signature(creator).parameters.items():
+            if parameter.default is not inspect.Parameter.empty and parameter.kind in (
+                parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY
+            ):
+                kwargs[name] = parameter.default
+    except Exception:  # an entry point that cannot be inspected: compare the given kwargs only
+        kwargs = {}
+    kwargs.update(spec.kwargs or {})
+    return kwargs
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return bool(np.all(a == b)) if isinstance(a, np.ndarray) or isinstance(b, np.ndarray) else bool(a == b)
+    except Exception:
+        return repr(a) == repr(b)
 
 
 class ContinualEvalCallback(TaskFollowingEvalMixin, EvalCallback):

@@ -115,6 +115,9 @@ class TaskScheduleSync(BaseCallback):
     ``num_timesteps`` only as long as ``n_envs`` stays the same (the model's ``n_envs`` at the last call is
     kept in its persistent state, ``model.plastic_state["TaskScheduleSync"]``; a change is warned about).
 
+    Copies whose schedules differ (``change_every`` or ``task_seed``: the sequence of tasks) are warned about:
+    every copy of a vector env must follow the same task sequence.
+
     :param min_tasks: warn when a run will see fewer tasks than this (>= 1).
     :param verbose: 1 prints the schedule of each call (and each sync).
     :raises ValueError: for a bad ``min_tasks``.
@@ -165,6 +168,14 @@ class TaskScheduleSync(BaseCallback):
             warnings.warn(
                 f"TaskScheduleSync: the env copies have different change_every {[s.change_every for s in schedules]}; "
                 f"the counts below use copy {indices[0]}'s",
+                stacklevel=2,
+            )
+        task_seeds = [int(s.task_seed) for s in schedules]
+        if len(set(task_seeds)) > 1:
+            warnings.warn(
+                f"TaskScheduleSync: the env copies have different task_seed {task_seeds}: their task index k means "
+                "a different task in each copy, so they do not switch in lockstep; build every copy with the same "
+                "task_seed",
                 stacklevel=2,
             )
         now = int(self.model.num_timesteps)
