@@ -281,8 +281,8 @@ def _experiment_manager_class() -> type:
             the next rollout boundary: :func:`continual_objective`). Continual learning is about staying good on
             every new task, so neither the last evaluation (one task, and noisy) nor the best (an easy task wins)
             measures it. Each evaluation's mean return is still reported to optuna as the intermediate value of
-            its evaluation index, as rl_zoo3 does, so pruning works unchanged. The trial's user attribute ``objective`` names the
-            quantity returned (``"mean_over_evaluations"`` or ``"last_evaluation"``).
+            its evaluation index, as rl_zoo3 does, so pruning works unchanged. The trial's user attribute
+            ``objective`` names the quantity returned (``"mean_over_evaluations"`` or ``"last_evaluation"``).
             """
             import optuna
 
