@@ -658,3 +658,60 @@ def test_maturity_defaults_to_dohares_rl_value():
     assert ContinualBackpropConfig().maturity_threshold == 10_000
     model = PlasticPPO("MlpPolicy", "CartPole-v1", replacement_rate=1e-4, n_steps=64, batch_size=32)
     assert model.intervention_configs["cbp"].maturity_threshold == 10_000
+
+
+# ---------------------------------------------------------------------------------------------- audit fixes
+def test_shared_activation_after_a_norm_is_recorded_after_the_norm():
+    """One activation module shared by two layers, each with a LayerNorm in front of it: the hooks record
+    ``act(LayerNorm(z))`` of each layer (written out here), not ``act(z)``."""
+    th.manual_seed(0)
+    act = nn.ReLU()
+    net = nn.Sequential(nn.Linear(3, 6), nn.LayerNorm(6), act, nn.Linear(6, 6), nn.LayerNorm(6), act, nn.Linear(6, 2))
+    with th.no_grad():
+        for ln in (net[1], net[4]):
+            ln.weight.uniform_(0.5, 1.5)
+            ln.bias.uniform_(-0.5, 0.5)
+    spec = NetworkSpec("net", net, None, None, [[net[0], net[3], net[6]]], {id(net[0]): "0", id(net[3]): "3"})
+    hidden = spec.hidden_layers()
+    gnt = GenerateAndTest(hidden, None, replacement_rate=0.0)
+    gnt.attach()
+    x = th.randn(16, 3)
+    net(x)
+    with th.no_grad():
+        h, want = x, []
+        for i in (0, 3):
+            z = net[i](h)
+            normed = (z - z.mean(1, keepdim=True)) / th.sqrt(z.var(1, unbiased=False, keepdim=True) + 1e-5)
+            h = th.relu(normed * net[i + 1].weight + net[i + 1].bias)
+            want.append(h)
+    for spec_h, ref in zip(hidden, want):
+        th.testing.assert_close(gnt._stored[spec_h.name], ref)
+    gnt.detach()
+
+
+def _small_ppo(net_arch):
+    kwargs = dict(n_steps=64, batch_size=32, n_epochs=2, policy_kwargs=dict(net_arch=net_arch), seed=0)
+    return PPO("MlpPolicy", "CartPole-v1", **kwargs)
+
+
+def test_cbp_without_hidden_layers_warns_at_training_start():
+    with pytest.warns(UserWarning, match="ContinualBackprop.*nothing to act on"):
+        _small_ppo([]).learn(64, callback=ContinualBackprop(0.1, maturity_threshold=0))
+
+
+def test_cbp_whose_units_never_mature_warns_once_at_training_end():
+    import warnings
+
+    model = _small_ppo([8])
+    cb = ContinualBackprop(0.1, maturity_threshold=1000)  # 2 rollouts = 8 optimizer steps
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.learn(128, callback=cb)
+        model.learn(64, callback=cb, reset_num_timesteps=False)
+    immature = [w for w in caught if "maturity_threshold" in str(w.message)]
+    assert len(immature) == 1 and "1000" in str(immature[0].message) and " 8 optimizer steps" in str(immature[0].message)
+    assert cb.total_replaced == 0
+    with warnings.catch_warnings(record=True) as caught:  # units mature: no warning
+        warnings.simplefilter("always")
+        _small_ppo([8]).learn(128, callback=ContinualBackprop(0.1, maturity_threshold=2))
+    assert not [w for w in caught if "maturity_threshold" in str(w.message)]

@@ -183,9 +183,38 @@ def test_nap_learning_rate_schedule():
 
 
 def test_units_of_a_normalised_layer_are_read_after_the_activation():
-    """The interventions and diagnostics (CBP, ReDo, the monitor) see a NaP layer's post-activation outputs."""
+    """The interventions and diagnostics (CBP, ReDo, the monitor) see a NaP layer's post-activation outputs
+    ``ReLU(LayerNorm(W x + b))``, computed here independently from the layers' parameters."""
+    from sb3_plastic.callbacks.cbp import GenerateAndTest
+    from sb3_plastic.callbacks.redo import probe_activity
     from sb3_plastic.common.surgery import find_networks
+    from sb3_plastic.diagnostics import capture_features
 
     model = PlasticDQN("MlpPolicy", "CartPole-v1", nap=True, seed=0)
-    hidden = find_networks(model)[0].hidden_layers()
+    spec = find_networks(model)[0]
+    hidden = spec.hidden_layers()
     assert len(hidden) == 2 and all(isinstance(h.activation, nn.ReLU) for h in hidden)
+    assert all(isinstance(h.pre_norm, nn.LayerNorm) for h in hidden)
+    seq = model.q_net.q_net
+    with th.no_grad():
+        for ln in (seq[1], seq[4]):
+            ln.weight.uniform_(0.5, 1.5)
+            ln.bias.uniform_(-0.5, 0.5)
+        x = th.randn(64, 4)
+        want, h = [], x
+        for i in (0, 3):
+            z = h @ seq[i].weight.T + seq[i].bias
+            normed = (z - z.mean(1, keepdim=True)) / th.sqrt(z.var(1, unbiased=False, keepdim=True) + seq[i + 1].eps)
+            h = th.relu(normed * seq[i + 1].weight + seq[i + 1].bias)
+            want.append(h)
+    for got, ref in zip(probe_activity(hidden, lambda: spec.module(x)), want):  # ReDo
+        th.testing.assert_close(got, ref.abs().mean(0))
+    for got, ref in zip(capture_features(hidden, lambda: spec.module(x)), want):  # the monitor
+        th.testing.assert_close(got, ref)
+    gnt = GenerateAndTest(hidden, spec.optimizer, replacement_rate=0.0)  # Continual Backprop's hooks
+    gnt.attach()
+    spec.module.train()
+    spec.module(x)
+    for h_spec, ref in zip(hidden, want):
+        th.testing.assert_close(gnt._stored[h_spec.name], ref)
+    gnt.detach()

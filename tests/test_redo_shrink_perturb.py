@@ -9,6 +9,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch as th
+from builders import fill_adam_state, shared_extractor_model
 from sb3_contrib import QRDQN, TQC
 from stable_baselines3 import DQN, PPO, SAC, TD3
 from stable_baselines3.common.callbacks import BaseCallback
@@ -41,17 +42,6 @@ from sb3_plastic.common.surgery import NetworkSpec, find_networks
 TAU = 0.025
 
 
-def _fill_adam_state(net: nn.Module, opt: th.optim.Optimizer, x: th.Tensor) -> None:
-    """One Adam step, then random moments everywhere so that zeroing is visible."""
-    opt.zero_grad()
-    net(x).square().mean().backward()
-    opt.step()
-    gen = th.Generator().manual_seed(99)
-    for state in opt.state.values():
-        state["exp_avg"].copy_(th.randn(state["exp_avg"].shape, generator=gen))
-        state["exp_avg_sq"].copy_(th.rand(state["exp_avg_sq"].shape, generator=gen) + 0.1)
-
-
 def _snapshot(net: nn.Module, opt: th.optim.Optimizer) -> tuple[dict, dict]:
     params = {name: p.detach().clone() for name, p in net.named_parameters()}
     states = {
@@ -66,7 +56,7 @@ def test_redo_linear_layer_exact() -> None:
     net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
     x = th.rand(64, 4) + 0.1  # positive inputs
     opt = th.optim.Adam(net.parameters(), lr=1e-3)
-    _fill_adam_state(net, opt, x)
+    fill_adam_state(net, opt, x)
     with th.no_grad():
         net[0].weight.abs_()  # every unit active on positive inputs ...
         net[0].bias.fill_(0.1)
@@ -125,7 +115,7 @@ def test_redo_conv_to_linear_flatten_mapping() -> None:
     net = nn.Sequential(conv, nn.ReLU(), nn.Flatten(), lin)
     x = th.rand(16, 2, 5, 5) + 0.1
     opt = th.optim.Adam(net.parameters(), lr=1e-3)
-    _fill_adam_state(net, opt, x)
+    fill_adam_state(net, opt, x)
     with th.no_grad():
         conv.weight.abs_()
         conv.bias.fill_(0.1)
@@ -164,7 +154,7 @@ def test_redo_maxmin_pair_is_one_unit() -> None:
     net = nn.Sequential(nn.Linear(3, 6), MaxMin(), nn.Linear(6, 2))
     x = th.rand(32, 3) + 0.1
     opt = th.optim.Adam(net.parameters(), lr=1e-3)
-    _fill_adam_state(net, opt, x)
+    fill_adam_state(net, opt, x)
     with th.no_grad():
         net[0].weight[0:2] = 0.0  # pair 0: both pre-activations 0 -> max = min = 0: dormant pair
         net[0].bias[0:2] = 0.0
@@ -219,7 +209,7 @@ def test_shrink_perturb_event_exact() -> None:
     th.manual_seed(0)
     net = nn.Sequential(nn.Linear(3, 5), nn.ReLU(), nn.Linear(5, 2))
     opt = th.optim.Adam(net.parameters(), lr=1e-3)
-    _fill_adam_state(net, opt, th.randn(8, 3))
+    fill_adam_state(net, opt, th.randn(8, 3))
     params_before = list(net.parameters())
     old = [p.detach().clone() for p in params_before]
     th.manual_seed(7)
@@ -259,11 +249,14 @@ def test_continual_hook_only_in_training_and_removed() -> None:
     opt.step()  # no gradients: Adam changes nothing; the hook must not act outside training
     assert all(th.equal(p, o) for p, o in zip(params, old))
     model.policy.set_training_mode(True)
-    th.manual_seed(4)
+    replay = th.Generator()
+    replay.set_state(cb.generator(params[0].device).get_state())  # the noise comes from the callback's own stream
+    global_before = th.random.get_rng_state()
     opt.step()
-    th.manual_seed(4)
+    assert th.equal(th.random.get_rng_state(), global_before)  # torch's global generator is not drawn from
     for p, o in zip(params, old):
-        assert th.allclose(p, (1 - 0.01 * 0.5) * o + 1e-3 * th.randn_like(o), atol=1e-7, rtol=0)
+        eps = th.randn(o.shape, generator=replay)
+        assert th.allclose(p, (1 - 0.01 * 0.5) * o + 1e-3 * eps, atol=1e-7, rtol=0)
     assert all(th.equal(t, o) for t, o in zip(model.q_net_target.parameters(), old))  # targets follow their schedule
     assert cb.state["noise_steps"] == 1
     cb.on_training_end()
@@ -315,7 +308,9 @@ def test_ppo_interventions_between_rollouts() -> None:
     model.learn(64 * 5, callback=[redo, event, cont, check])
     assert check.checked == 5
     assert redo.state["events"] == 5 and redo.state["total_resets"] > 0  # after each train (last: at training end)
-    assert event.state["events"] == 4
+    # due at 40, 104, 168, 232, 296 (every counts from the last event): applied at rollout starts 64, 128, 192, 256
+    # and, pending when learn() ends, at training end
+    assert event.state["events"] == 5 and not event.state["pending"]
     assert cont.state["noise_steps"] == 5 * 2 * 2  # trains x epochs x minibatches
     assert _all_finite(model)
     # learn() called one rollout at a time: ReDo still checks (at training end, after train())
@@ -505,22 +500,8 @@ def test_redo_that_finds_no_dormant_unit_leaves_the_run_unchanged(algo):
 
 
 # ------------------------------------------------------------------ shared features extractor (SAC / TD3)
-def _shared_extractor_model(cls, steps: int = 80):
-    from sb3_plastic.networks import PlasticMLP
-
-    policy_kwargs = dict(
-        net_arch=[8],
-        share_features_extractor=True,
-        features_extractor_class=PlasticMLP,
-        features_extractor_kwargs=dict(net_arch=(8, 6)),
-    )
-    model = cls("MlpPolicy", "Pendulum-v1", learning_starts=40, batch_size=16, policy_kwargs=policy_kwargs, seed=0)
-    model.learn(steps)
-    return model
-
-
 def test_redo_shared_extractor_resets_every_critic_reader() -> None:
-    model = _shared_extractor_model(SAC)
+    model = shared_extractor_model(SAC)
     actor, critic = model.policy.actor, model.policy.critic
     actor_spec, critic_spec = find_networks(model)
     last = {h.name: h for h in actor_spec.hidden_layers()}["actor.features_extractor.mlp.3"]
@@ -556,7 +537,7 @@ def test_redo_shared_extractor_resets_every_critic_reader() -> None:
 
 @pytest.mark.parametrize("cls", [SAC, TD3])
 def test_redo_shared_extractor_learns(cls) -> None:
-    model = _shared_extractor_model(cls, steps=0)
+    model = shared_extractor_model(cls, steps=0)
     redo = ReDo(period=20, tau=0.5, probe_size=16)
     model.learn(120, callback=redo)
     assert redo.state["events"] >= 2

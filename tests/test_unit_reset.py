@@ -119,3 +119,38 @@ def test_callbacks_that_do_nothing_leave_sb3_bit_identical():
     assert type(off.policy.optimizer) is th.optim.Adam and isinstance(redo.policy.optimizer, AdamRestartMixin)
     for a, b, c in zip(ref.policy.parameters(), off.policy.parameters(), redo.policy.parameters()):
         assert th.equal(a, b) and th.equal(a, c)
+
+
+@pytest.mark.parametrize("method", ["cbp", "redo"])
+def test_a_replaced_unit_of_a_nap_layer_gets_its_layer_norm_affine_reset(method):
+    """NaP (``Linear -> LayerNorm -> ReLU``): a new unit's LayerNorm scale / offset go back to their init (1, 0) and
+    their optimizer state restarts; the other features keep theirs, bitwise."""
+    from sb3_plastic import PlasticDQN
+
+    model = PlasticDQN("MlpPolicy", "CartPole-v1", nap=True, learning_starts=16, train_freq=1, batch_size=16, seed=0)
+    model.learn(40)
+    spec = find_networks(model)[0]
+    hidden = spec.hidden_layers()[0]
+    ln, opt = hidden.pre_norm, spec.optimizer
+    assert isinstance(ln, nn.LayerNorm) and ln.weight in opt.state
+    with th.no_grad():  # trained-looking affine parameters and moments
+        ln.weight.uniform_(0.5, 1.5)
+        ln.bias.uniform_(-0.5, 0.5)
+        for p in (ln.weight, ln.bias):
+            opt.state[p]["exp_avg"].uniform_(0.1, 1.0)
+            opt.state[p]["exp_avg_sq"].uniform_(0.1, 1.0)
+    before = {k: (p.detach().clone(), {n: v.clone() for n, v in opt.state[p].items()}) for k, p in ln.named_parameters()}
+    j = 5
+    if method == "cbp":
+        GenerateAndTest([hidden], opt, replacement_rate=0.0).replace(hidden.name, th.tensor([j]))
+    else:
+        redo_reset_(hidden, th.tensor([j]), [opt])
+    keep = th.tensor([i for i in range(hidden.n_features) if i != j])
+    for name, init in (("weight", 1.0), ("bias", 0.0)):
+        p = getattr(ln, name)
+        old, old_state = before[name]
+        assert p[j] == init
+        assert th.equal(p[keep], old[keep])
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert opt.state[p][key][j] == 0
+            assert th.equal(opt.state[p][key][keep], old_state[key][keep])

@@ -42,7 +42,9 @@ Normalisation layers (CrossQ's ``Linear -> ReLU -> BatchRenorm -> Linear``; see
 read the norm's output ``gain_j * h_j + shift_j`` (running statistics: ``gain_j = scale_j / sqrt(var_j +
 eps)``). The contribution utility therefore weighs ``mean|h_j|`` by ``|gain_j|``, the bias absorption uses
 ``gain_j * f_hat_j + shift_j``, and a replaced unit's feature of the norm gets its initial state (running mean
-0, variance 1, scale 1, shift 0, moments of the scale / shift entries zeroed).
+0, variance 1, scale 1, shift 0, moments of the scale / shift entries zeroed). A layer norm between the layer and
+its activation (NaP's ``Linear -> LayerNorm -> act``): ``h`` is ``act(LayerNorm(z))`` and a replaced unit's scale /
+offset of the norm go back to 1 / 0 with their optimizer state restarted.
 
 Differences from the public reference code (shibhansh/loss-of-plasticity, ``gnt.py``/``convGnT.py``):
 
@@ -66,20 +68,19 @@ Dohare et al.'s RL runs (PPO on Slippery Ant); 100 is their supervised setting, 
 from __future__ import annotations
 
 import math
-import numbers
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Any, Optional, Union
 
-import numpy as np
 import torch as th
 from stable_baselines3.common.base_class import BaseAlgorithm
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from sb3_plastic.callbacks.base import PlasticCallback
-from sb3_plastic.callbacks.redo import layer_init_scheme
+from sb3_plastic.callbacks.redo import _post_activation, is_real_number, layer_init_scheme
 from sb3_plastic.common.hooks import OutermostStepHooks
 from sb3_plastic.common.surgery import (
     HiddenLayer,
@@ -95,7 +96,7 @@ from sb3_plastic.common.unit_reset import (
     fresh_incoming_weights,
     replace_cells_,
     replace_units_,
-    zero_outgoing_,
+    zero_outgoing_last_,
 )
 from sb3_plastic.recurrent import lstm_layer_outputs, recurrent_init_scheme
 
@@ -111,9 +112,8 @@ _FLOOR_EPS = 1e-9
 
 
 # ---------------------------------------------------------------------------------------------- arguments
-def _is_number(value: Any) -> bool:
-    """A finite real number (numpy scalars included), not a bool."""
-    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)) and math.isfinite(value)
+#: A finite real number (numpy scalars included), not a bool (shared with ReDo).
+_is_number = is_real_number
 
 
 def check_cbp_args(
@@ -550,9 +550,13 @@ class GenerateAndTest:
             self.replace(name, units)
         if len(chosen) > 1:
             # a fresh row of a consumer replaced in the same step must not re-open a replaced unit's output
-            for name, units in chosen.items():
-                spec = self.layers[name]
-                zero_outgoing_(spec, units if isinstance(spec, RecurrentUnits) else features_of(spec, units))
+            zero_outgoing_last_(
+                [
+                    (spec, units if isinstance(spec, RecurrentUnits) else features_of(spec, units))
+                    for spec, units in ((self.layers[name], units) for name, units in chosen.items())
+                ],
+                self.optimizers,
+            )
         if self.after_step is not None:
             self.after_step(chosen)
         return chosen
@@ -570,8 +574,10 @@ class GenerateAndTest:
     def attach(self) -> None:
         """Install the hooks (idempotent).
 
-        * A forward hook per layer on its activation module (on the layer itself, applying the activation,
-          when an activation module is shared by several layers; on the layer output when there is none)
+        * A forward hook per layer on its activation module (on the layer itself, applying the normalisation
+          between the layer and its activation, if any, and the activation, when an activation module is shared by
+          several layers: :func:`sb3_plastic.callbacks.redo._post_activation`; on the layer output when there is
+          none)
           that records the output only when the module is in training mode and autograd is on: SB3 switches
           training mode on inside ``train()`` and off for rollouts, ``predict`` and evaluation, and the
           no-grad forwards of ``train()`` (SAC/TQC's next-state actions) compute targets, not the loss being
@@ -598,8 +604,10 @@ class GenerateAndTest:
             act = spec.activation
             if act is not None and counts[id(act)] == 1:
                 self._handles.append(act.register_forward_hook(self._recorder(name)))
-            else:
-                self._handles.append(spec.layer.register_forward_hook(self._recorder(name, act)))
+            elif act is None and spec.pre_norm is None:
+                self._handles.append(spec.layer.register_forward_hook(self._recorder(name)))
+            else:  # a shared activation (or a norm without one): act(norm(layer output)), as ReDo scores it
+                self._handles.append(spec.layer.register_forward_hook(self._recorder(name, partial(_post_activation, spec))))
         if self.optimizer is not None:
             self._steps = OutermostStepHooks(self.optimizer, self._after_step)
             self._handles += self._steps.handles
@@ -668,7 +676,7 @@ class GenerateAndTest:
         self._mask = None
         return out
 
-    def _recorder(self, name: str, apply: Optional[nn.Module] = None) -> Callable[..., None]:
+    def _recorder(self, name: str, apply: Optional[Callable[[th.Tensor], th.Tensor]] = None) -> Callable[..., None]:
         def hook(module: nn.Module, inputs: Any, output: th.Tensor) -> None:
             self._reset_step_depth()
             if module.training and th.is_grad_enabled():
@@ -746,6 +754,10 @@ class ContinualBackprop(PlasticCallback):
     :param utility: ``"contribution"`` or ``"adaptable_contribution"`` (GnT's centred ``|h - f_hat|``).
     :param name: distinguishes two instances on one model (part of the state key).
     :param verbose: 1 prints the replacement counts at training end, 2 every replacement.
+
+    Options that cannot act say so: with ``replacement_rate > 0`` a warning at training start when no network has
+    a hidden layer with an optimizer to act on (e.g. ``net_arch=[]``), and once at training end when no unit has yet
+    become eligible (a run shorter than ``maturity_threshold`` updates replaces nothing).
     """
 
     def __init__(
@@ -767,6 +779,8 @@ class ContinualBackprop(PlasticCallback):
         self.engines: dict[str, GenerateAndTest] = {}
         #: (rollout buffer, its own ``_get_samples`` attribute before ours or None, our wrapper) while installed
         self._watch: Optional[tuple[Any, Any, Callable[..., Any]]] = None
+        #: whether the "no unit ever became eligible" warning was given
+        self._warned_immature = False
 
     @property
     def enabled(self) -> bool:
@@ -780,6 +794,7 @@ class ContinualBackprop(PlasticCallback):
             return
         init, gain = resolve_init(self.model)
         recurrent_init = recurrent_init_scheme(self.model)
+        idle: list[str] = []
         for spec in self.networks:
             layers: list[UnitLayer] = []
             for layer in [*spec.hidden_layers(), *spec.recurrent_units()]:
@@ -788,7 +803,12 @@ class ContinualBackprop(PlasticCallback):
                     layers.append(layer)
                 else:
                     warnings.warn(f"ContinualBackprop skips {spec.name}/{layer.name}: {problem}")
-            if not layers or spec.optimizer is None:
+            if not layers:
+                idle.append(f"{spec.name}: no hidden layer (output heads are never replaced)")
+                continue
+            if spec.optimizer is None:
+                idle.append(f"{spec.name}: no optimizer (replacement runs after optimizer steps)")
+                warnings.warn(f"ContinualBackprop skips network {spec.name!r}: it has no optimizer whose steps it follows")
                 continue
             engine = GenerateAndTest(
                 layers,
@@ -807,6 +827,12 @@ class ContinualBackprop(PlasticCallback):
             enable_unit_restarts(engine.optimizers)  # also after SB3's load, which rebuilds the optimizer as plain Adam
             engine.attach()
             self.engines[spec.name] = engine
+        if not self.engines:
+            warnings.warn(
+                f"ContinualBackprop(replacement_rate={self.replacement_rate}) has nothing to act on "
+                f"({'; '.join(idle)}): it will replace no unit",
+                stacklevel=2,
+            )
         self._watch_minibatches()
         self._record_counts()
 
@@ -847,7 +873,25 @@ class ContinualBackprop(PlasticCallback):
         self._record_counts()
         if self.verbose >= 1 and self.engines:
             print(f"ContinualBackprop: {self.counts()}")
+        self._warn_if_never_eligible()
         self._detach()
+
+    def _warn_if_never_eligible(self) -> None:
+        """Warn (once per callback) when units could be replaced but none ever reached the maturity threshold: no
+        replacement so far and every unit's age still ``<= maturity_threshold`` (ages only restart on replacement)."""
+        if self._warned_immature or not self.engines or self.total_replaced > 0:
+            return
+        ages = [engine.ages(name) for engine in self.engines.values() for name in engine.layers]
+        oldest = max((int(age.max()) for age in ages if age.numel()), default=0)
+        if oldest > self.maturity_threshold:
+            return
+        self._warned_immature = True
+        warnings.warn(
+            f"ContinualBackprop(replacement_rate={self.replacement_rate}): no unit has become eligible, the oldest is "
+            f"{oldest} optimizer steps old and maturity_threshold={self.maturity_threshold}; nothing was replaced. "
+            "Lower maturity_threshold or train for more updates",
+            stacklevel=2,
+        )
 
     def _detach(self) -> None:
         self._unwatch_minibatches()

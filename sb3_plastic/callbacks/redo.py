@@ -18,8 +18,11 @@ paper's default, 0.1 an aggressive setting). Every ``period`` gradient steps ReD
 * restarts the optimizer state of exactly those rows / entries / columns (moments zeroed; for Adam the entries'
   step count too, as the reference zeroes Adam's step: they are trained as freshly initialised entries).
 
-Output heads are never recycled. Scores are taken on the activation output; when a normalisation layer
-follows it (CrossQ: ``Linear -> ReLU -> BatchRenorm``) a dead unit is still dead (its normalised output is
+Output heads are never recycled. Scores are taken on the activation output; a normalisation between the layer
+and its activation (NaP's ``Linear -> LayerNorm -> act``, ``Linear -> BatchNorm -> act``) is part of the unit: the
+score reads ``act(norm(W x + b))`` and a recycled unit's scale / offset of a layer norm go back to 1 / 0
+(:func:`sb3_plastic.common.unit_reset.unit_norms`). When a normalisation layer follows the activation (CrossQ:
+``Linear -> ReLU -> BatchRenorm``) a dead unit is still dead (its normalised output is
 a constant), and a recycled unit's features of that layer get their initial statistics.
 Under MaxMin (GroupSort-2) a unit is a sorted pair of features (each
 output of the pair depends on both pre-activations); a pair is dormant only if *both* of its features
@@ -35,6 +38,8 @@ callback for PPO, A2C, DQN, QR-DQN, SAC and TQC (plastic or not).
 from __future__ import annotations
 
 import math
+import numbers
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Optional, Union
@@ -48,6 +53,7 @@ from stable_baselines3.common.utils import obs_as_tensor
 from torch import nn
 
 from sb3_plastic.callbacks.base import PlasticCallback, preserved_numpy_rng
+from sb3_plastic.common.hooks import OutermostStepHooks
 from sb3_plastic.common.surgery import HiddenLayer, NetworkSpec, RecurrentUnits, recurrent_units_problem
 from sb3_plastic.common.unit_reset import (
     enable_unit_restarts,
@@ -55,6 +61,7 @@ from sb3_plastic.common.unit_reset import (
     replace_cells_,
     replace_units_,
     unique_optimizers,
+    zero_outgoing_last_,
 )
 from sb3_plastic.recurrent import lstm_first_step, lstm_first_step_layers, recurrent_init_scheme
 
@@ -173,8 +180,15 @@ def neuron_scores(activations: th.Tensor) -> th.Tensor:
     return scores_from_activity(_feature_mean_abs(activations))
 
 
+def is_real_number(value: Any) -> bool:
+    """A finite real number (``numbers.Real``: Python and numpy ints and floats), not a bool: the check of a
+    numeric hyper-parameter's type shared by ReDo and Continual Backprop."""
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)) and math.isfinite(value)
+
+
 def _validate_tau(tau: Any) -> float:
-    if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not (0 < tau <= 1):
+    """``tau`` as a float; any real number in (0, 1] (numpy scalars included, bools excluded)."""
+    if not (is_real_number(tau) and 0 < tau <= 1):
         raise ValueError(f"tau must be a number in (0, 1], got {tau!r}")
     return float(tau)
 
@@ -196,26 +210,48 @@ def dormant_units(activations: th.Tensor, tau: float = 0.025, group_size: int = 
     return _units_from_scores(neuron_scores(activations), _validate_tau(tau), group_size)
 
 
+#: ``(layer name, module type)`` whose post-activation output could not be computed, warned about once
+_WARNED: set[tuple[str, str]] = set()
+
+
 def _post_activation(hidden: HiddenLayer, out: th.Tensor) -> th.Tensor:
-    """The output after the module that follows ``hidden.layer``; the layer output itself when that
-    module is not element-/feature-wise (e.g. ``nn.Flatten`` changes the shape)."""
-    act = hidden.activation
-    if act is None:
+    """The units' output from the output ``out`` of ``hidden.layer``: the activation applied to the
+    normalisation between them, if any (:meth:`~sb3_plastic.common.surgery.HiddenLayer.post_activation`; NaP's
+    ``Linear -> LayerNorm -> act`` is scored on ``act(LayerNorm(out))``). When the module after the layer is not
+    element-/feature-wise (it raises, or changes the shape) the layer output itself is used and a warning names
+    the layer and the module (once per layer and module type)."""
+    if hidden.activation is None and hidden.pre_norm is None:
         return out
+    problem = None
     try:
-        h = act(out)
-    except Exception:  # an unusual module after the layer: fall back to the layer output
-        return out
-    return h if isinstance(h, th.Tensor) and h.shape == out.shape else out
+        h = hidden.post_activation(out)
+    except Exception as error:  # an unusual module after the layer
+        problem = f"raised {type(error).__name__}: {error}"
+    else:
+        if isinstance(h, th.Tensor) and h.shape == out.shape:
+            return h
+        shape = tuple(getattr(h, "shape", ()))
+        problem = f"returned {type(h).__name__} of shape {shape} for an input of shape {tuple(out.shape)}"
+    module = hidden.activation if hidden.activation is not None else hidden.pre_norm
+    key = (hidden.name, type(module).__name__)
+    if key not in _WARNED:
+        _WARNED.add(key)
+        warnings.warn(
+            f"layer {hidden.name!r}: the module after it ({type(module).__name__}) {problem}; it is not an element-wise "
+            "activation, so its units are scored on the layer's own output instead",
+            stacklevel=2,
+        )
+    return out
 
 
 @th.no_grad()
 def probe_activity(layers: Sequence[HiddenLayer], forward: Callable[[], Any]) -> list[Optional[th.Tensor]]:
     """Per-feature mean absolute post-activation output of each layer over what ``forward`` computes.
 
-    Forward hooks on the layers record ``|act(layer(x))|`` while ``forward()`` runs under ``torch.no_grad``
-    (the activation module is re-applied to the layer output, so a module shared by several layers is
-    no problem); the hooks are removed afterwards. A layer run several times (a features extractor shared
+    Forward hooks on the layers record ``|act(norm(layer(x)))|`` while ``forward()`` runs under ``torch.no_grad``
+    (the normalisation between the layer and its activation, if any, and the activation module are re-applied to
+    the layer output, :func:`_post_activation`, so a module shared by several layers is no problem);
+    the hooks are removed afterwards. A layer run several times (a features extractor shared
     by the policy and the value path) is averaged over all its calls.
 
     :return: one tensor of shape ``(n_features,)`` per layer, or ``None`` for a layer ``forward`` never ran.
@@ -300,24 +336,37 @@ def redo_layers_(
     tau: float = 0.025,
     optimizers: Iterable[th.optim.Optimizer] = (),
     init: LayerInit = default_layer_init,
+    replaced: Optional[list[tuple[Union[HiddenLayer, RecurrentUnits], th.Tensor]]] = None,
 ) -> list[ReDoLayerResult]:
     """One ReDo step on a set of hidden layers: score every layer on the probe computation ``forward``
-    first, then recycle the dormant units of every layer (scores are not recomputed between layers).
+    first, then recycle the dormant units of every layer (scores are not recomputed between layers), and
+    last zero the outgoing weights of every recycled unit once more
+    (:func:`~sb3_plastic.common.unit_reset.zero_outgoing_last_`): a recycled unit of layer ``L + 1`` gets a whole
+    fresh incoming row, which would otherwise re-open the columns of layer ``L``'s recycled units. The
+    reference implementation (dopamine ``labs/redo``) likewise draws all incoming weights before it zeroes the
+    outgoing ones, so every recycled unit starts with zero outgoing weights, as the paper asks.
 
     Layers that ``forward`` does not reach are skipped.
+
+    :param replaced: a list to which ``(layer, reset feature indices)`` is appended for every recycled layer,
+        leaving the final zeroing pass to the caller (:meth:`ReDo.recycle` makes one pass over every network and
+        the LSTM cells); ``None``: this function makes the pass.
     """
     tau = _validate_tau(tau)
     optimizers = unique_optimizers(optimizers)
     activity = probe_activity(layers, forward)
     results = []
+    done: list[tuple[Union[HiddenLayer, RecurrentUnits], th.Tensor]] = [] if replaced is None else replaced
     for hidden, mean_abs in zip(layers, activity):
         if mean_abs is None:
             continue
         dormant = _units_from_scores(scores_from_activity(mean_abs), tau, hidden.group_size)
         n_dormant = int(dormant.sum())
         if n_dormant:
-            redo_reset_(hidden, dormant.cpu(), optimizers, init)
+            done.append((hidden, redo_reset_(hidden, dormant.cpu(), optimizers, init)))
         results.append(ReDoLayerResult(hidden.name, hidden.n_units, n_dormant, n_dormant / max(hidden.n_units, 1)))
+    if replaced is None:
+        zero_outgoing_last_(done, optimizers)
     return results
 
 
@@ -353,6 +402,7 @@ def redo_recurrent_(
     tau: float = 0.025,
     optimizers: Iterable[Optional[th.optim.Optimizer]] = (),
     activity: Optional[Sequence[th.Tensor]] = None,
+    replaced: Optional[list[tuple[Union[HiddenLayer, RecurrentUnits], th.Tensor]]] = None,
 ) -> list[ReDoLayerResult]:
     """One ReDo step on the LSTM cells of a recurrent policy's network (:meth:`NetworkSpec.recurrent_units`):
     scores from :func:`recurrent_probe_activity`, dormant cells replaced by
@@ -361,7 +411,9 @@ def redo_recurrent_(
     bias absorption, as ReDo does for every layer). LSTMs whose cells cannot be replaced are skipped.
 
     :param activity: the cells' scores computed beforehand (:func:`recurrent_probe_activity` over the replaceable
-        cell layers, in order), so that a step scores every layer before any reset (:meth:`ReDo.recycle`)."""
+        cell layers, in order), so that a step scores every layer before any reset (:meth:`ReDo.recycle`).
+    :param replaced: as in :func:`redo_layers_`: collects ``(cells, cell indices)`` for the caller's final zeroing
+        pass; ``None``: this function makes it."""
     tau = _validate_tau(tau)
     cells = [u for u in spec.recurrent_units() if recurrent_units_problem(u) is None]
     if not cells:
@@ -370,12 +422,15 @@ def redo_recurrent_(
     if activity is None:
         activity = recurrent_probe_activity(model.policy, cells, observations)
     results = []
+    done: list[tuple[Union[HiddenLayer, RecurrentUnits], th.Tensor]] = [] if replaced is None else replaced
     for units, mean_abs in zip(cells, activity):
         dormant = _units_from_scores(scores_from_activity(mean_abs), tau, 1)
         n_dormant = int(dormant.sum())
         if n_dormant:
-            replace_cells_(units, dormant, optimizers, init, gain)
+            done.append((units, replace_cells_(units, dormant, optimizers, init, gain)))
         results.append(ReDoLayerResult(units.name, units.n_units, n_dormant, n_dormant / max(units.n_units, 1)))
+    if replaced is None:
+        zero_outgoing_last_(done, optimizers)
     return results
 
 
@@ -434,8 +489,7 @@ class ReDo(PlasticCallback):
     """ReDo, "Recycling Dormant neurons" (Sokar et al., 2023, "The Dormant Neuron Phenomenon in Deep
     Reinforcement Learning", ICML), as an SB3 callback for PPO, A2C, DQN, QR-DQN, SAC and TQC.
 
-    Every ``period`` gradient steps (SB3's ``model._n_updates``; PPO counts epochs, the off-policy
-    algorithms count gradient steps) the hidden layers of every online network are scored on a probe
+    Every ``period`` gradient steps the hidden layers of every online network are scored on a probe
     batch and the tau-dormant units are recycled (see :mod:`sb3_plastic.callbacks.redo` and
     :func:`redo_reset_`): fresh incoming weights from the initialiser the model used
     (:func:`model_layer_init`), zero bias, zero outgoing weights, restarted optimizer state (moments, Adam's step) of exactly
@@ -448,16 +502,27 @@ class ReDo(PlasticCallback):
       rollout end; the check and reset happen at the next rollout start (or at training end), i.e. after
       ``train()`` and before the next rollout is collected. A rollout is therefore always collected and
       trained on with one and the same network (its stored log-probabilities and values stay valid).
+    * Gradient steps are optimizer updates, counted as Continual Backprop counts them: a step hook on each
+      network's optimizer (:class:`~sb3_plastic.common.hooks.OutermostStepHooks`, installed at training start and
+      removed at training end) counts its outermost ``step()`` calls, and :attr:`gradient_steps` is the largest
+      count over the networks (SAC / TQC: one per gradient step, as the critic and the actor step once each;
+      TD3: the critic's). PPO / A2C therefore count minibatch updates (``n_epochs * n_minibatches`` per
+      ``train()``), not SB3's ``_n_updates`` (which PPO increments once per epoch). On PPO a check happens at the
+      first rollout boundary at which ``period`` updates have passed.
     * Target networks are **not** touched, as in the reference implementation: a DQN / QR-DQN target
       receives the recycled units at its next scheduled hard update, SAC / TQC targets through polyak
       averaging. Copying online -> target here would shorten the target's schedule.
 
     Logged (``plasticity/redo/...``; ``redo_<name>`` with a ``name``): ``<network>/<layer>/dormant_fraction``
     and ``<network>/<layer>/resets`` at each check, ``dormant_fraction``, ``resets``, ``total_resets``
-    and ``events``. Persistent (``self.state``; survives save -> load -> learn): ``last_step`` (gradient
-    step of the last check), ``events``, ``total_resets`` and ``layer_resets`` per layer.
+    and ``events``. Persistent (``self.state``; survives save -> load -> learn): ``optimizer_steps`` (the step
+    count per network, so a resumed run continues the period), ``last_step`` (gradient step of the last check),
+    ``events``, ``total_resets`` and ``layer_resets`` per layer.
 
-    :param period: gradient steps between two checks (> 0).
+    Warnings: at training start when no network has a hidden layer (or LSTM cell) to recycle (e.g.
+    ``net_arch=[]``); once when the on-policy probe is smaller than ``probe_size`` (the rollout has fewer rows).
+
+    :param period: gradient steps (optimizer updates; PPO / A2C: minibatch updates) between two checks (> 0).
     :param tau: dormancy threshold in (0, 1] (0.025: the paper's default; 0.1: aggressive).
     :param probe_size: number of probe samples (> 0).
     :param name: distinguishes two ReDo callbacks on one model.
@@ -479,6 +544,9 @@ class ReDo(PlasticCallback):
         self._init: LayerInit = default_layer_init
         self._on_policy = False
         self._stash: Optional[tuple[Any, Optional[th.Tensor]]] = None
+        self._step_hooks: list[OutermostStepHooks] = []
+        #: warnings already given by this callback (each once)
+        self._warned: set[str] = set()
 
     @property
     def log_prefix(self) -> str:
@@ -490,7 +558,10 @@ class ReDo(PlasticCallback):
 
     def _on_training_start(self) -> None:
         super()._on_training_start()
-        self.state.setdefault("last_step", self.gradient_steps)
+        self._attach_step_counters()
+        last = int(self.state.setdefault("last_step", self.gradient_steps))
+        if last > self.gradient_steps:  # a state saved before steps were counted here (SB3's _n_updates)
+            self.state["last_step"] = self.gradient_steps
         self.state.setdefault("events", 0)
         self.state.setdefault("total_resets", 0)
         self.state.setdefault("layer_resets", {})
@@ -499,6 +570,53 @@ class ReDo(PlasticCallback):
         enable_unit_restarts(opt for spec in self.networks for opt in spec.optimizers())
         self._on_policy = isinstance(self.model, OnPolicyAlgorithm)
         self._stash = None
+        n_units = sum(
+            len(spec.hidden_layers()) + sum(recurrent_units_problem(u) is None for u in spec.recurrent_units())
+            for spec in self.networks
+        )
+        if n_units == 0:
+            self._warn_once(
+                "layers",
+                f"ReDo found no hidden layer to recycle in {[spec.name for spec in self.networks]} (output heads are "
+                "never recycled; e.g. net_arch=[]): it will do nothing and log dormant_fraction 0",
+            )
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(message, stacklevel=3)
+
+    # ------------------------------------------------------------------ counting gradient steps
+    def _attach_step_counters(self) -> None:
+        """Count the outermost ``step()`` calls of every network's optimizer in ``state["optimizer_steps"]``."""
+        self._detach_step_counters()
+        counts = self.state.setdefault("optimizer_steps", {})
+        seen: set[int] = set()
+        for spec in self.networks:
+            if spec.optimizer is None or id(spec.optimizer) in seen:
+                continue
+            seen.add(id(spec.optimizer))
+            counts.setdefault(spec.name, 0)
+            self._step_hooks.append(OutermostStepHooks(spec.optimizer, after=self._counter(spec.name)))
+
+    def _counter(self, network: str) -> Callable[[th.optim.Optimizer], None]:
+        def count(optimizer: th.optim.Optimizer) -> None:
+            counts = self.state["optimizer_steps"]
+            counts[network] = int(counts.get(network, 0)) + 1
+
+        return count
+
+    def _detach_step_counters(self) -> None:
+        for hooks in self._step_hooks:
+            hooks.remove()
+        self._step_hooks = []
+
+    @property
+    def gradient_steps(self) -> int:
+        """Gradient steps done so far: the largest count of optimizer updates over the networks (see the class
+        docstring; PPO: minibatch updates). Kept in the persistent state, so it continues after save -> load."""
+        counts = self.state.get("optimizer_steps") or {}
+        return max((int(c) for c in counts.values()), default=0)
 
     @property
     def due(self) -> bool:
@@ -516,6 +634,15 @@ class ReDo(PlasticCallback):
     def _on_rollout_end(self) -> None:
         if self._on_policy:
             self._stash = self._rollout_probe()
+            buffer = getattr(self.model, "rollout_buffer", None)
+            if self._stash is not None and buffer is not None:
+                n_rows = (buffer.buffer_size if buffer.full else buffer.pos) * buffer.n_envs
+                if n_rows < self.probe_size:
+                    self._warn_once(
+                        "probe",
+                        f"ReDo probe_size={self.probe_size} but the rollout has only {n_rows} rows (n_steps * n_envs): "
+                        f"units are scored on a probe of {n_rows} observations",
+                    )
 
     def _on_rollout_start(self) -> None:
         if self._on_policy and self.due and self._stash is not None:
@@ -525,6 +652,7 @@ class ReDo(PlasticCallback):
         # after the last train() of this learn() call, also between rollouts (covers learn() called
         # repeatedly for one rollout at a time)
         self._on_rollout_start()
+        self._detach_step_counters()
 
     # ------------------------------------------------------------------ probes
     def _replay_probe(self) -> Optional[tuple[Any, Optional[th.Tensor]]]:
@@ -556,21 +684,25 @@ class ReDo(PlasticCallback):
     def recycle(self, observations: Any, actions: Optional[th.Tensor] = None) -> list[tuple[str, ReDoLayerResult]]:
         """Score every online network on ``observations`` (and ``actions`` for critics) and recycle its
         dormant units now; updates counters and logs. Returns ``(network, result)`` per layer."""
-        optimizers = [spec.optimizer for spec in self.networks]
+        optimizers = unique_optimizers(opt for spec in self.networks for opt in spec.optimizers())
         out: list[tuple[str, ReDoLayerResult]] = []
+        replaced: list[tuple[Union[HiddenLayer, RecurrentUnits], th.Tensor]] = []
         for spec in self.networks:
             forward = network_probe(self.model, spec, observations, actions)
             cell_activity = None
             if spec.recurrent:  # score the LSTM cells first: the extractor's resets below change the LSTM's input
                 cells = [u for u in spec.recurrent_units() if recurrent_units_problem(u) is None]
                 cell_activity = recurrent_probe_activity(self.model.policy, cells, observations) if cells else []
-            for result in redo_layers_(spec.hidden_layers(), forward, self.tau, optimizers, self._init):
+            for result in redo_layers_(spec.hidden_layers(), forward, self.tau, optimizers, self._init, replaced):
                 out.append((spec.name, result))
             if spec.recurrent:
                 out += [
                     (spec.name, r)
-                    for r in redo_recurrent_(self.model, spec, observations, self.tau, optimizers, cell_activity)
+                    for r in redo_recurrent_(self.model, spec, observations, self.tau, optimizers, cell_activity, replaced)
                 ]
+        # every network's units are recycled first, then their outgoing weights zeroed: a reader reset later (the
+        # critic's first layer reading a shared extractor, an LSTM reading the features) must not re-open them
+        zero_outgoing_last_(replaced, optimizers)
         layer_resets = self.state.setdefault("layer_resets", {})
         total_units = sum(r.n_units for _, r in out)
         total_dormant = sum(r.n_dormant for _, r in out)
@@ -599,7 +731,8 @@ class ReDo(PlasticCallback):
 class ReDoConfig:
     """ReDo settings as top-level keywords of the plastic algorithms (and rl_zoo3 / optuna).
 
-    :param redo_period: gradient steps between two ReDo checks; ``None`` switches ReDo off.
+    :param redo_period: gradient steps (optimizer updates, PPO: minibatch updates) between two ReDo checks; ``None``
+        switches ReDo off.
     :param redo_tau: dormancy threshold in (0, 1] (0.025 default, 0.1 aggressive).
     :param redo_probe_size: probe batch size.
     """

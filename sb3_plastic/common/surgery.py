@@ -21,7 +21,10 @@ right after a hidden layer's activation (CrossQ's ``Linear, ReLU, BatchRenorm, L
 layer itself (``Linear, BatchNorm, ReLU``) belong to that layer: feature ``j`` of the norm normalises unit
 ``j``'s output, so :attr:`HiddenLayer.norm` records it and the interventions reset its statistics together
 with the unit (:func:`sb3_plastic.common.unit_reset.reset_norm_features_`, :func:`reset_norm_`). A norm in
-front of the first layer (CrossQ normalises its input) belongs to no hidden layer and is never touched.
+front of the first layer (CrossQ normalises its input) belongs to no hidden layer and is never touched. Any
+normalisation right after a layer, NaP's ``nn.LayerNorm`` included, is also its :attr:`HiddenLayer.pre_norm`: the
+activation reads the norm's output, so the units' output is ``act(norm(layer(x)))``
+(:meth:`HiddenLayer.post_activation`, what ReDo scores, Continual Backprop records and the diagnostics read).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import torch as th
 from sb3_contrib.common.torch_layers import BatchRenorm
@@ -96,11 +99,27 @@ class HiddenLayer:
     #: whether ``norm`` reads the activation's output (CrossQ: the consumers then read the norm's output,
     #: not the activation's) or the layer's output (``Linear, BatchNorm, ReLU``)
     norm_after_activation: bool = True
+    #: the normalisation between the layer and its activation, whatever its kind (NaP's ``nn.LayerNorm`` /
+    #: ``ChannelLayerNorm``, the BatchNorm of ``Linear, BatchNorm, ReLU``): the activation reads its output, so
+    #: the unit's output is ``activation(pre_norm(layer(x)))`` (:meth:`post_activation`)
+    pre_norm: Optional[nn.Module] = None
 
     @property
     def group_size(self) -> int:
         """Features per unit: 2 under MaxMin (a sorted pair), else 1."""
         return 2 if isinstance(self.activation, MaxMin) else 1
+
+    def post_activation(self, out: th.Tensor) -> th.Tensor:
+        """The units' output computed from the layer's output ``out``: ``activation(pre_norm(out))`` (each part
+        only where present), the tensor ReDo scores (Sokar et al., 2023: "the activations of the neurons") and
+        the diagnostics read. A normalisation in training mode is applied without updating its running
+        statistics (the network's own forward already did). Errors of the modules propagate."""
+        h = out
+        if self.pre_norm is not None:
+            h = norm_forward(self.pre_norm, h)
+        if self.activation is not None:
+            h = self.activation(h)
+        return h
 
     @property
     def n_features(self) -> int:
@@ -136,6 +155,7 @@ class RecurrentUnits:
     activation: Optional[nn.Module] = None
     norm: Optional[nn.Module] = None
     norm_after_activation: bool = True
+    pre_norm: Optional[nn.Module] = None
 
     @property
     def group_size(self) -> int:
@@ -263,7 +283,7 @@ class NetworkSpec:
 
     def hidden_layers(self) -> list[HiddenLayer]:
         """Every non-head layer with its activation and consumers."""
-        parents = _activation_after(self.module)
+        parents, pre_norms = _activation_after(self.module)
         norms = _norm_after(self.module)
         head_ids = {id(h) for h in self.heads()}
         hidden: dict[int, HiddenLayer] = {}
@@ -274,7 +294,15 @@ class NetworkSpec:
                 norm, after_act = norms.get(id(layer), (None, True))
                 spec = hidden.setdefault(
                     id(layer),
-                    HiddenLayer(self.layer_names.get(id(layer), "?"), layer, parents.get(id(layer)), [], norm, after_act),
+                    HiddenLayer(
+                        self.layer_names.get(id(layer), "?"),
+                        layer,
+                        parents.get(id(layer)),
+                        [],
+                        norm,
+                        after_act,
+                        pre_norms.get(id(layer)),
+                    ),
                 )
                 if any(c.layer is nxt for c in spec.consumers):
                     continue
@@ -306,23 +334,40 @@ class NetworkSpec:
         return [p for group in self.optimizer.param_groups for p in group["params"]]
 
 
-def _activation_after(module: nn.Module) -> dict[int, nn.Module]:
-    """Map id(layer) -> the non-weight module right after it in its ``nn.Sequential`` parent (a
-    normalisation right after the layer, running-statistics norm or NaP's ``nn.LayerNorm``, is skipped: the
-    activation is the module after it)."""
+def _activation_after(module: nn.Module) -> tuple[dict[int, nn.Module], dict[int, nn.Module]]:
+    """``(activations, pre_norms)``: maps id(layer) -> the non-weight module right after it in its
+    ``nn.Sequential`` parent, and id(layer) -> the normalisation right after the layer (a running-statistics
+    norm or NaP's ``nn.LayerNorm``), which the activation then reads: the activation is the module after the
+    norm, and :meth:`HiddenLayer.post_activation` applies both."""
     found: dict[int, nn.Module] = {}
+    pre_norms: dict[int, nn.Module] = {}
     for parent in module.modules():
         if isinstance(parent, nn.Sequential):
-            children = list(parent.children())
+            children = list(parent)  # not children(): it lists a module shared by two places once
             for i, a in enumerate(children[:-1]):
                 if not isinstance(a, LAYER_TYPES):
                     continue
                 b = children[i + 1]
                 if isinstance(b, (*NORM_TYPES, nn.LayerNorm)):
+                    pre_norms[id(a)] = b
                     b = children[i + 2] if i + 2 < len(children) else None
-                if b is not None and not isinstance(b, (*LAYER_TYPES, *NORM_TYPES, nn.Flatten, nn.Identity)):
+                if b is not None and not isinstance(b, (*LAYER_TYPES, *NORM_TYPES, nn.LayerNorm, nn.Flatten, nn.Identity)):
                     found[id(a)] = b
-    return found
+    return found, pre_norms
+
+
+@th.no_grad()
+def norm_forward(norm: nn.Module, x: th.Tensor) -> th.Tensor:
+    """``norm(x)`` without side effects: a normalisation in training mode (BatchNorm, BatchRenorm) normalises
+    ``x`` with its batch statistics as in the network's forward, and its running statistics and counters are
+    restored afterwards (re-applying a norm to a recorded output must not count that batch twice)."""
+    buffers = list(norm.buffers()) if norm.training else []
+    saved = [b.clone() for b in buffers]
+    try:
+        return norm(x)
+    finally:
+        for b, value in zip(buffers, saved):
+            b.copy_(value)
 
 
 def _norm_after(module: nn.Module) -> dict[int, tuple[nn.Module, bool]]:
@@ -332,7 +377,7 @@ def _norm_after(module: nn.Module) -> dict[int, tuple[nn.Module, bool]]:
     for parent in module.modules():
         if not isinstance(parent, nn.Sequential):
             continue
-        children = list(parent.children())
+        children = list(parent)  # not children(): it lists a module shared by two places once
         for i, a in enumerate(children):
             if not isinstance(a, LAYER_TYPES):
                 continue
@@ -662,6 +707,15 @@ class PlasticStateStore:
     def __repr__(self) -> str:
         return f"PlasticStateStore({sorted(self.data)})"
 
+    def __getstate__(self) -> dict[str, Any]:
+        """What pickling writes (SB3's ``save``, of plastic and plain SB3 models alike): a copy of the state whose
+        tensors are on the CPU (:func:`plastic_state_to`), so a model trained on a GPU loads on a CPU-only machine
+        (SB3 would otherwise fail to unpickle the CUDA tensors there, warn, and drop the whole state, so that e.g.
+        FIRE fires again). The live state keeps its device; the callbacks move what they read to their
+        network's device when they bind to it, and the plastic algorithms' ``load`` maps the floating-point tensors
+        to the model's device."""
+        return {"data": plastic_state_to(self.data, "cpu")}
+
 
 def model_state(model: BaseAlgorithm, key: str) -> dict[str, Any]:
     """The dict ``model.plastic_state.data[key]``: saved and restored with the model by SB3's
@@ -674,3 +728,35 @@ def model_state(model: BaseAlgorithm, key: str) -> dict[str, Any]:
             store.data.update(old)
         model.__dict__["plastic_state"] = store
     return store.data.setdefault(key, {})
+
+
+def plastic_state_to(state: Any, device: Union[str, th.device], floating_only: bool = False) -> Any:
+    """A copy of an interventions' persistent state (a :class:`PlasticStateStore`, or
+    any nest of dicts, lists and tuples) with its tensors moved to ``device`` (detached; other values shared).
+
+    :param state: the state (not modified).
+    :param device: the target device.
+    :param floating_only: move only floating-point (and complex) tensors; integer and bool tensors, such as the
+        private generators' states (CPU byte tensors, which ``torch.Generator.set_state`` requires), stay where they
+        are. ``False`` (used for saving, to the CPU): every tensor.
+    """
+    device = th.device(device)
+
+    def move(obj: Any) -> Any:
+        if isinstance(obj, th.Tensor):
+            if floating_only and not (obj.is_floating_point() or obj.is_complex()):
+                return obj
+            return obj.detach().to(device)
+        if isinstance(obj, PlasticStateStore):
+            out = PlasticStateStore()
+            out.data = move(obj.data)
+            return out
+        if isinstance(obj, dict):
+            return {key: move(value) for key, value in obj.items()}
+        if isinstance(obj, list):
+            return [move(value) for value in obj]
+        if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
+            return tuple(move(value) for value in obj)
+        return obj
+
+    return move(state)

@@ -11,7 +11,10 @@ contribution into the readers' biases, ReDo does not. Everything else is the sam
   columns ``c*P .. c*P+P-1``; an LSTM reading a features extractor: the columns of its ``weight_ih_l0``), with the
   optional bias absorption ``b_next += W_out[:, j] * f_j`` before the columns are zeroed; a normalisation layer of
   the unit (CrossQ's BatchRenorm) gets that feature's initial state (:func:`reset_norm_features_`, and the
-  absorption reads the norm's output ``gain_j * f_j + shift_j``).
+  absorption reads the norm's output ``gain_j * f_j + shift_j``); a layer norm between the layer and its activation
+  (NaP's) gets the unit's scale 1 and offset 0 (:func:`unit_norms`). When several layers are replaced in one step,
+  :func:`zero_outgoing_last_` zeroes every replaced unit's outgoing weights again at the end (a consumer's fresh row
+  must not re-open them).
 * **LSTM cell** (:func:`replace_cells_`, on a :class:`~sb3_plastic.common.surgery.RecurrentUnits`): fresh gate rows
   ``j, H+j, 2H+j, 3H+j`` (:func:`fresh_gate_rows`), zero biases in those rows, zero column ``j`` of every reader,
   the optional absorption into the readers' biases (not ``bias_hh``); see :mod:`sb3_plastic.recurrent`.
@@ -237,9 +240,9 @@ def replace_units_(
 
     With ``mean_activation`` every consumer's bias first absorbs the features' mean contribution (Continual
     Backprop); the outgoing weights are zeroed, the incoming rows set to ``fresh_rows``, the bias entries to zero,
-    a normalisation layer's features reset (:func:`reset_norm_features_`), and the optimizer state of exactly those
-    rows / columns / entries restarted in every optimizer of ``optimizers`` holding the tensor
-    (:func:`reset_moments_`).
+    the features of the unit's normalisation layers reset (:func:`unit_norms`, :func:`reset_norm_features_`), and
+    the optimizer state of exactly those rows / columns / entries restarted in every optimizer of ``optimizers``
+    holding the tensor (:func:`reset_moments_`).
 
     :param hidden: the layer with its consumers.
     :param features: feature (row) indices (whole units: :func:`features_of`).
@@ -261,8 +264,43 @@ def replace_units_(
     if getattr(layer, "bias", None) is not None:
         layer.bias[features] = 0.0
         reset_moments_(optimizers, layer.bias, features, 0)
-    if hidden.norm is not None:  # the fresh unit starts with the norm's initial statistics
-        reset_norm_features_(hidden.norm, features, optimizers)
+    for norm in unit_norms(hidden):  # the fresh unit starts with its norms' initial statistics and affine
+        reset_norm_features_(norm, features, optimizers)
+
+
+def unit_norms(hidden: HiddenLayer) -> list[nn.Module]:
+    """The normalisation layers with per-unit state that a replaced unit of ``hidden`` gets reset: its
+    :attr:`~sb3_plastic.common.surgery.HiddenLayer.norm` (running statistics, scale, shift) and a layer norm
+    between the layer and its activation (:attr:`~sb3_plastic.common.surgery.HiddenLayer.pre_norm`, NaP's
+    ``nn.LayerNorm`` / ``ChannelLayerNorm``: its scale and offset of the unit's features, when they are indexed by
+    the layer's features). Each once."""
+    found: dict[int, nn.Module] = {}
+    if hidden.norm is not None:
+        found[id(hidden.norm)] = hidden.norm
+    pre = hidden.pre_norm
+    if isinstance(pre, nn.LayerNorm) and pre.weight is not None and pre.weight.shape[0] == hidden.n_features:
+        found.setdefault(id(pre), pre)
+    return list(found.values())
+
+
+@th.no_grad()
+def zero_outgoing_last_(
+    replaced: Iterable[tuple[Union[HiddenLayer, RecurrentUnits], th.Tensor]],
+    optimizers: Iterable[Optional[th.optim.Optimizer]] = (),
+) -> None:
+    """The last pass of a step that replaced units in several layers: zero the outgoing weights of every
+    replaced unit again (and restart their optimizer state, :func:`zero_outgoing_`). Layers are replaced one
+    after another, and a fresh incoming row of a consumer replaced after its producer would otherwise re-open a
+    replaced unit's outgoing columns; a new unit must start with zero outgoing weights (Dohare et al., 2024;
+    Sokar et al., 2023, whose reference draws all incoming weights before zeroing the outgoing ones).
+
+    :param replaced: ``(layer, feature indices)`` per replaced layer (LSTM cells: cell indices).
+    :param optimizers: optimizers whose state of the touched columns is restarted.
+    """
+    optimizers = unique_optimizers(optimizers)
+    for spec, features in replaced:
+        if features.numel():
+            zero_outgoing_(spec, features, optimizers)
 
 
 @th.no_grad()
@@ -321,11 +359,20 @@ def reset_norm_features_(
     counter is left alone (the other features keep their statistics). Used when hidden units are replaced
     (Continual Backprop, ReDo): a fresh unit must not be normalised with the statistics of the unit it replaces.
 
-    :param norm: a :data:`~sb3_plastic.common.surgery.NORM_TYPES` module.
+    A layer norm (``nn.LayerNorm``, NaP's ``ChannelLayerNorm``) has no running statistics: its scale and offset
+    entries of ``features`` (indexed along their first dimension) go back to 1 and 0.
+
+    :param norm: a :data:`~sb3_plastic.common.surgery.NORM_TYPES` module or an ``nn.LayerNorm``.
     :param features: feature indices (or a boolean mask).
     :param optimizers: optimizers whose state of the touched entries is restarted.
     """
-    mean, var, scale, shift, _ = _norm_tensors(norm)
+    if isinstance(norm, nn.LayerNorm):
+        mean = var = None
+        scale, shift = norm.weight, norm.bias
+        if scale is None and shift is None:  # elementwise_affine=False: nothing per unit
+            return
+    else:
+        mean, var, scale, shift, _ = _norm_tensors(norm)
     some = next(t for t in (mean, scale, shift) if t is not None)
     idx = th.as_tensor(features, device=some.device)
     idx = (idx.nonzero().flatten() if idx.dtype == th.bool else idx).long()
