@@ -37,10 +37,17 @@ def _train_step(net, opt, x, y, seed: int) -> None:
     opt.step()
 
 
-def _start(cb: ShrinkPerturb, model) -> None:
+def _start(cb: ShrinkPerturb, model) -> th.Generator:
+    """Start ``cb`` on ``model``; return a generator that draws the callback's noise stream (its private generator,
+    seeded from the model's seed: the global one is not used)."""
     cb.init_callback(model)
     cb.on_training_start({}, {})
     model.policy.set_training_mode(True)
+    return th.Generator().manual_seed(cb.state["rng"]["seed"])
+
+
+def _noise(p, gen):
+    return th.randn(p.shape, generator=gen, dtype=p.dtype)
 
 
 def test_coupled_default_equals_torch_adam_weight_decay_plus_noise_loop():
@@ -52,12 +59,12 @@ def test_coupled_default_equals_torch_adam_weight_decay_plus_noise_loop():
     ref_opt = th.optim.Adam(ref_net.parameters(), lr=group["lr"], betas=group["betas"], eps=group["eps"], weight_decay=WD)
     cb = ShrinkPerturb("continual", weight_decay=WD, noise_std=SIGMA)
     assert cb.weight_decay_mode == "coupled"
-    _start(cb, model)
+    gen = _start(cb, model)
     for k, (x, y) in enumerate(_batches(30)):
         _train_step(net, opt, x, y, seed=100 + k)
         _train_step(ref_net, ref_opt, x, y, seed=100 + k)
         for p in ref_net.parameters():
-            p.data.add_(th.randn_like(p), alpha=SIGMA)
+            p.data.add_(_noise(p, gen), alpha=SIGMA)
         for name, p in net.named_parameters():  # the gradient is what backward() and the clipping left
             assert th.equal(p.grad, dict(ref_net.named_parameters())[name].grad), name
     for (name, p), q in zip(net.named_parameters(), ref_net.parameters()):
@@ -76,12 +83,12 @@ def test_decoupled_option_is_the_old_shrink():
     group = opt.param_groups[0]
     ref_opt = th.optim.Adam(ref_net.parameters(), lr=group["lr"], betas=group["betas"], eps=group["eps"])
     cb = ShrinkPerturb("continual", weight_decay=WD, noise_std=SIGMA, weight_decay_mode="decoupled")
-    _start(cb, model)
+    gen = _start(cb, model)
     for k, (x, y) in enumerate(_batches(10)):
         _train_step(net, opt, x, y, seed=7 + k)
         _train_step(ref_net, ref_opt, x, y, seed=7 + k)
         for p in ref_net.parameters():
-            p.data.mul_(1 - group["lr"] * WD).add_(th.randn_like(p), alpha=SIGMA)
+            p.data.mul_(1 - group["lr"] * WD).add_(_noise(p, gen), alpha=SIGMA)
     for p, q in zip(net.parameters(), ref_net.parameters()):
         assert th.allclose(p, q, atol=1e-6, rtol=0)
 
@@ -129,7 +136,7 @@ def test_coupled_with_adamo_reaches_its_moments_once():
     net, opt = model.q_net, model.policy.optimizer
     ref_net, ref_opt = copy.deepcopy((net, opt))  # before the hooks are installed
     cb = ShrinkPerturb("continual", weight_decay=WD, noise_std=SIGMA)
-    _start(cb, model)
+    gen = _start(cb, model)
     for k, (x, y) in enumerate(_batches(10)):
         _train_step(net, opt, x, y, seed=3 + k)
         ref_opt.zero_grad()
@@ -140,7 +147,7 @@ def test_coupled_with_adamo_reaches_its_moments_once():
         th.manual_seed(3 + k)
         ref_opt.step()
         for p in (p for group in ref_opt.param_groups for p in group["params"]):  # noise drawn in group order
-            p.data.add_(th.randn_like(p), alpha=SIGMA)
+            p.data.add_(_noise(p, gen), alpha=SIGMA)
     for p, q in zip(net.parameters(), ref_net.parameters()):
         assert th.allclose(p, q, atol=1e-6, rtol=0)
     assert cb.state["noise_steps"] == 10

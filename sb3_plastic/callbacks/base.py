@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Optional
 
 import numpy as np
@@ -26,6 +27,56 @@ def preserved_numpy_rng() -> Iterator[None]:
         yield
     finally:
         np.random.set_state(state)
+
+
+def warn_ignored_options(options: Mapping[str, tuple[Any, Any]], reason: str, stacklevel: int = 3) -> list[str]:
+    """Warn that options set away from their default cannot act (an option that cannot act says so).
+
+    :param options: ``keyword -> (value, default)``; those whose value differs from the default are named.
+    :param reason: why they cannot act, e.g. ``"shrink_perturb is None (off)"``.
+    :param stacklevel: passed to ``warnings.warn``.
+    :return: the ``"keyword=value"`` texts warned about (empty: no warning).
+    """
+    changed = [f"{name}={value!r}" for name, (value, default) in options.items() if not _same(value, default)]
+    if changed:
+        verb = "is" if len(changed) == 1 else "are"
+        warnings.warn(f"{', '.join(changed)} {verb} ignored: {reason}", stacklevel=stacklevel)
+    return changed
+
+
+def _same(value: Any, default: Any) -> bool:
+    try:
+        return value is default or bool(value == default)
+    except (TypeError, ValueError, RuntimeError):  # e.g. an array: not a default value
+        return False
+
+
+def changed_fields(config: Any, names: Sequence[str]) -> dict[str, tuple[Any, Any]]:
+    """``name -> (value, default)`` of the dataclass fields ``names`` of ``config`` (for :func:`warn_ignored_options`)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(config)}
+    return {name: (getattr(config, name), defaults[name]) for name in names}
+
+
+def warn_unreachable(option: str, due: int, start: int, end: int, due_text: str, action: str, stacklevel: int = 3) -> bool:
+    """Warn when a trigger set for this ``learn()`` call is due after its end, so it cannot act in it (shared by
+    :class:`~sb3_plastic.callbacks.FIRE` and :class:`~sb3_plastic.callbacks.ShrinkPerturb`).
+
+    :param option: the user-facing option, e.g. ``"FIRE every=1000 (fire_every)"``.
+    :param due: the ``num_timesteps`` at which the trigger is next due.
+    :param start: ``num_timesteps`` at the start of the call.
+    :param end: the expected ``num_timesteps`` at its end (:func:`~sb3_plastic.callbacks.schedule.expected_end_timesteps`).
+    :param due_text: how the due point is described, e.g. ``"the next multiple of 1000 is 1000"``.
+    :param action: what the option would do (``"fire"``).
+    :return: whether it warned.
+    """
+    if due <= end:
+        return False
+    warnings.warn(
+        f"{option} is longer than this call: this learn() call runs num_timesteps {start} -> {end} and {due_text}, "
+        f"so it does not {action} in this call",
+        stacklevel=stacklevel,
+    )
+    return True
 
 
 def iter_callbacks(callback: Any) -> Iterator[BaseCallback]:

@@ -100,7 +100,7 @@ import torch as th
 from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from torch import nn
 
-from sb3_plastic.callbacks.base import PlasticCallback, TaskChangeWatch
+from sb3_plastic.callbacks.base import PlasticCallback, TaskChangeWatch, changed_fields, warn_ignored_options, warn_unreachable
 from sb3_plastic.callbacks.redo import layer_init_scheme
 from sb3_plastic.callbacks.schedule import expected_end_timesteps
 from sb3_plastic.common.surgery import norms_fed_by, reset_norm_, sync_target
@@ -418,7 +418,10 @@ class FIRE(PlasticCallback):
       fire does not fire again, a model saved before it fires at ``T``. Each ``learn()`` call with
       ``reset_num_timesteps=True`` is a new run and fires at its own midpoint. (A FIRE first attached in a
       continuation call plans its point from that call; to fire once in every call of a continual loop
-      use ``on_task_change``, ``every``, or a different ``name`` per call.)
+      use ``on_task_change``, ``every``, or a different ``name`` per call.) So with ``learn()`` in chunks
+      (``learn(N)`` then ``learn(N, reset_num_timesteps=False)`` ...) ``at=0.5`` fires in the middle of the
+      *first* chunk, not of the whole sequence of chunks: pass the whole budget to the first call, or use an int
+      ``at``. With ``verbose >= 1`` the planned point is printed when it is fixed.
     * ``at`` int >= 1: at the first step with ``num_timesteps >= at``, once per run (a point already
       passed when a run's plan is made does not fire).
     * ``every`` N: whenever ``num_timesteps`` passes a multiple of N (``N, 2N, ...`` on SB3's
@@ -550,6 +553,14 @@ class FIRE(PlasticCallback):
                 # when reset_num_timesteps=False)
                 span = int(self.model._total_timesteps) - now
                 s["at_point"] = now + max(1, round(float(self.at) * span))
+            if self.verbose >= 1 and s["at_point"] is not None and not s["at_done"]:
+                meaning = (
+                    f"a fraction of the run that starts at num_timesteps {now} and ends at {int(self.model._total_timesteps)} "
+                    "(this learn() call's total_timesteps); with learn() in chunks it falls inside the first chunk"
+                    if not _is_int(self.at)
+                    else "an absolute num_timesteps"
+                )
+                print(f"FIRE at={self.at!r} planned at num_timesteps {s['at_point']} ({meaning})")
         if new_run or s["every_spec"] != self.every:
             s["every_spec"] = self.every
             s["every_done"] = now // self.every if self.every else 0
@@ -585,11 +596,10 @@ class FIRE(PlasticCallback):
                 f"(use a float in (0, 1) for a fraction of the call), so it does not fire in this run",
                 stacklevel=2,
             )
-        if self.every and end // self.every <= s["every_done"]:
-            warnings.warn(
-                f"FIRE every={self.every} (fire_every) is longer than this call: {span} and the next multiple of "
-                f"{self.every} is {(s['every_done'] + 1) * self.every}, so it does not fire in this call",
-                stacklevel=2,
+        if self.every:
+            due = (s["every_done"] + 1) * self.every
+            warn_unreachable(
+                f"FIRE every={self.every} (fire_every)", due, start, end, f"the next multiple of {self.every} is {due}", "fire"
             )
 
     # -- triggers ----------------------------------------------------------------------------------------
@@ -716,7 +726,8 @@ class FIREConfig:
     yaml / optuna samplers). FIRE (ICLR 2026, arXiv 2602.08040); see :class:`FIRE` for the semantics.
 
     :param fire_at: float in (0, 1): fraction of the training run started by ``learn()`` (fires once per run,
-        kept across save -> load -> ``learn(reset_num_timesteps=False)``); int >= 1: an absolute
+        kept across save -> load -> ``learn(reset_num_timesteps=False)``; the fraction is of the first call's
+        ``total_timesteps``, so with ``learn()`` in chunks it fires inside the first chunk); int >= 1: an absolute
         ``num_timesteps`` (warns when it is already passed or after the end of the ``learn()`` call); ``None``: off.
     :param fire_every: fire every N env steps (multiples of N on ``num_timesteps``; warns when no multiple falls
         inside the ``learn()`` call); ``None``: off.
@@ -728,6 +739,9 @@ class FIREConfig:
         default) or ``"hidden"`` (output heads untouched).
     :param fire_head_scale: ``"init"`` (default: rewritten heads keep their initialisation's scale) or
         ``"reference"`` (heads scaled ``sqrt(out / in)`` like hidden layers, as the reference code).
+
+    ``fire_iterations`` / ``fire_layers`` / ``fire_head_scale`` set away from their defaults without a trigger warn
+    (``UserWarning``): FIRE is off and they cannot act.
     """
 
     fire_at: Optional[Union[float, int]] = None
@@ -748,6 +762,12 @@ class FIREConfig:
         _check_iterations("fire_iterations", self.fire_iterations)
         _check_layers("fire_layers", self.fire_layers)
         _check_head_scale("fire_head_scale", self.fire_head_scale)
+        if not self.enabled:
+            warn_ignored_options(
+                changed_fields(self, ("fire_iterations", "fire_layers", "fire_head_scale")),
+                "no FIRE trigger is set (fire_at, fire_every, fire_on_task_change), so FIRE is off",
+                stacklevel=4,
+            )
 
     @property
     def enabled(self) -> bool:

@@ -38,6 +38,7 @@ algorithm's ``learning_rate`` (constant in SB3's defaults), which NaP turns into
 from __future__ import annotations
 
 import itertools
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
@@ -48,7 +49,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from sb3_plastic.activations import MaxMin
-from sb3_plastic.callbacks.base import PlasticCallback
+from sb3_plastic.callbacks.base import PlasticCallback, changed_fields, warn_ignored_options
 from sb3_plastic.common.hooks import OutermostStepHooks
 
 #: Layer selections of the projection.
@@ -93,14 +94,21 @@ def insert_layer_norms_(module: nn.Module) -> list[tuple[nn.Module, nn.Module]]:
     every ``nn.Sequential`` inside ``module`` (in place; existing layers keep their Parameter objects). Layers already
     followed by a layer norm are left as they are (the call is idempotent).
 
+    Only the activation modules of :data:`NONLINEARITIES` count: a layer followed by another activation module of
+    ``torch.nn`` (``SELU``, ``PReLU``, ``Hardswish``, ...: a user's ``activation_fn``) gets no norm, and a
+    ``UserWarning`` names those activations (a custom activation class outside ``torch.nn`` is not recognised).
+
     :return: ``(layer, norm)`` for every inserted norm.
     """
     inserted: list[tuple[nn.Module, nn.Module]] = []
+    unknown: dict[str, None] = {}
     for seq in list(_sequentials(module)):
         children = list(seq)
         index = 0
         while index < len(children) - 1:
             layer, nxt = children[index], children[index + 1]
+            if isinstance(layer, (nn.Linear, nn.Conv2d)) and _unknown_activation(nxt):
+                unknown[type(nxt).__name__] = None
             if isinstance(layer, (nn.Linear, nn.Conv2d)) and isinstance(nxt, NONLINEARITIES):
                 if isinstance(layer, nn.Linear):
                     norm: nn.Module = nn.LayerNorm(layer.out_features)
@@ -112,7 +120,22 @@ def insert_layer_norms_(module: nn.Module) -> list[tuple[nn.Module, nn.Module]]:
                 inserted.append((layer, norm))
                 index += 1
             index += 1
+    if unknown:
+        warnings.warn(
+            f"Normalize-and-Project: no layer norm inserted before {sorted(unknown)}: only activations in "
+            f"sb3_plastic.callbacks.nap.NONLINEARITIES ({[t.__name__ for t in NONLINEARITIES]}) get one; add the class "
+            "to NONLINEARITIES to normalise before it",
+            stacklevel=2,
+        )
     return inserted
+
+
+def _unknown_activation(module: nn.Module) -> bool:
+    """Whether ``module`` is an activation module of ``torch.nn`` that is not in :data:`NONLINEARITIES`."""
+    return (
+        type(module).__module__ == "torch.nn.modules.activation"
+        and not isinstance(module, (*NONLINEARITIES, nn.MultiheadAttention))
+    )
 
 
 def normalized_layers(module: nn.Module) -> list[nn.Module]:
@@ -300,6 +323,8 @@ class NaPConfig:
         if not isinstance(self.nap, bool):
             raise ValueError(f"nap must be True or False, got {self.nap!r}")
         _check_project("nap_project", self.nap_project)
+        if not self.nap:
+            warn_ignored_options(changed_fields(self, ("nap_project",)), "nap=False (NaP is off); set nap=True", 4)
 
     @property
     def enabled(self) -> bool:

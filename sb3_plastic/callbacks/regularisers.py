@@ -47,7 +47,7 @@ import torch as th
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from sb3_plastic.callbacks.base import PlasticCallback
+from sb3_plastic.callbacks.base import PlasticCallback, changed_fields, warn_ignored_options
 from sb3_plastic.common.hooks import add_to_grad_hook
 
 #: Layer selections of :class:`SpectralRegularisation`.
@@ -182,6 +182,8 @@ class L2Init(GradientPenalty):
             return
         for key, param in current.items():
             saved = theta0.get(key)
+            if saved is not None and saved.device != param.device:  # saved on another device: move it once
+                saved = theta0[key] = saved.to(param.device)
             if saved is None or tuple(saved.shape) != tuple(param.shape):
                 raise ValueError(
                     f"L2Init: the saved initial parameters have no entry of shape {tuple(param.shape)} for {key!r} "
@@ -196,7 +198,8 @@ class L2Init(GradientPenalty):
         return l2_init_grad(param, self.state["theta0"][key], self.coef)
 
     def _add_penalty_grad(self, key: str, param: th.Tensor, grad: th.Tensor) -> None:
-        grad.add_(param.detach() - self.state["theta0"][key], alpha=2.0 * self.coef)  # = l2_init_grad, in place
+        theta0 = self.state["theta0"][key].to(param.device)  # no copy when theta_0 is already there (_prepare)
+        grad.add_(param.detach() - theta0, alpha=2.0 * self.coef)  # = l2_init_grad, in place
 
     def distance(self) -> float:
         """``||theta - theta_0||_2`` over every regularised parameter."""
@@ -415,6 +418,10 @@ class SpectralRegularisation(GradientPenalty):
             if block.key not in us or us[block.key].shape[0] != rows:
                 us[block.key] = _normalise(first).to(block.weight.device, block.weight.dtype)
                 vs.pop(block.key, None)
+            else:  # a state saved on another device: the vectors follow the weights
+                us[block.key] = us[block.key].to(block.weight.device)
+                if block.key in vs:
+                    vs[block.key] = vs[block.key].to(block.weight.device)
             for param in (block.weight, block.bias):
                 if param is not None and id(param) in names:
                     self._blocks.setdefault(names[id(param)], []).append(block)
@@ -498,6 +505,8 @@ class SpectralRegularisationConfig:
     :param spectral_include_bias: regularise each layer's ``[W | b]`` (True) or its weight alone.
     :param spectral_layers: ``"all"`` (every layer, heads included) or ``"hidden"``.
     :param spectral_power_iterations: power iterations per update (>= 1; the vectors persist across updates).
+
+    The other fields set away from their defaults while ``spectral_coef`` is 0 warn (``UserWarning``: they cannot act).
     """
 
     spectral_coef: float = 0.0
@@ -519,6 +528,12 @@ class SpectralRegularisationConfig:
             self.spectral_power_iterations,
             _CONFIG_NAMES,
         )
+        if not self.enabled:
+            warn_ignored_options(
+                changed_fields(self, tuple(_CONFIG_NAMES.values())),
+                "spectral_coef is 0 (spectral regularisation is off); set spectral_coef > 0",
+                stacklevel=4,
+            )
 
     @property
     def enabled(self) -> bool:

@@ -28,10 +28,13 @@ norm's own running averages.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Iterable, Sequence
+import warnings
+import zlib
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import numpy as np
 import torch as th
@@ -39,8 +42,9 @@ from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from sb3_plastic.callbacks.base import PlasticCallback, TaskChangeWatch
+from sb3_plastic.callbacks.base import PlasticCallback, TaskChangeWatch, warn_ignored_options, warn_unreachable
 from sb3_plastic.callbacks.redo import LayerInit, default_layer_init, model_layer_init
+from sb3_plastic.callbacks.schedule import expected_end_timesteps
 from sb3_plastic.common.hooks import OutermostStepHooks
 from sb3_plastic.common.surgery import find_networks, norms_fed_by, reset_norm_, sync_target
 from sb3_plastic.optim import reset_optimizer_state
@@ -159,10 +163,18 @@ def add_l2_gradient_(params: Sequence[th.Tensor], weight_decay: float) -> None:
 
 
 @th.no_grad()
-def continual_shrink_perturb_(params: Sequence[th.Tensor], lr: float, weight_decay: float, noise_std: float) -> None:
+def continual_shrink_perturb_(
+    params: Sequence[th.Tensor],
+    lr: float,
+    weight_decay: float,
+    noise_std: float,
+    generator: Optional[th.Generator] = None,
+) -> None:
     """The after-step part of the continual shrink & perturb, in place, on each tensor in order:
 
-        theta <- (1 - lr * weight_decay) * theta + noise_std * eps,   eps ~ N(0, I).
+        theta <- (1 - lr * weight_decay) * theta + noise_std * eps,   eps ~ N(0, I),
+
+    ``eps`` drawn from ``generator`` (on the tensors' device), or from torch's global generator when it is ``None``.
 
     With ``weight_decay > 0`` this is the decoupled form (``weight_decay_mode="decoupled"``, AdamW-style): for
     plain SGD it equals the L2 penalty of Dohare et al.'s SGD experiments, with Adam it bypasses the moments.
@@ -174,7 +186,11 @@ def continual_shrink_perturb_(params: Sequence[th.Tensor], lr: float, weight_dec
         if factor != 1.0:
             p.mul_(factor)
         if noise_std > 0:
-            p.add_(th.randn_like(p), alpha=float(noise_std))
+            if generator is None:
+                eps = th.randn_like(p)
+            else:
+                eps = th.randn(p.shape, generator=generator, device=p.device, dtype=p.dtype)
+            p.add_(eps, alpha=float(noise_std))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -204,10 +220,18 @@ def _check_settings(
     weight_decay: Any,
     weight_decay_mode: Any,
     names: dict[str, str],
+    allow_off: bool = False,
 ) -> None:
-    """Validate shrink & perturb settings; ``names`` maps each argument to the keyword the user typed."""
+    """Validate shrink & perturb settings; ``names`` maps each argument to the keyword the user typed.
+
+    ``mode=None`` (off) is allowed only with ``allow_off`` (the config); settings that cannot act warn: any setting
+    away from its default while the mode is off, the other form's settings, and a continual form with
+    ``noise_std == weight_decay == 0``.
+    """
+    if mode is None and not allow_off:
+        raise ValueError(f"Unknown {names['mode']} None; allowed: {list(MODES)}")
     if mode is not None and mode not in MODES:
-        raise ValueError(f"Unknown {names['mode']} {mode!r}; allowed: {list(MODES)}")
+        raise ValueError(f"Unknown {names['mode']} {mode!r}; allowed: {list(MODES)}" + (" or None" if allow_off else ""))
     if weight_decay_mode not in WEIGHT_DECAY_MODES:
         raise ValueError(f"Unknown {names['weight_decay_mode']} {weight_decay_mode!r}; allowed: {list(WEIGHT_DECAY_MODES)}")
     _check_fraction(names["shrink"], shrink)
@@ -227,6 +251,35 @@ def _check_settings(
             f"{names['every']} and {names['on_task_change']} only apply to {names['mode']}='event'; the continual "
             "form acts after every optimizer step"
         )
+    values = {
+        "shrink": (shrink, DEFAULT_SHRINK),
+        "perturb": (perturb, DEFAULT_PERTURB),
+        "every": (every, None),
+        "on_task_change": (on_task_change, False),
+        "noise_std": (noise_std, DEFAULT_NOISE_STD),
+        "weight_decay": (weight_decay, DEFAULT_WEIGHT_DECAY),
+        "weight_decay_mode": (weight_decay_mode, "coupled"),
+    }
+
+    def options(keys: Sequence[str]) -> dict[str, tuple[Any, Any]]:
+        return {names[k]: values[k] for k in keys}
+
+    if mode is None:
+        warn_ignored_options(
+            options(list(values)), f"{names['mode']} is None (off); set {names['mode']}='event' or 'continual'", 4
+        )
+    elif mode == "event":
+        warn_ignored_options(
+            options(["noise_std", "weight_decay", "weight_decay_mode"]), f"they only apply to {names['mode']}='continual'", 4
+        )
+    else:
+        warn_ignored_options(options(["shrink", "perturb"]), f"they only apply to {names['mode']}='event'", 4)
+        if float(noise_std) == 0 and float(weight_decay) == 0:
+            warnings.warn(
+                f"{names['mode']}='continual' with {names['noise_std']}=0 and {names['weight_decay']}=0 changes nothing: "
+                "no decay and no noise; set one of them > 0",
+                stacklevel=4,
+            )
 
 
 _CALLBACK_NAMES = {
@@ -244,6 +297,14 @@ _CONFIG_NAMES = {
 }
 
 
+def shrink_perturb_seed(model_seed: Optional[int], key: str) -> int:
+    """The seed of a :class:`ShrinkPerturb` callback's private generator: derived (``numpy.random.SeedSequence``)
+    from the model's ``seed`` (``torch.initial_seed()`` when the model has none) and the callback's state key, so it
+    differs from the stream SB3 seeds torch with and between two callbacks on one model."""
+    base = int(th.initial_seed() if model_seed is None else model_seed) % 2**63
+    return int(np.random.SeedSequence([base, zlib.crc32(key.encode())]).generate_state(1)[0])
+
+
 # ---------------------------------------------------------------------------------------------------
 # The callback
 # ---------------------------------------------------------------------------------------------------
@@ -259,7 +320,11 @@ class ShrinkPerturb(PlasticCallback):
     a whole target period. Events: every ``every`` env steps and/or when ``info["task_id"]`` changes
     (``on_task_change``). Off-policy algorithms apply an event at once (in ``_on_step``, between env
     steps, never inside ``train()``); on-policy algorithms apply it at the next rollout start, after the
-    current rollout has been trained on with the network that collected it.
+    current rollout has been trained on with the network that collected it (an event still pending when
+    ``learn()`` ends is applied at training end, also between rollouts, as FIRE does). ``every`` counts env steps
+    since the last event; a new run (``learn()`` starting at ``num_timesteps == 0``: ``reset_num_timesteps=True`` or
+    a fresh model) restarts that count and drops a pending event, a resumed run (``reset_num_timesteps=False``)
+    continues it. An ``every`` that cannot be reached within a ``learn()`` call warns at its start (as FIRE's).
 
     ``mode="continual"`` (Dohare et al., 2024, "Loss of plasticity in deep continual learning", Nature), as
     their code runs it, on the weight and bias of every Linear / Conv2d layer (and recurrent layer) a network
@@ -283,9 +348,21 @@ class ShrinkPerturb(PlasticCallback):
     follow by their own schedule. Nothing besides the counters is stateful: save -> load carries the settings
     (as keywords of the plastic algorithms) and ``noise_steps``.
 
+    Randomness: ``theta_fresh`` and the continual noise are drawn from the callback's private generators (one
+    ``torch.Generator`` per device), seeded by :func:`shrink_perturb_seed` from the model's ``seed`` (SB3's
+    ``seed=``; ``torch.initial_seed()`` without one) and the callback's state key, never from torch's global
+    generator: the run's action sampling and every other draw stay those of the same-seed run without Shrink &
+    Perturb (spectral regularisation does the same for its power-iteration vectors). The fresh initialisers
+    (:func:`~sb3_plastic.callbacks.redo.model_layer_init`, :func:`~sb3_plastic.recurrent.fresh_recurrent_parameters`)
+    draw with ``torch.nn.init``, i.e. the global generator, so an event runs them inside ``torch.random.fork_rng``
+    (the CPU and, for a CUDA model, its device) with the global state set from the private generator and read back
+    after: the global state is unchanged afterwards. The generators' states are kept in ``self.state["rng"]``
+    (saved with the model), so a resumed run continues the same stream; a state saved on another device type (a CUDA
+    generator's state on a CPU model) cannot be used there and that device's generator restarts from the seed.
+
     Logged: ``plasticity/shrink_perturb/events`` (event mode), ``plasticity/shrink_perturb/noise_steps``
     (continual mode). Persistent (``self.state``): ``events``, ``pending``, ``steps_since_event``,
-    ``task_ids``, ``noise_steps``.
+    ``task_ids``, ``noise_steps``, ``rng`` (``seed`` and the generators' ``states`` per device).
 
     :param mode: ``"event"`` or ``"continual"``.
     :param shrink: ``lambda`` in (0, 1] (event mode; Ash & Adams: 0.4).
@@ -331,6 +408,7 @@ class ShrinkPerturb(PlasticCallback):
         self._on_policy = False
         self._last_timesteps = 0
         self._handles: list[RemovableHandle] = []
+        self._generators: dict[str, th.Generator] = {}
         option = "ShrinkPerturb on_task_change=True (shrink_perturb_on_task_change)"
         self._task_watch = TaskChangeWatch(option, "shrink and perturb")
 
@@ -353,6 +431,14 @@ class ShrinkPerturb(PlasticCallback):
             ("noise_steps", 0),
         ):
             self.state.setdefault(key, value)
+        if not isinstance(self.state.get("rng"), dict):
+            seed = shrink_perturb_seed(getattr(self.model, "seed", None), self.state_key)
+            self.state["rng"] = {"seed": seed, "states": {}}
+        self._generators = {}  # rebuilt from self.state["rng"] (a loaded model brings its own)
+        if int(self.model.num_timesteps) == 0:
+            # a new run (reset_num_timesteps=True or a fresh model): nothing of the last run's count is carried over
+            self.state["steps_since_event"] = 0
+            self.state["pending"] = False
         self._init = model_layer_init(self.model)
         self._on_policy = isinstance(self.model, OnPolicyAlgorithm)
         self._last_timesteps = self.model.num_timesteps
@@ -360,9 +446,22 @@ class ShrinkPerturb(PlasticCallback):
         self._remove_hooks()
         if self.mode == "continual":
             self._install_hooks()
+        elif self.every is not None:
+            start = int(self.model.num_timesteps)
+            due = start + self.every - int(self.state["steps_since_event"])
+            warn_unreachable(
+                f"ShrinkPerturb every={self.every} (shrink_perturb_every)",
+                due,
+                start,
+                expected_end_timesteps(self.model),
+                f"the next event is due at num_timesteps {due}",
+                "shrink and perturb",
+            )
 
     def _on_training_end(self) -> None:
         self._remove_hooks()
+        if self.mode == "event" and self._on_policy and self.state.get("pending"):
+            self.apply()  # due at the last step: between rollouts, as FIRE's pending fire
 
     def _on_rollout_end(self) -> None:
         if self.mode == "event" and self.on_task_change:
@@ -370,6 +469,49 @@ class ShrinkPerturb(PlasticCallback):
             self._task_watch.warn_if_blind(steps)
         if self.mode == "continual":
             self.record(f"{self.log_prefix}/noise_steps", self.state["noise_steps"])
+
+    # ------------------------------------------------------------------ private random numbers
+    def generator(self, device: Union[str, th.device]) -> th.Generator:
+        """The private generator of ``device`` (see the class docstring), restored from ``self.state["rng"]``."""
+        device = th.device(device)
+        key = str(device)
+        gen = self._generators.get(key)
+        if gen is None:
+            rng = self.state.get("rng")
+            if not isinstance(rng, dict):
+                rng = self.state["rng"] = {"seed": shrink_perturb_seed(getattr(self.model, "seed", None), self.state_key)}
+            gen = th.Generator(device=device)
+            saved = rng.setdefault("states", {}).get(key)
+            try:
+                if saved is None:
+                    raise ValueError
+                gen.set_state(saved.cpu())
+            except (ValueError, RuntimeError, TypeError):
+                gen.manual_seed(int(rng["seed"]))
+            self._generators[key] = gen
+        return gen
+
+    def _store_generator(self, device: th.device) -> None:
+        self.state["rng"]["states"][str(device)] = self._generators[str(device)].get_state()
+
+    @contextlib.contextmanager
+    def _private_global_rng(self, device: th.device) -> Iterator[None]:
+        """Run the block with torch's global generators (CPU, and ``device`` if it is a CUDA device) set from the
+        private ones, whose states advance by what the block drew; the global states are restored afterwards."""
+        cpu = th.device("cpu")
+        cuda = device if device.type == "cuda" else None
+        if cuda is not None and cuda.index is None:
+            cuda = th.device("cuda", th.cuda.current_device())
+        with th.random.fork_rng(devices=[] if cuda is None else [cuda.index]):
+            th.random.set_rng_state(self.generator(cpu).get_state())
+            if cuda is not None:
+                th.cuda.set_rng_state(self.generator(cuda).get_state(), cuda)
+            yield
+            self.generator(cpu).set_state(th.random.get_rng_state())
+            self._store_generator(cpu)
+            if cuda is not None:
+                self.generator(cuda).set_state(th.cuda.get_rng_state(cuda))
+                self._store_generator(cuda)
 
     # ------------------------------------------------------------------ continual form
     def _install_hooks(self) -> None:
@@ -411,7 +553,10 @@ class ShrinkPerturb(PlasticCallback):
             for group in optimizer.param_groups:
                 params = [p for p in group["params"] if id(p) in ids]
                 if params:
-                    continual_shrink_perturb_(params, group["lr"], decay, self.noise_std)
+                    gen = self.generator(params[0].device) if self.noise_std > 0 else None
+                    continual_shrink_perturb_(params, group["lr"], decay, self.noise_std, gen)
+                    if gen is not None:
+                        self._store_generator(params[0].device)
             self.state["noise_steps"] = int(self.state.get("noise_steps", 0)) + 1
 
         return before, after
@@ -451,13 +596,15 @@ class ShrinkPerturb(PlasticCallback):
         cleared; targets re-synced). Returns the touched parameters."""
         networks = self.networks or find_networks(self.model)
         layers = list({id(m): m for spec in networks for m in spec.weight_layers()}.values())
-        touched = shrink_perturb_(layers, self.shrink, self.perturb, self._init, [spec.optimizer for spec in networks])
         recurrent = [m for spec in networks for m in spec.recurrent]
-        if recurrent:
-            init, gain = recurrent_init_scheme(self.model)
-            touched += shrink_perturb_recurrent_(
-                recurrent, self.shrink, self.perturb, init, gain, [spec.optimizer for spec in networks]
-            )
+        device = next((m.weight.device for m in layers), None) or th.device(self.model.device)
+        with self._private_global_rng(device):  # theta_fresh from the private stream, the global one untouched
+            touched = shrink_perturb_(layers, self.shrink, self.perturb, self._init, [spec.optimizer for spec in networks])
+            if recurrent:
+                init, gain = recurrent_init_scheme(self.model)
+                touched += shrink_perturb_recurrent_(
+                    recurrent, self.shrink, self.perturb, init, gain, [spec.optimizer for spec in networks]
+                )
         for spec in networks:
             for norm in norms_fed_by(spec, layers):
                 reset_norm_(norm)  # CrossQ's BatchRenorm: statistics of the old weights no longer apply
@@ -486,8 +633,10 @@ class ShrinkPerturbConfig:
         the optimizer sees, as torch Adam's ``weight_decay``) or ``"decoupled"`` (``theta *= 1 - lr * wd`` after each
         step).
 
-    The event-form fields are ignored when the mode is ``None``; with ``"event"`` at least one trigger is
-    required, with ``"continual"`` none may be set.
+    Fields set away from their defaults while the mode is ``None`` warn (``UserWarning``: they cannot act), as do
+    the other form's fields (``perturb_noise_std`` / ``shrink_weight_decay*`` with ``"event"``, ``shrink_factor`` /
+    ``perturb_scale`` with ``"continual"``) and a continual form with no noise and no decay; with ``"event"`` at least
+    one trigger is required, with ``"continual"`` none may be set (``ValueError``).
     """
 
     shrink_perturb: Optional[str] = None
@@ -516,6 +665,7 @@ class ShrinkPerturbConfig:
             self.shrink_weight_decay,
             self.shrink_weight_decay_mode,
             _CONFIG_NAMES,
+            allow_off=True,
         )
 
     @property

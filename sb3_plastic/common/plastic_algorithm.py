@@ -16,6 +16,7 @@ from typing import Any, ClassVar, Optional, Union
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.callbacks import BaseCallback, CallbackList, ConvertCallback
 
+from sb3_plastic.common.surgery import plastic_state_to
 from sb3_plastic.config import AUTO, ISOMETRY_KEYS, IsometryConfig, auto_isometry_interval
 from sb3_plastic.policies import PlasticPolicyMixin
 
@@ -159,6 +160,9 @@ class PlasticAlgorithmMixin:
             )
         updates = {key: kwargs.pop(key) for key in list(kwargs) if key in intervention_keys()}
         model = super().load(path, env, *args, **kwargs)  # type: ignore[misc]
+        store = model.__dict__.get("plastic_state")
+        if store is not None:  # pickled on the CPU (PlasticStateStore): floating-point tensors to this model's device
+            model.__dict__["plastic_state"] = plastic_state_to(store, model.device, floating_only=True)
         for name, config_cls in intervention_config_classes().items():
             mine = {k: v for k, v in updates.items() if k in {f.name for f in dataclasses.fields(config_cls)}}
             if mine:
