@@ -24,13 +24,15 @@ matrix ``(N, F)`` with ``F = C*H*W`` for a conv layer; ``sigma_i``: its singular
   of all its trained parameters (weights and biases).
 * **distance from initialisation**: ``||W - W_0||_F`` per layer, ``||theta - theta_0||`` per network.
 * **DfI** (deviation from isometry, FIRE, arXiv 2602.08040): ``||W^T W - I||_F^2`` (tall) or
-  ``||W W^T - I||_F^2`` (wide), :func:`sb3_plastic.isometry.deviation_from_isometry`: the isometry penalty
+  ``||W W^T - I||_F^2`` (wide), ``s I`` in place of ``I`` for a target scale ``s`` (``dfi_scale``; the monitor passes
+  the model's ``isometry_scale``), :func:`sb3_plastic.isometry.deviation_from_isometry`: the isometry penalty
   ``R(W)`` itself (one definition: the smaller Gram matrix). FIRE's reference writes ``||W^T W - I||_F^2`` for
   every shape, which for a wide ``W`` is this value plus the constant ``in - out``; why the smaller one: the
   :mod:`sb3_plastic.isometry` module docstring.
 * **sigma_max, sigma_min, condition number** of a layer's weight (matrix view ``(out, in*k*k)`` of a
   conv kernel): the largest and smallest of its ``min(out, in)`` singular values and their ratio
-  (capped at ``COND_CAP = 1e14``, the float32 round-off level, which also stands for ``sigma_min = 0``).
+  (capped at ``COND_CAP = 1e14``, the float32 round-off level, which also stands for ``sigma_min = 0``,
+  an all-zero matrix included; the NTK's ``cond`` likewise).
 * **gradient norm**: ``||grad_theta L||`` of a scalar loss (:func:`gradient_norm`). The monitor uses the
   *output gradient norm* (:func:`output_gradient_norm`), the root mean square over the network's
   outputs ``k`` of ``||grad_theta mean_n f_k(x_n)||``: how strongly a unit error signal on one output,
@@ -48,6 +50,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Optional
 
@@ -268,7 +271,8 @@ def network_norms(
 ) -> tuple[float, Optional[float]]:
     """Euclidean norm of a set of parameters and (given ``initial``, keyed alike) their distance from it.
 
-    Parameters missing from ``initial`` or of another shape count with distance 0.
+    Parameters missing from ``initial`` or of another shape are left out of the distance (``network_diagnostics``
+    warns about them).
     """
     sq = 0.0
     dist = 0.0
@@ -298,9 +302,12 @@ def weight_spectrum(weight: th.Tensor) -> dict[str, float]:
 
 
 def capped_ratio(largest: float, smallest: float, cap: float = COND_CAP) -> float:
-    """``largest / smallest`` capped at ``cap`` (``cap`` when ``smallest <= largest / cap``, e.g. 0); 1 if both are 0."""
+    """``largest / smallest`` capped at ``cap`` (``cap`` when ``smallest <= largest / cap``, e.g. 0): ``cap`` means
+    "numerically singular", which an all-zero matrix (``largest = smallest = 0``) is too; NaN if either is NaN."""
+    if math.isnan(largest) or math.isnan(smallest):
+        return math.nan
     if largest <= 0:
-        return 1.0
+        return cap
     return largest / smallest if smallest * cap > largest else cap
 
 
@@ -571,18 +578,28 @@ def network_output_function(
     ``critic``: Q-values of ``actions``) with its parameters swapped for ``fn``'s argument (:class:`ParameterSwap`,
     which puts the original ``Parameter`` objects back); the outputs of its head
     layers (:meth:`NetworkSpec.heads`: action and value heads, every critic's head, ...) are captured by
-    forward hooks, flattened per sample and concatenated in head order.
+    forward hooks, flattened per sample and concatenated in head order. A head the probe never reaches is left out:
+    after each call ``fn.missing_heads`` lists their names (:func:`network_diagnostics` warns); when no head runs the
+    output has shape ``(N, 0)``.
     """
     heads = spec.heads()
     forward = probe_forward(model, spec, observations, actions)
     params = spec_parameters(spec)
     swap = ParameterSwap(spec.module, params)
+    n = _batch_size(observations)
+    missing: list[str] = []
 
     def fn(p: dict[str, th.Tensor]) -> th.Tensor:
         with swap.swap(p):
             outs = _capture(heads, forward, lambda i, out: out.reshape(out.shape[0], -1))
-        return th.cat([o[-1] for o in outs if o], dim=1)
+        missing[:] = [spec.layer_names.get(id(h), "?") for h, o in zip(heads, outs) if not o]
+        kept = [o[-1] for o in outs if o]
+        if not kept:
+            device = next(iter(p.values())).device if p else None
+            return th.zeros(n, 0, device=device)
+        return th.cat(kept, dim=1)
 
+    fn.missing_heads = missing  # type: ignore[attr-defined]
     return fn, params
 
 
@@ -648,6 +665,7 @@ def network_diagnostics(
     ntk_max_rows: int = 256,
     max_elements: int = MAX_JACOBIAN_ELEMENTS,
     dfi_scale: float = 1.0,
+    warned: Optional[set] = None,
 ) -> dict[str, float]:
     """All diagnostics of one network of a model on a probe batch, as ``{"<layer>/<metric>" or "<metric>": value}``.
 
@@ -667,7 +685,22 @@ def network_diagnostics(
     the probe batch) and, on the first ``ntk_size`` distinct probe samples (:func:`unique_probe_rows`: a repeated
     sample would make the kernel singular; fewer when the outputs would exceed ``ntk_max_rows`` rows), ``ntk_cond``,
     ``ntk_log10_cond`` (its base-10 logarithm, at most ``log10(COND_CAP) = 14``), ``ntk_erank``, ``ntk_trace`` and
-    ``ntk_size`` (the samples used; see :func:`kernel_stats`).
+    ``ntk_size`` (the samples used; see :func:`kernel_stats`). When one sample has more outputs than
+    ``ntk_max_rows`` (QR-DQN: actions x quantiles), the NTK is still computed, on one sample (``ntk_size = 1``), and so
+    has more rows than ``ntk_max_rows``; a one-sample kernel holds only the outputs' coupling within one input, not
+    comparable with kernels over several samples (a ``UserWarning`` says so).
+
+    Nothing here stops training and nothing is dropped silently (each case raises a ``UserWarning`` naming the
+    network and layer, once per cause given ``warned``):
+
+    * non-finite (NaN / inf) features of a hidden layer: its five feature metrics and the network's
+      ``dormant_fraction`` / ``zero_fraction`` are NaN; non-finite weights of a layer: its ``sigma_max``,
+      ``sigma_min``, ``cond`` are NaN (its norm, distance and DfI are whatever the arithmetic gives: NaN or inf);
+      a non-finite NTK: every ``ntk_*`` metric except ``ntk_size`` is NaN;
+    * a hidden layer the probe never reaches has no feature metrics; a head it never reaches is left out of the
+      NTK and of ``grad_norm`` (no head at all: both NaN);
+    * an initial value missing from ``initial`` or of another shape (a layer resized by surgery): the layer has no
+      ``dist_from_init``, and the network's ``dist_from_init`` is over the parameters that have one.
 
     Nothing of the model is changed (:func:`unchanged_model`): the networks run in evaluation mode (as they act in
     SB3's rollouts; batch-norm statistics are read, not updated) and every module's mode is restored; parameters
@@ -677,12 +710,39 @@ def network_diagnostics(
     :param initial: initial values of the trained parameters, keyed by name in ``spec.module``
         (see :func:`spec_parameters`); ``None`` skips the distances.
     :param ntk_size: probe samples for the NTK (0 skips the NTK).
+    :param dfi_scale: target scale ``s`` of the DfI ``||W^T W - s I||_F^2`` (the model's ``isometry_scale``).
+    :param warned: keys of the warnings already given; each warning is given once per key and its key added (the
+        :class:`~sb3_plastic.callbacks.monitor.PlasticityMonitor` keeps one set per monitor). ``None``: every
+        call warns.
     """
     tau = _validate_tau(tau)
     with unchanged_model([model.policy, spec.module], getattr(model, "device", None)):
         return _network_diagnostics(
-            model, spec, observations, actions, tau, initial, ntk_size, ntk_max_rows, max_elements, dfi_scale
+            model,
+            spec,
+            observations,
+            actions,
+            tau,
+            initial,
+            ntk_size,
+            ntk_max_rows,
+            max_elements,
+            dfi_scale,
+            set() if warned is None else warned,
         )
+
+
+def _warn_once(warned: set, key: Any, message: str) -> None:
+    if key not in warned:
+        warned.add(key)
+        warnings.warn(message, stacklevel=4)
+
+
+def _is_finite(t: th.Tensor) -> bool:
+    return bool(th.isfinite(t).all())
+
+
+_FEATURE_METRICS = ("dormant_fraction", "zero_fraction", "srank", "effective_rank", "feature_norm")
 
 
 def _network_diagnostics(
@@ -696,8 +756,10 @@ def _network_diagnostics(
     ntk_max_rows: int,
     max_elements: int,
     dfi_scale: float,
+    warned: set,
 ) -> dict[str, float]:
     out: dict[str, float] = {}
+    net = spec.name
     forward = probe_forward(model, spec, observations, actions)
     hidden: list[Any] = spec.hidden_layers()
     features: list[Optional[th.Tensor]] = capture_features(hidden, forward)
@@ -709,6 +771,26 @@ def _network_diagnostics(
     n_units = n_dormant = n_dead = 0.0
     for layer, h in zip(hidden, features):
         if h is None:
+            _warn_once(
+                warned,
+                ("no_activations", net, layer.name),
+                f"diagnostics: hidden layer '{layer.name}' of network '{net}' produced no activations on the probe "
+                "batch (the probe's forward pass never reaches it): it has no dormant / rank / feature metrics and "
+                "is not counted in the network's dormant_fraction and zero_fraction",
+            )
+            continue
+        if not _is_finite(h):
+            _warn_once(
+                warned,
+                ("nonfinite_features", net, layer.name),
+                f"diagnostics: hidden layer '{layer.name}' of network '{net}' has non-finite (NaN / inf) activations "
+                f"on the probe batch: its {', '.join(_FEATURE_METRICS)} and the network's dormant_fraction and "
+                "zero_fraction are logged as NaN",
+            )
+            for key in _FEATURE_METRICS:
+                out[f"{layer.name}/{key}"] = math.nan
+            n_units += layer.n_units
+            n_dormant = n_dead = math.nan
             continue
         d = dormant_fraction(h, tau, layer.group_size)
         z = zero_fraction(h, layer.group_size)
@@ -725,6 +807,21 @@ def _network_diagnostics(
         out["dormant_fraction"] = n_dormant / n_units
         out["zero_fraction"] = n_dead / n_units
     param_names = {id(p): name for name, p in spec.module.named_parameters()}
+    params = spec_parameters(spec)
+    if initial is not None:
+        no_origin = [
+            f"{k} {tuple(p.shape)} (initial: {tuple(initial[k].shape) if k in initial else 'none'})"
+            for k, p in params.items()
+            if k not in initial or initial[k].shape != p.shape
+        ]
+        if no_origin:
+            _warn_once(
+                warned,
+                ("init_shape", net, tuple(no_origin)),
+                f"diagnostics: network '{net}' has parameters without a saved initial value of their shape (a layer "
+                f"resized or added after the initial weights were taken): {', '.join(no_origin)}; their layers have no "
+                "dist_from_init and the network's dist_from_init leaves them out",
+            )
     head_ids = {id(h) for h in spec.heads()}
     total_dfi = hidden_dfi = 0.0
     for layer in spec.weight_layers():
@@ -739,8 +836,18 @@ def _network_diagnostics(
         if id(layer) not in head_ids:
             hidden_dfi += layer_dfi
         out[f"{name}/dfi"] = layer_dfi
-        for key, value in weight_spectrum(w).items():
-            out[f"{name}/{key}"] = value
+        if _is_finite(w.detach()):
+            for key, value in weight_spectrum(w).items():
+                out[f"{name}/{key}"] = value
+        else:
+            _warn_once(
+                warned,
+                ("nonfinite_weight", net, name),
+                f"diagnostics: layer '{name}' of network '{net}' has non-finite (NaN / inf) weights: its sigma_max, "
+                "sigma_min and cond are logged as NaN (its weight_norm, dist_from_init and dfi are NaN or inf)",
+            )
+            for key in ("sigma_max", "sigma_min", "cond"):
+                out[f"{name}/{key}"] = math.nan
     for module in spec.recurrent:  # LSTM matrices: norm, distance and DfI summed over the gate blocks
         for pname, w, blocks in recurrent_weights(module):
             name = f"{spec.layer_names.get(id(module), '?')}.{pname}"
@@ -752,7 +859,6 @@ def _network_diagnostics(
             total_dfi += layer_dfi
             hidden_dfi += layer_dfi
             out[f"{name}/dfi"] = layer_dfi
-    params = spec_parameters(spec)
     norm, dist = network_norms(params, initial)
     out["weight_norm"] = norm
     if dist is not None:
@@ -760,18 +866,46 @@ def _network_diagnostics(
     out["dfi"] = total_dfi
     out["dfi_hidden"] = hidden_dfi
     fn, params = network_output_function(model, spec, observations, actions)
-    out["grad_norm"] = output_gradient_norm(fn, params, max_elements)
+    with th.no_grad():
+        n_outputs = fn(params).shape[1]
+    missing = list(fn.missing_heads)  # type: ignore[attr-defined]
+    if missing:
+        _warn_once(
+            warned,
+            ("missing_heads", net, tuple(missing)),
+            f"diagnostics: head(s) {', '.join(repr(m) for m in missing)} of network '{net}' never ran on the probe "
+            "batch: they are left out of its NTK and grad_norm" + (" (no head ran: both are NaN)" if not n_outputs else ""),
+        )
+    out["grad_norm"] = output_gradient_norm(fn, params, max_elements) if n_outputs else math.nan
     if ntk_size > 0:
-        with th.no_grad():
-            n_outputs = fn(params).shape[1]
         unique = unique_probe_rows(observations, actions)
         n = max(1, min(ntk_size, unique.numel(), ntk_max_rows // max(n_outputs, 1)))
+        if n_outputs > ntk_max_rows:
+            _warn_once(
+                warned,
+                ("ntk_rows", net),
+                f"diagnostics: network '{net}' has {n_outputs} outputs per sample, more than ntk_max_rows="
+                f"{ntk_max_rows}: its NTK is computed on 1 sample ({n_outputs} x {n_outputs}, ntk_size=1), over the "
+                "row cap; a one-sample kernel only couples the outputs of one input and is not comparable with "
+                "kernels over several samples (raise ntk_max_rows for several samples)",
+            )
         index = unique[:n]
         sub_actions = _rows(actions, index) if actions is not None else None
         ntk_fn, ntk_params = network_output_function(model, spec, _rows(observations, index), sub_actions)
-        stats = kernel_stats(empirical_ntk(ntk_fn, ntk_params, max_elements))
+        kernel = empirical_ntk(ntk_fn, ntk_params, max_elements) if n_outputs else None
+        if kernel is not None and _is_finite(kernel):
+            stats = kernel_stats(kernel)
+        else:
+            if kernel is not None:
+                _warn_once(
+                    warned,
+                    ("nonfinite_ntk", net),
+                    f"diagnostics: the NTK of network '{net}' has non-finite (NaN / inf) entries (non-finite "
+                    "parameters or outputs): ntk_cond, ntk_log10_cond, ntk_erank and ntk_trace are logged as NaN",
+                )
+            stats = {"cond": math.nan, "erank": math.nan, "trace": math.nan}
         out["ntk_cond"] = stats["cond"]
-        out["ntk_log10_cond"] = math.log10(stats["cond"])
+        out["ntk_log10_cond"] = math.log10(stats["cond"]) if stats["cond"] > 0 else math.nan
         out["ntk_erank"] = stats["erank"]
         out["ntk_trace"] = stats["trace"]
         out["ntk_size"] = float(n)

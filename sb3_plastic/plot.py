@@ -15,8 +15,11 @@ by method (:func:`assign_groups`):
   whole match); an expression that matches no run is an error, runs it does not match keep their default
   group (with a warning).
 
-Every curve is the mean over the group's runs with a ± one standard deviation band, on the union of their
-logged steps (each run linearly interpolated inside its own range). Requests that match nothing (a
+Every curve is the mean over the group's runs with a ± one standard deviation band, on the steps that all of
+them cover (each run linearly interpolated inside its own range): a run that ends (or starts) at another step
+than the others does not leave a tail averaged over fewer runs than the legend's "<n> seeds"; the steps cut are
+named in a ``UserWarning``, once per group (runs whose ranges do not overlap at all, e.g. the two directories of
+a resumed run, keep the union of their steps, with a warning). Requests that match nothing (a
 ``metrics`` pattern matching no tag, a ``return_tag`` no run logs, a ``group_by`` matching no run) raise
 :class:`PlotError`.
 
@@ -29,7 +32,10 @@ Figures (PNG, written with matplotlib's Agg canvas, without touching pyplot's gl
 * ``return_per_task.png``: mean return per task (from :class:`~sb3_plastic.callbacks.monitor.PlasticityMonitor`'s
   ``plasticity/return/task_<id>``) or, without those, per task phase of ``switch_every`` steps;
 * ``metric_<tag>.png``: one per diagnostic tag matching ``metrics`` (tags or glob patterns, where ``*``
-  stays inside one ``/``-separated level and ``**`` crosses levels). Condition numbers (metrics ending in
+  stays inside one ``/``-separated level and ``**`` crosses levels). Without ``metrics``, the network-level
+  :data:`DEFAULT_METRICS` of every monitor the runs log (:func:`monitor_prefixes`: ``plasticity/<net>/<metric>``,
+  and ``plasticity/<name>/<net>/<metric>`` for a monitor with a ``name``); a ``UserWarning`` says so when they
+  match no tag. Condition numbers (metrics ending in
   ``cond``: ``ntk_cond``, a layer's ``cond`` = σmax/σmin) are drawn on a log y-axis; their ``log10`` tags
   (``ntk_log10_cond``) on a linear axis labelled as log10; other metrics on a log axis when their positive
   values span more than two decades.
@@ -55,7 +61,8 @@ from sb3_plastic.run_info import read_run_info
 
 RETURN_TAG = "rollout/ep_rew_mean"
 
-#: Diagnostics plotted when no ``metrics`` are given: network-level headline diagnostics.
+#: Diagnostics plotted when no ``metrics`` are given: network-level headline diagnostics, written for the unnamed
+#: monitor; for a named one ``plasticity/`` stands for ``plasticity/<name>/`` (:func:`default_metric_patterns`).
 DEFAULT_METRICS = (
     "plasticity/*/dormant_fraction",
     "plasticity/*/ntk_cond",
@@ -73,7 +80,7 @@ METRIC_LABELS = {
     "feature_norm": "mean feature norm",
     "weight_norm": "weight norm",
     "dist_from_init": "distance from the initial weights",
-    "dfi": "deviation from isometry ‖WᵀW − I‖² (WWᵀ if wide)",
+    "dfi": "deviation from isometry ‖WᵀW − sI‖² (WWᵀ if wide; s: isometry_scale)",
     "dfi_hidden": "deviation from isometry of the hidden layers (heads excluded)",
     "sigma_max": "largest singular value of the weight",
     "sigma_min": "smallest singular value of the weight",
@@ -332,6 +339,28 @@ def switch_steps(runs: Sequence[Run], switch_every: Optional[int] = None) -> lis
     return sorted(found)
 
 
+#: Tags every :class:`~sb3_plastic.callbacks.monitor.PlasticityMonitor` pass writes under its prefix.
+_MONITOR_TAGS = ("monitor_seconds", "skipped_passes")
+
+
+def monitor_prefixes(tags: Iterable[str]) -> list[str]:
+    """Log prefixes of the monitors whose tags are in ``tags``: ``plasticity`` (unnamed) and ``plasticity/<name>``,
+    found from their ``<prefix>/monitor_seconds`` and ``<prefix>/skipped_passes`` tags, sorted; ``["plasticity"]``
+    when there are none (runs logged without those tags)."""
+    found = set()
+    for tag in tags:
+        head, _, last = tag.rpartition("/")
+        if last in _MONITOR_TAGS and head.split("/")[0] == "plasticity" and len(head.split("/")) <= 2:
+            found.add(head)
+    return sorted(found) or ["plasticity"]
+
+
+def default_metric_patterns(tags: Iterable[str]) -> list[str]:
+    """:data:`DEFAULT_METRICS` for every monitor of :func:`monitor_prefixes` (``plasticity/`` replaced by the
+    monitor's prefix)."""
+    return [prefix + pattern[len("plasticity") :] for prefix in monitor_prefixes(tags) for pattern in DEFAULT_METRICS]
+
+
 def _glob_regex(pattern: str) -> re.Pattern[str]:
     parts = re.split(r"(\*\*|\*|\?)", pattern)
     conv = {"**": ".*", "*": "[^/]*", "?": "[^/]"}
@@ -388,17 +417,72 @@ def _mark_switches(ax: Axes, switches: Sequence[float]) -> None:
         ax.axvline(step, color="0.35", linestyle="--", linewidth=0.9, alpha=0.8, label="task switch" if i == 0 else None)
 
 
-def _curves(ax: Axes, by_group: dict[str, list[Run]], tag: str) -> int:
+def _finite_ranges(series: Sequence[Series]) -> list[tuple[float, float]]:
+    out = []
+    for steps, values in series:
+        ok = np.isfinite(values)
+        if ok.any():
+            out.append((float(steps[ok][0]), float(steps[ok][-1])))
+    return out
+
+
+def _cut_to_common(series: Sequence[Series], group: str, tag: str, cuts: dict) -> list[Series]:
+    """The series restricted to the steps all of them cover; a note for the warning goes into ``cuts[group]``."""
+    ranges = _finite_ranges(series)
+    if len(ranges) < 2:
+        return list(series)
+    lo, hi = max(r[0] for r in ranges), min(r[1] for r in ranges)
+    if lo == min(r[0] for r in ranges) and hi == max(r[1] for r in ranges):
+        return list(series)
+    union = np.unique(np.concatenate([s[np.isfinite(v)] for s, v in series]))
+    note = dict(tag=tag, runs=len(ranges), starts=[r[0] for r in ranges], ends=[r[1] for r in ranges], total=union.size)
+    if lo > hi:
+        cuts.setdefault(group, []).append(dict(note, overlap=False))
+        return list(series)
+    cut = int(((union < lo) | (union > hi)).sum())
+    cuts.setdefault(group, []).append(dict(note, overlap=True, lo=lo, hi=hi, cut=cut))
+    out = []
+    for steps, values in series:
+        keep = (steps >= lo) & (steps <= hi)
+        out.append((steps[keep], values[keep]))
+    return out
+
+
+def _warn_cuts(cuts: dict) -> None:
+    """One ``UserWarning`` per group whose curves :func:`_cut_to_common` cut (or could not cut)."""
+    for group, notes in cuts.items():
+        first = notes[0]
+        figures = f" ({len(notes)} curves, e.g. {first['tag']})" if len(notes) > 1 else f" ({first['tag']})"
+        ranges = ", ".join(f"{a:g}-{b:g}" for a, b in zip(first["starts"], first["ends"]))
+        if first["overlap"]:
+            message = (
+                f"group {group!r}: its {first['runs']} runs log different step ranges ({ranges}); its curves are cut "
+                f"to the steps all of them cover, {first['lo']:g}-{first['hi']:g}: {first['cut']} of {first['total']} "
+                f"logged steps dropped{figures}"
+            )
+        else:
+            message = (
+                f"group {group!r}: the step ranges of its {first['runs']} runs do not overlap ({ranges}): each step "
+                f"of its curves averages only the runs that cover it, fewer than the legend's seeds{figures}"
+            )
+        warnings.warn(message, stacklevel=3)
+    cuts.clear()
+
+
+def _curves(ax: Axes, by_group: dict[str, list[Run]], tag: str, cuts: Optional[dict] = None) -> int:
     drawn = 0
+    notes: dict = {} if cuts is None else cuts
     for group, members in by_group.items():
         series = [s for s in (r.series(tag) for r in members) if s is not None]
-        steps, mean, std = aggregate(series)
+        steps, mean, std = aggregate(_cut_to_common(series, group, tag, notes))
         if steps.size == 0:
             continue
         (line,) = ax.plot(steps, mean, linewidth=1.6, label=f"{group} ({_seeds(len(series))})")
         if len(series) > 1:
             ax.fill_between(steps, mean - std, mean + std, color=line.get_color(), alpha=0.2, linewidth=0)
         drawn += 1
+    if cuts is None:
+        _warn_cuts(notes)
     return drawn
 
 
@@ -426,13 +510,16 @@ def _finish(fig: Figure, ax: Axes, path: str, legend: bool = True) -> str:
 
 
 def returns_figure(
-    runs: Sequence[Run], switches: Sequence[float] = (), tag: str = RETURN_TAG
+    runs: Sequence[Run], switches: Sequence[float] = (), tag: str = RETURN_TAG, cuts: Optional[dict] = None
 ) -> Optional[tuple[Figure, Axes]]:
     """The figure of the episode return vs environment steps per method (legend: ``<group> (<n> seeds)``),
-    task switches marked, not yet saved; ``None`` when no run logs ``tag``."""
+    task switches marked, not yet saved; ``None`` when no run logs ``tag``.
+
+    :param cuts: collects the curves cut to the steps all of a group's runs cover, for one warning per group
+        (:func:`plot_runs`); ``None`` warns here."""
     by_group = groups(runs)
     fig, ax = _figure()
-    if not _curves(ax, by_group, tag):
+    if not _curves(ax, by_group, tag, cuts):
         return None
     _mark_switches(ax, switches)
     ax.set_title("Episode return during training (mean ± std over seeds)")
@@ -442,9 +529,11 @@ def returns_figure(
     return fig, ax
 
 
-def plot_returns(runs: Sequence[Run], out_dir: str, switches: Sequence[float], tag: str = RETURN_TAG) -> Optional[str]:
+def plot_returns(
+    runs: Sequence[Run], out_dir: str, switches: Sequence[float], tag: str = RETURN_TAG, cuts: Optional[dict] = None
+) -> Optional[str]:
     """``return_curve.png``: episode return vs environment steps per method (:func:`returns_figure`)."""
-    made = returns_figure(runs, switches, tag)
+    made = returns_figure(runs, switches, tag, cuts)
     if made is None:
         return None
     return _finish(*made, os.path.join(out_dir, "return_curve.png"))
@@ -462,7 +551,9 @@ def task_returns(
 ) -> tuple[dict[str, dict[str, list[float]]], str]:
     """Per group, per task: the mean return of each run (one value per seed), and what "task" means.
 
-    From ``plasticity/return/task_<id>`` (each run's mean over its logged values) when logged, else from
+    From ``plasticity/return/task_<id>`` (each run's mean over its logged values: an unweighted mean of the
+    per-write means, each the mean return of the episodes finished since the previous write, so the episodes of a
+    write with few of them weigh more than those of a write with many) when logged, else from
     ``tag`` averaged over each phase of ``switch_every`` steps (``"phase k"``); empty without either.
     """
     out: dict[str, dict[str, list[float]]] = {}
@@ -526,42 +617,63 @@ def _metric_label(metric: str) -> str:
     return metric.replace("_", " ")
 
 
-def describe_tag(tag: str) -> tuple[str, str]:
-    """``(metric label, where)`` of a diagnostic tag ``plasticity/<net>[/<layer>]/<metric>``."""
+def describe_tag(tag: str, prefixes: Optional[Sequence[str]] = None) -> tuple[str, str]:
+    """``(metric label, where)`` of a diagnostic tag ``plasticity[/<name>]/<net>[/<layer>]/<metric>``.
+
+    :param prefixes: the monitors' log prefixes (:func:`monitor_prefixes`); the longest one the tag starts with is
+        its monitor. ``None``: a tag of five levels is a named monitor's layer, one of four the unnamed monitor's
+        layer (``plasticity/<name>/<net>/<metric>`` can only be told apart with ``prefixes``).
+    """
     parts = tag.split("/")
     label = _metric_label(parts[-1])
-    if parts[0] == "plasticity" and len(parts) == 4:
-        return label, f"network '{parts[1]}', layer '{parts[2]}'"
-    if parts[0] == "plasticity" and len(parts) == 3:
-        return label, f"network '{parts[1]}'"
-    return label, tag
+    if parts[0] != "plasticity":
+        return label, tag
+    monitor: Optional[str] = None
+    rest = parts[1:-1]
+    if prefixes is not None:
+        owner = max((p for p in prefixes if tag.startswith(p + "/")), key=len, default="plasticity")
+        pre = owner.split("/")
+        monitor = pre[1] if len(pre) == 2 else None
+        rest = parts[len(pre) : -1]
+    elif len(rest) == 3:
+        monitor, rest = rest[0], rest[1:]
+    where = [f"monitor '{monitor}'"] if monitor is not None else []
+    if len(rest) in (1, 2):
+        where += [f"network '{rest[0]}'"] + ([f"layer '{rest[1]}'"] if len(rest) == 2 else [])
+    elif rest:
+        return label, tag
+    return label, ", ".join(where) if where else tag
 
 
 def _safe_name(tag: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", tag.replace("/", "__")).strip("_")
 
 
-def metric_figure(runs: Sequence[Run], tag: str, switches: Sequence[float] = ()) -> Optional[tuple[Figure, Axes]]:
+def metric_figure(
+    runs: Sequence[Run], tag: str, switches: Sequence[float] = (), cuts: Optional[dict] = None
+) -> Optional[tuple[Figure, Axes]]:
     """The figure of one diagnostic vs environment steps per method (y-axis scale from :func:`y_scale`), not
-    yet saved; ``None`` when no run logs ``tag``."""
+    yet saved; ``None`` when no run logs ``tag``. ``cuts``: as :func:`returns_figure`."""
     by_group = groups(runs)
     fig, ax = _figure()
-    if not _curves(ax, by_group, tag):
+    if not _curves(ax, by_group, tag, cuts):
         return None
     _mark_switches(ax, switches)
     found = [s[1] for members in by_group.values() for r in members if (s := r.series(tag)) is not None]
     scale = y_scale(tag, np.concatenate(found) if found else np.array([]))
     ax.set_yscale(scale)
-    label, where = describe_tag(tag)
+    label, where = describe_tag(tag, monitor_prefixes({t for r in runs for t in r.scalars}))
     ax.set_title(f"{label[0].upper()}{label[1:]}: {where}\n(mean ± std over seeds; TensorBoard tag {tag})", fontsize=11)
     ax.set_xlabel("environment steps")
     ax.set_ylabel(f"{label} (log scale)" if scale == "log" else label)
     return fig, ax
 
 
-def plot_metric(runs: Sequence[Run], tag: str, out_dir: str, switches: Sequence[float]) -> Optional[str]:
+def plot_metric(
+    runs: Sequence[Run], tag: str, out_dir: str, switches: Sequence[float], cuts: Optional[dict] = None
+) -> Optional[str]:
     """``metric_<tag>.png``: one diagnostic vs environment steps per method (:func:`metric_figure`)."""
-    made = metric_figure(runs, tag, switches)
+    made = metric_figure(runs, tag, switches, cuts)
     if made is None:
         return None
     return _finish(*made, os.path.join(out_dir, f"metric_{_safe_name(tag)}.png"))
@@ -579,7 +691,8 @@ def plot_runs(
 
     :param paths: run directories, or directories above them, or event files.
     :param metrics: diagnostic tags or glob patterns, each of which must match a tag of some run (default
-        :data:`DEFAULT_METRICS`, those the runs log).
+        :data:`DEFAULT_METRICS` of every monitor the runs log, :func:`default_metric_patterns`; a warning when they
+        match nothing).
     :param switch_every: environment steps per task; ``None`` takes the switches from ``plasticity/task_id``.
     :param group_by: regular expression giving a run's method from its path (default: the run metadata, see
         :func:`assign_groups`).
@@ -598,7 +711,18 @@ def plot_runs(
     all_tags = sorted({t for r in runs for t in r.scalars})
     if metrics is not None and isinstance(metrics, str):
         metrics = [metrics]
-    tags = check_metrics(all_tags, list(metrics)) if metrics else match_tags(all_tags, list(DEFAULT_METRICS))
+    if metrics:
+        tags = check_metrics(all_tags, list(metrics))
+    else:
+        defaults = default_metric_patterns(all_tags)
+        tags = match_tags(all_tags, defaults)
+        if not tags:
+            warnings.warn(
+                f"no scalar tag of the {len(runs)} runs matches the default diagnostics ({_listing(defaults)}): no "
+                "metric figures (log them with PlasticityMonitor, or pass metrics / --metrics patterns of the tags "
+                f"there are: {_listing(all_tags)})",
+                stacklevel=2,
+            )
     if return_tag is None:
         return_tag = RETURN_TAG
         if return_tag not in all_tags:
@@ -611,9 +735,11 @@ def plot_runs(
         )
     os.makedirs(out_dir, exist_ok=True)
     switches = switch_steps(runs, switch_every)
+    cuts: dict = {}
     written = [
-        plot_returns(runs, out_dir, switches, return_tag),
+        plot_returns(runs, out_dir, switches, return_tag, cuts),
         plot_task_returns(runs, out_dir, switch_every, return_tag),
     ]
-    written += [plot_metric(runs, tag, out_dir, switches) for tag in tags]
+    written += [plot_metric(runs, tag, out_dir, switches, cuts) for tag in tags]
+    _warn_cuts(cuts)
     return [w for w in written if w is not None]

@@ -3,15 +3,13 @@ algorithms; filters that match nothing are errors; condition numbers go on a log
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import pytest
 import torch as th
+from builders import write_run
 from stable_baselines3 import PPO
-from torch.utils.tensorboard import SummaryWriter
 
 from sb3_plastic import PlasticPPO, cli
 from sb3_plastic.callbacks import FIRE
@@ -26,21 +24,6 @@ from sb3_plastic.plot import (
     y_scale,
 )
 from sb3_plastic.run_info import RUN_INFO_FILE, RunInfoCallback, read_run_info
-
-
-def write_run(
-    run_dir: Path, scalars: dict[str, list[float]], info: Optional[dict] = None, steps: tuple[int, ...] = (64, 128, 192)
-) -> Path:
-    """A TensorBoard run directory with ``scalars`` (one value per step) and, given ``info``, run metadata."""
-    run_dir.mkdir(parents=True)
-    writer = SummaryWriter(log_dir=str(run_dir))
-    for tag, values in scalars.items():
-        for step, value in zip(steps, values):
-            writer.add_scalar(tag, value, step)
-    writer.close()
-    if info is not None:
-        (run_dir / RUN_INFO_FILE).write_text(json.dumps(info))
-    return run_dir
 
 
 def meta(algo: str, seed: int, env_id: str = "CartPole-v1", **hyper) -> dict:

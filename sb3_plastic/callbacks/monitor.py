@@ -43,7 +43,8 @@ class PlasticityMonitor(PlasticCallback):
     * ``plasticity/<net>/<layer>/<metric>`` per layer: ``dormant_fraction`` (Sokar et al., 2023),
       ``zero_fraction``, ``srank`` (Kumar et al., 2021), ``effective_rank`` (Roy & Vetterli, 2007),
       ``feature_norm`` for hidden layers; ``weight_norm``, ``dist_from_init``, ``dfi``, ``sigma_max``,
-      ``sigma_min``, ``cond`` for every weight layer (heads included);
+      ``sigma_min``, ``cond`` for every weight layer (heads included); ``dfi`` is ``||W^T W - s I||_F^2`` (smaller Gram
+      matrix) with ``s`` the model's ``isometry_scale`` (:attr:`isometry_scale`; 1 for a model without one);
     * ``plasticity/<net>/<metric>`` per network: ``dormant_fraction``, ``zero_fraction``, ``weight_norm``,
       ``dist_from_init``, ``dfi`` (every weight layer, heads included), ``dfi_hidden`` (the same sum without the
       output heads: the layers AdamO regularises by default), ``grad_norm`` and the empirical NTK's ``ntk_cond``,
@@ -56,7 +57,8 @@ class PlasticityMonitor(PlasticCallback):
       when the env puts ``info["task_id"]`` in its infos (returns come from the ``info["episode"]`` entries
       of SB3's ``Monitor`` wrapper; an episode counts for the task id of its last step);
     * ``plasticity/task_id``: env 0's task id (numeric ids as they are, others numbered by first
-      appearance), written at training start and at every change, at the exact step;
+      appearance; the numbering is kept in the persistent state, ``state["task_numbers"]``, so it survives
+      save -> load), written at training start and at every change, at the exact step;
     * ``plasticity/monitor_seconds``: total wall-clock time spent in the monitor;
     * ``plasticity/skipped_passes``: passes that ``every`` asked for but ``max_overhead`` skipped (total so far),
       written with every pass and at training end.
@@ -66,7 +68,9 @@ class PlasticityMonitor(PlasticCallback):
     The probe batch is drawn once (``resample=False``) and reused, so changes over training come from the
     network, not from the data: on-policy, ``probe_size`` rows of the rollout buffer at the first rollout
     end (as :class:`~sb3_plastic.callbacks.redo.ReDo` draws them); off-policy, ``probe_size`` distinct
-    transitions of the replay buffer once it holds that many (its actions feed the critics). On-policy the
+    transitions of the replay buffer once it holds that many (its actions feed the critics); a replay buffer that can
+    never hold ``probe_size`` transitions (``buffer_size < probe_size``) gives all of its transitions once it is full,
+    with a ``UserWarning``. On-policy the
     diagnostics run at a rollout end, off-policy in ``_on_step``. A pass changes nothing, so a run with the
     monitor is bit-identical to one without (``tests/test_monitor_side_effects.py``, every supported algorithm):
     numpy's and torch's global random states are saved and restored; the networks run in evaluation mode (as in
@@ -84,7 +88,14 @@ class PlasticityMonitor(PlasticCallback):
     Distances from initialisation use a copy (on CPU) of the trained parameters taken at the first
     training start, kept in the persistent state (``self.state["init"]``): it is saved with the model,
     so ``dist_from_init`` keeps its origin across save -> load -> learn (the model file grows by one copy
-    of the networks).
+    of the networks). A monitor attached to a model that has already trained (``num_timesteps > 0`` or gradient
+    updates done, without a saved copy) takes the copy then: its ``dist_from_init`` is the distance from that
+    attach point, and a ``UserWarning`` says so.
+
+    Nothing of a pass stops training: non-finite weights or features, layers or heads the probe never reaches,
+    initial weights of another shape give NaN or missing metrics (see
+    :func:`~sb3_plastic.diagnostics.network_diagnostics`) and a ``UserWarning`` naming the network and layer,
+    once per cause and monitor.
 
     :param every: environment steps between two diagnostics passes (the first pass happens at the first
         opportunity: first rollout end, or once the replay buffer holds ``probe_size`` transitions).
@@ -144,6 +155,7 @@ class PlasticityMonitor(PlasticCallback):
         self._task_returns: dict[Any, list[float]] = defaultdict(list)
         self._task_numbers: dict[Any, float] = {}
         self._logged_task: Any = None
+        self._warned: set = set()
 
     @property
     def prefix(self) -> str:
@@ -156,9 +168,25 @@ class PlasticityMonitor(PlasticCallback):
         self._on_policy = isinstance(self.model, OnPolicyAlgorithm)
         self._probe = None
         init = self.state.setdefault("init", {})
+        trained = int(getattr(self.model, "_n_updates", 0) or 0)
+        late = []
         for spec in self.networks:
             if spec.name not in init:
                 init[spec.name] = {k: v.detach().to("cpu", copy=True) for k, v in spec_parameters(spec).items()}
+                if self.num_timesteps > 0 or trained > 0:
+                    late.append(spec.name)
+        if late and ("late_init", tuple(late)) not in self._warned:
+            self._warned.add(("late_init", tuple(late)))
+            warnings.warn(
+                f"PlasticityMonitor: attached to a model that has already trained (num_timesteps={self.num_timesteps}, "
+                f"{trained} gradient updates): the initial weights of {', '.join(repr(n) for n in late)} are taken now, "
+                f"so '{self.prefix}/<net>/dist_from_init' is the distance from this attach point, not from the "
+                "model's initialisation. Attach the monitor from the first learn() call for the distance from "
+                "initialisation.",
+                stacklevel=2,
+            )
+        # non-numeric task ids keep their numbers across save -> load (the mapping is saved with the model)
+        self._task_numbers = self.state.setdefault("task_numbers", {})
         self.state.setdefault("events", 0)
         self.state.setdefault("seconds", 0.0)
         self.state.setdefault("skipped", 0)
@@ -232,9 +260,22 @@ class PlasticityMonitor(PlasticCallback):
             if buffer is None:
                 return None
             n_rows = buffer.size()
-            if n_rows < self.probe_size:
-                return None
-            idx = np.random.choice(n_rows, size=self.probe_size, replace=False)
+            size = self.probe_size
+            if n_rows < size:
+                capacity = int(buffer.buffer_size)
+                if capacity >= size or not buffer.full:
+                    return None  # not enough transitions yet: the buffer will hold probe_size of them
+                size = n_rows  # the buffer can never hold probe_size transitions: use all it holds once full
+                if "small_buffer" not in self._warned:
+                    self._warned.add("small_buffer")
+                    warnings.warn(
+                        f"PlasticityMonitor: the replay buffer holds at most {capacity} transitions, fewer than "
+                        f"probe_size={self.probe_size}: the probe batch is the {size} transitions of the full buffer "
+                        f"(first pass at step {self.num_timesteps}, once it is full). Pass probe_size <= {capacity} "
+                        "to silence this.",
+                        stacklevel=3,
+                    )
+            idx = np.random.choice(n_rows, size=size, replace=False)
             data = buffer._get_samples(idx, env=getattr(self.model, "_vec_normalize_env", None))
             return data.observations, data.actions
 
@@ -250,6 +291,7 @@ class PlasticityMonitor(PlasticCallback):
         observations, actions = self._probe
         values: dict[str, float] = {}
         init = self.state.get("init", {})
+        scale = self.isometry_scale
         for spec in self.networks:
             metrics = network_diagnostics(
                 self.model,
@@ -261,6 +303,8 @@ class PlasticityMonitor(PlasticCallback):
                 ntk_size=self.ntk_probe_size,
                 ntk_max_rows=self.ntk_max_rows,
                 max_elements=self.max_elements,
+                dfi_scale=scale,
+                warned=self._warned,
             )
             values.update({f"{self.prefix}/{spec.name}/{k}": v for k, v in metrics.items()})
         values.update(self._return_values())
@@ -283,6 +327,17 @@ class PlasticityMonitor(PlasticCallback):
             skipped = f" ({self._skipped_written} passes skipped by max_overhead)" if self._skipped_written else ""
             print(f"PlasticityMonitor at step {self.num_timesteps}: {summary}{skipped}")
         return values
+
+    @property
+    def isometry_scale(self) -> float:
+        """Target scale ``s`` of the logged DfI ``||W^T W - s I||_F^2``: the model's ``isometry_scale`` (plastic
+        algorithms and policies, :class:`~sb3_plastic.config.IsometryConfig`), else 1."""
+        for owner in (self.model, getattr(self.model, "policy", None)):
+            config = getattr(owner, "isometry_config", None)
+            scale = getattr(config, "isometry_scale", None)
+            if scale is not None:
+                return float(scale)
+        return 1.0
 
     # ------------------------------------------------------------------ tasks and returns
     def _task_number(self, task: Any) -> float:
