@@ -19,6 +19,7 @@ import numpy as np
 import optuna
 import pytest
 import yaml
+from builders import zoo_bandit_conf
 from stable_baselines3 import PPO
 from stable_baselines3.common.callbacks import BaseCallback, EvalCallback
 from stable_baselines3.common.env_util import make_vec_env
@@ -340,13 +341,7 @@ def test_continual_eval_callback_class():
 # --------------------------------------------------------------------------- rl_zoo3
 @pytest.fixture
 def bandit_conf(tmp_path, monkeypatch) -> Path:
-    monkeypatch.chdir(tmp_path)
-    zoo.register()
-    conf = tmp_path / "conf.yml"
-    entry = {"n_envs": 2, "n_timesteps": 640, "policy": "MlpPolicy", "n_steps": 32, "batch_size": 32, "n_epochs": 1,
-             "env_kwargs": {"change_every": CHANGE_EVERY}}
-    conf.write_text(yaml.safe_dump({BANDIT: entry, "CartPole-v1": {k: v for k, v in entry.items() if k != "env_kwargs"}}))
-    return conf
+    return zoo_bandit_conf(tmp_path, monkeypatch, 640, {"change_every": CHANGE_EVERY}, with_cartpole=True)
 
 
 def _train(*argv: str) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import optuna
 import pytest
-import yaml
+from builders import zoo_bandit_conf
 
 from sb3_plastic import zoo
 
@@ -28,13 +28,7 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 @pytest.fixture
 def conf(tmp_path, monkeypatch) -> Path:
-    monkeypatch.chdir(tmp_path)
-    zoo.register()
-    path = tmp_path / "conf.yml"
-    entry = {"n_envs": 2, "n_timesteps": 256, "policy": "MlpPolicy", "n_steps": 32, "batch_size": 32, "n_epochs": 1,
-             "env_kwargs": dict(YAML_KWARGS)}
-    path.write_text(yaml.safe_dump({BANDIT: entry}))
-    return path
+    return zoo_bandit_conf(tmp_path, monkeypatch, 256, YAML_KWARGS)
 
 
 @pytest.fixture
