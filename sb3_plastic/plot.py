@@ -25,7 +25,7 @@ a resumed run, keep the union of their steps, with a warning). Requests that mat
 
 Figures (PNG, written with matplotlib's Agg canvas, without touching pyplot's global backend):
 
-* ``return_curve.png``: episode return (``rollout/ep_rew_mean``) vs environment steps, task switches
+* ``return_curve.png``: episode return (``rollout/ep_rew_mean``) vs timesteps, task switches
   marked by vertical lines (from ``switch_every`` or from the logged ``plasticity/task_id``): the
   "alligator" plot of continual RL (e.g. Dohare et al., 2024, "Loss of plasticity in deep continual
   learning", Nature);
@@ -60,6 +60,9 @@ from matplotlib.figure import Figure
 from sb3_plastic.run_info import read_run_info
 
 RETURN_TAG = "rollout/ep_rew_mean"
+#: The x-axis of every figure: TensorBoard's step, SB3's ``num_timesteps`` (env steps summed over the vector env's
+#: copies; a task of ``change_every`` steps per copy lasts ``change_every x n_envs`` timesteps)
+STEP_AXIS = "timesteps (num_timesteps: env steps of all copies)"
 
 #: Diagnostics plotted when no ``metrics`` are given: network-level headline diagnostics, written for the unnamed
 #: monitor; for a named one ``plasticity/`` stands for ``plasticity/<name>/`` (:func:`default_metric_patterns`).
@@ -325,7 +328,7 @@ def aggregate(series: Sequence[Series], max_points: int = _MAX_POINTS) -> tuple[
 
 
 def switch_steps(runs: Sequence[Run], switch_every: Optional[int] = None) -> list[float]:
-    """Environment steps of the task switches: multiples of ``switch_every`` before the last logged step,
+    """Timesteps (:data:`STEP_AXIS`) of the task switches: multiples of ``switch_every`` before the last logged step,
     or the steps where a logged ``plasticity/.../task_id`` changes (union over runs)."""
     last = max((s[0][-1] for r in runs for s in r.scalars.values() if s[0].size), default=0.0)
     if switch_every:
@@ -512,7 +515,7 @@ def _finish(fig: Figure, ax: Axes, path: str, legend: bool = True) -> str:
 def returns_figure(
     runs: Sequence[Run], switches: Sequence[float] = (), tag: str = RETURN_TAG, cuts: Optional[dict] = None
 ) -> Optional[tuple[Figure, Axes]]:
-    """The figure of the episode return vs environment steps per method (legend: ``<group> (<n> seeds)``),
+    """The figure of the episode return vs timesteps per method (legend: ``<group> (<n> seeds)``),
     task switches marked, not yet saved; ``None`` when no run logs ``tag``.
 
     :param cuts: collects the curves cut to the steps all of a group's runs cover, for one warning per group
@@ -523,7 +526,7 @@ def returns_figure(
         return None
     _mark_switches(ax, switches)
     ax.set_title("Episode return during training (mean ± std over seeds)")
-    ax.set_xlabel("environment steps")
+    ax.set_xlabel(STEP_AXIS)
     what = "mean return of the last 100 episodes" if tag == RETURN_TAG else tag
     ax.set_ylabel(f"episode return\n({what})")
     return fig, ax
@@ -532,7 +535,7 @@ def returns_figure(
 def plot_returns(
     runs: Sequence[Run], out_dir: str, switches: Sequence[float], tag: str = RETURN_TAG, cuts: Optional[dict] = None
 ) -> Optional[str]:
-    """``return_curve.png``: episode return vs environment steps per method (:func:`returns_figure`)."""
+    """``return_curve.png``: episode return vs timesteps per method (:func:`returns_figure`)."""
     made = returns_figure(runs, switches, tag, cuts)
     if made is None:
         return None
@@ -602,7 +605,7 @@ def plot_task_returns(
         ax.set_ylabel("mean episode return on the task")
     else:
         ax.set_title(
-            f"Mean episode return per task phase\n(phases of {switch_every:,} environment steps; mean ± std over seeds)"
+            f"Mean episode return per task phase\n(phases of {switch_every:,} timesteps; mean ± std over seeds)"
         )
         ax.set_ylabel("mean of the return curve over the phase")
     ax.set_xlabel(kind)
@@ -652,7 +655,7 @@ def _safe_name(tag: str) -> str:
 def metric_figure(
     runs: Sequence[Run], tag: str, switches: Sequence[float] = (), cuts: Optional[dict] = None
 ) -> Optional[tuple[Figure, Axes]]:
-    """The figure of one diagnostic vs environment steps per method (y-axis scale from :func:`y_scale`), not
+    """The figure of one diagnostic vs timesteps per method (y-axis scale from :func:`y_scale`), not
     yet saved; ``None`` when no run logs ``tag``. ``cuts``: as :func:`returns_figure`."""
     by_group = groups(runs)
     fig, ax = _figure()
@@ -664,7 +667,7 @@ def metric_figure(
     ax.set_yscale(scale)
     label, where = describe_tag(tag, monitor_prefixes({t for r in runs for t in r.scalars}))
     ax.set_title(f"{label[0].upper()}{label[1:]}: {where}\n(mean ± std over seeds; TensorBoard tag {tag})", fontsize=11)
-    ax.set_xlabel("environment steps")
+    ax.set_xlabel(STEP_AXIS)
     ax.set_ylabel(f"{label} (log scale)" if scale == "log" else label)
     return fig, ax
 
@@ -672,7 +675,7 @@ def metric_figure(
 def plot_metric(
     runs: Sequence[Run], tag: str, out_dir: str, switches: Sequence[float], cuts: Optional[dict] = None
 ) -> Optional[str]:
-    """``metric_<tag>.png``: one diagnostic vs environment steps per method (:func:`metric_figure`)."""
+    """``metric_<tag>.png``: one diagnostic vs timesteps per method (:func:`metric_figure`)."""
     made = metric_figure(runs, tag, switches, cuts)
     if made is None:
         return None
@@ -693,7 +696,8 @@ def plot_runs(
     :param metrics: diagnostic tags or glob patterns, each of which must match a tag of some run (default
         :data:`DEFAULT_METRICS` of every monitor the runs log, :func:`default_metric_patterns`; a warning when they
         match nothing).
-    :param switch_every: environment steps per task; ``None`` takes the switches from ``plasticity/task_id``.
+    :param switch_every: timesteps per task (:data:`STEP_AXIS`: ``change_every x n_envs``); ``None`` takes the switches
+        from ``plasticity/task_id``.
     :param group_by: regular expression giving a run's method from its path (default: the run metadata, see
         :func:`assign_groups`).
     :param return_tag: scalar tag of the episode return, which some run must log (default :data:`RETURN_TAG`;
@@ -706,7 +710,9 @@ def plot_runs(
     if switch_every is not None and (
         isinstance(switch_every, bool) or not isinstance(switch_every, (int, np.integer)) or switch_every <= 0
     ):
-        raise PlotError(f"switch_every must be a positive integer (environment steps per task), got {switch_every!r}")
+        raise PlotError(
+            f"switch_every must be a positive integer (timesteps per task (change_every x n_envs)), got {switch_every!r}"
+        )
     runs = load_runs(paths, group_by)
     all_tags = sorted({t for r in runs for t in r.scalars})
     if metrics is not None and isinstance(metrics, str):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from builders import write_run
 
-from sb3_plastic.plot import describe_tag, load_runs, metric_figure, plot_runs, returns_figure
+from sb3_plastic.plot import PlotError, describe_tag, load_runs, metric_figure, plot_runs, returns_figure
 
 RETURNS = {"rollout/ep_rew_mean": [10.0, 20.0, 30.0]}
 
@@ -87,3 +87,16 @@ def test_curves_are_cut_to_the_steps_every_run_covers(tmp_path):
     )
     _, messages = recorded(plot_runs, [str(tmp_path / "more")], str(tmp_path / "out"))
     assert sum("cut" in m for m in messages) == 1
+
+
+def test_the_step_axis_and_switch_every_are_in_timesteps(tmp_path):
+    """TensorBoard's step axis is SB3's ``num_timesteps`` (env steps summed over the vector env's copies), the unit
+    of ``--switch-every`` (``change_every x n_envs``): the figures and the error say timesteps, not environment
+    steps (of one copy, the unit of ``change_every``)."""
+    run = write_run(tmp_path / "runs" / "DQN_1", dict(RETURNS, **{"plasticity/q_net/grad_norm": [1.0, 2.0, 3.0]}))
+    runs = load_runs([str(run)])
+    for fig_ax in (returns_figure(runs), metric_figure(runs, "plasticity/q_net/grad_norm")):
+        label = fig_ax[1].get_xlabel()
+        assert "num_timesteps" in label and "environment steps" not in label
+    with pytest.raises(PlotError, match=r"timesteps per task \(change_every x n_envs\)"):
+        plot_runs([str(run)], str(tmp_path / "out"), switch_every=0)
