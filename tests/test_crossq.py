@@ -303,3 +303,45 @@ def test_bad_input_is_a_clear_error(kwargs, match):
     policy = kwargs.pop("policy", "MlpPolicy")
     with pytest.raises(ValueError, match=match):
         PlasticCrossQ(policy, "Pendulum-v1", **kwargs)
+
+
+def test_cbp_critic_statistics_use_the_current_state_rows_of_the_joint_forward(monkeypatch):
+    """CrossQ's critic runs ``cat([obs, next_obs])`` in one forward (joint BatchRenorm statistics); the next-state half
+    feeds only the (detached) target, as SAC's no-grad target forward does, which Continual Backprop never records.
+    The critic's utilities and mean activations therefore take the first ``batch_size`` rows of that forward: the
+    rows of the loss. Reference: the activation modules' own full outputs, captured by forward hooks."""
+    model = PlasticCrossQ(
+        "MlpPolicy", "Pendulum-v1", replacement_rate=1e-4, maturity_threshold=10**6, policy_kwargs=small(), **FAST
+    )
+    _, hidden = critic_hidden(model)
+    full: dict[str, th.Tensor] = {}
+    handles = []
+    for layer in hidden:
+        def record(module, inputs, output, name=layer.name):
+            if module.training and th.is_grad_enabled():
+                full[name] = output.detach().clone()
+        handles.append(layer.activation.register_forward_hook(record))
+    seen: list[tuple[str, th.Tensor, th.Tensor]] = []
+    original = GenerateAndTest.update
+
+    def update(self, activations):
+        if any(name in full for name in activations) and set(activations) <= {h.name for h in hidden}:
+            seen.extend((name, h.clone(), full[name]) for name, h in activations.items())
+        return original(self, activations)
+
+    monkeypatch.setattr(GenerateAndTest, "update", update)
+    model.learn(80)
+    for handle in handles:
+        handle.remove()
+    batch = FAST["batch_size"]
+    assert len(seen) == len(hidden) * model._n_updates > 0
+    for name, recorded, joint in seen:
+        assert joint.shape[0] == 2 * batch
+        assert th.equal(recorded, joint[:batch]), name
+
+
+@pytest.mark.parametrize("rows", [0, -3, 2.5, True])
+def test_cbp_loss_rows_must_be_a_positive_int(rows):
+    _, hidden = critic_hidden(trained(steps=60))
+    with pytest.raises(ValueError, match=r"loss_rows must be None or an int >= 1, got"):
+        GenerateAndTest(hidden, loss_rows=rows)

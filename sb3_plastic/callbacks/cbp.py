@@ -42,7 +42,9 @@ Normalisation layers (CrossQ's ``Linear -> ReLU -> BatchRenorm -> Linear``; see
 read the norm's output ``gain_j * h_j + shift_j`` (running statistics: ``gain_j = scale_j / sqrt(var_j +
 eps)``). The contribution utility therefore weighs ``mean|h_j|`` by ``|gain_j|``, the bias absorption uses
 ``gain_j * f_hat_j + shift_j``, and a replaced unit's feature of the norm gets its initial state (running mean
-0, variance 1, scale 1, shift 0, moments of the scale / shift entries zeroed). A layer norm between the layer and
+0, variance 1, scale 1, shift 0, moments of the scale / shift entries zeroed). CrossQ's critic runs the current and
+the next state-action rows as one forward (BatchRenorm's joint statistics); its utilities and mean activations use
+the current rows only, the rows of the loss (:func:`joint_forward_loss_rows`). A layer norm between the layer and
 its activation (NaP's ``Linear -> LayerNorm -> act``): ``h`` is ``act(LayerNorm(z))`` and a replaced unit's scale /
 offset of the norm go back to 1 / 0 with their optimizer state restarted.
 
@@ -275,6 +277,11 @@ class GenerateAndTest:
         the model's is :func:`sb3_plastic.recurrent.recurrent_init_scheme`).
     :param other_optimizers: further optimizers whose moments of touched entries are zeroed (those training
         consumers in another network: the critic's, for an actor's shared features extractor); not hooked.
+    :param loss_rows: for a network whose training forward runs the loss rows and other rows as one batch (CrossQ's
+        critic: ``cat([obs, next_obs])``, so that BatchRenorm sees their joint statistics): the number ``n`` of
+        loss rows, which come first; a recorded forward of exactly ``2 * n`` rows keeps its first ``n`` rows (the
+        next-state half feeds only the detached target, which Continual Backprop does not learn from, as it never
+        records SAC's no-grad target forward). ``None``: every row of a training forward counts.
     """
 
     def __init__(
@@ -291,6 +298,7 @@ class GenerateAndTest:
         after_step: Optional[Callable[[dict[str, th.Tensor]], None]] = None,
         recurrent_init: tuple[str, float] = ("default", 1.0),
         other_optimizers: Sequence[th.optim.Optimizer] = (),
+        loss_rows: Optional[int] = None,
     ) -> None:
         (
             self.replacement_rate,
@@ -316,6 +324,9 @@ class GenerateAndTest:
         if recurrent_init[0] not in INITS or not (_is_number(recurrent_init[1]) and recurrent_init[1] > 0):
             raise ValueError(f"recurrent_init must be (one of {list(INITS)}, gain > 0), got {recurrent_init!r}")
         self.recurrent_init = (str(recurrent_init[0]), float(recurrent_init[1]))
+        if loss_rows is not None and (isinstance(loss_rows, bool) or not isinstance(loss_rows, int) or loss_rows < 1):
+            raise ValueError(f"loss_rows must be None or an int >= 1, got {loss_rows!r}")
+        self.loss_rows = loss_rows
         #: LSTM output sequences recorded since the last step, per cell layer name
         self._sequences: dict[str, list[th.Tensor]] = {}
         self._mask: Optional[th.Tensor] = None
@@ -683,6 +694,8 @@ class GenerateAndTest:
                 if apply is not None:
                     with th.no_grad():
                         output = apply(output)
+                if self.loss_rows is not None and output.shape[0] == 2 * self.loss_rows:
+                    output = output[: self.loss_rows]  # a joint forward: its loss rows come first (CrossQ)
                 self._stored[name] = output.detach()
 
         return hook
@@ -708,6 +721,18 @@ def resolve_init(model: BaseAlgorithm) -> tuple[str, float]:
         for hidden in spec.hidden_layers():
             return scheme(hidden.layer)
     return "default", 1.0
+
+
+def joint_forward_loss_rows(model: BaseAlgorithm, network: str) -> Optional[int]:
+    """The ``loss_rows`` of :class:`GenerateAndTest` for ``network`` of ``model``: CrossQ's critic (sb3-contrib, and
+    :class:`~sb3_plastic.PlasticCrossQ`) runs ``cat([obs, next_obs])`` with ``(actions, next_actions)`` through one
+    training forward of ``2 * batch_size`` rows, the first ``batch_size`` of which make the loss; ``None`` for
+    every other network and algorithm."""
+    from sb3_contrib import CrossQ
+
+    if isinstance(model, CrossQ) and network == "critic":
+        return int(model.batch_size)
+    return None
 
 
 class ContinualBackprop(PlasticCallback):
@@ -823,6 +848,7 @@ class ContinualBackprop(PlasticCallback):
                 after_step=self._logger_for(spec.name),
                 recurrent_init=recurrent_init,
                 other_optimizers=spec.optimizers()[1:],
+                loss_rows=joint_forward_loss_rows(self.model, spec.name),
             )
             enable_unit_restarts(engine.optimizers)  # also after SB3's load, which rebuilds the optimizer as plain Adam
             engine.attach()
