@@ -24,6 +24,12 @@ contribution into the readers' biases, ReDo does not. Everything else is the sam
   entry (:mod:`sb3_plastic.adam_restart`).
 
 The unit statistics (ages, utilities, scores) stay with the methods.
+
+Under a layer norm between the layer and its activation (Normalize-and-Project) a replacement is not confined to the
+replaced unit: the norm's mean and variance are taken over all units of the layer, so the fresh incoming row moves
+every other unit's normalised output as well (zero outgoing weights silence only the new unit itself). This is
+inherent to combining unit resets with a layer norm, not a defect of the operation; running-statistics norms
+(BatchNorm, BatchRenorm) are per feature and have no such coupling.
 """
 
 from __future__ import annotations
