@@ -466,3 +466,68 @@ def test_a_foreign_optimizer_layout_is_refused_with_the_counts():
     other = th.optim.Adam([{"params": params[:2]}, {"params": params[2:3]}, {"params": params[3:]}])
     with pytest.raises(ValueError, match="3 param group"):
         optimizer.load_state_dict(other.state_dict())
+
+
+@pytest.mark.parametrize("plastic_cls", list(PAIRS))
+def test_plastic_load_of_an_sb3_zip_continues_as_sb3(tmp_path, plastic_cls):
+    """``PlasticX.load(zip saved by X)``, the import swapped and nothing else: the model loads with plasticity off
+    (SB3's optimizer and activations) and continues training exactly as ``X.load`` of the same zip does; its plastic
+    policy class replaces SB3's, and a save -> load of the plastic model round-trips."""
+    base_cls = PAIRS[plastic_cls][0]
+    kwargs = algo_kwargs(plastic_cls, "mlp")
+    name = policy_name(plastic_cls, "mlp")
+    steps = 128 if plastic_cls in ON_POLICY else 96
+    sb3 = base_cls(name, make_env(plastic_cls, "mlp"), seed=3, **kwargs)
+    sb3.learn(steps)
+    sb3.save(tmp_path / "sb3.zip")
+    continued = []
+    for cls in (base_cls, plastic_cls):
+        env = make_env(plastic_cls, "mlp")
+        env.action_space.seed(0)  # the masked identity env draws its states from its action space
+        model = cls.load(tmp_path / "sb3.zip", env=env)
+        model.set_random_seed(5)
+        start = _state(model)
+        model.learn(steps, reset_num_timesteps=False)
+        continued.append((model, start))
+    (theirs, theirs_start), (ours, ours_start) = continued
+    assert type(ours) is plastic_cls and type(ours.policy) is plastic_cls.policy_aliases[name]
+    assert ours.isometry_config.isometry_mode == "off" and ours.isometry_config.optimizer == "adam"
+    assert [type(o) for o in _optimizers(ours)] == [type(o) for o in _optimizers(theirs)]
+    assert list(ours_start) == list(theirs_start)
+    for key in theirs_start:
+        assert th.equal(ours_start[key], theirs_start[key]), f"{key} differs after load"
+    end_theirs, end_ours = _state(theirs), _state(ours)
+    assert any(not th.equal(end_theirs[k], theirs_start[k]) for k in end_theirs), "the run must train something"
+    for key in end_theirs:
+        assert th.equal(end_ours[key], end_theirs[key]), f"{key} differs after learn()"
+    ours.save(tmp_path / "plastic.zip")
+    again = plastic_cls.load(tmp_path / "plastic.zip")
+    assert type(again.policy) is type(ours.policy) and again.isometry_config == ours.isometry_config
+    for key, value in _state(again).items():
+        assert th.equal(value, end_ours[key]), key
+
+
+def test_plastic_load_of_a_zip_with_a_custom_sb3_policy_class_says_what_to_do(tmp_path):
+    from stable_baselines3.common.policies import ActorCriticPolicy
+
+    class MyPolicy(ActorCriticPolicy):
+        pass
+
+    PPO(MyPolicy, "CartPole-v1", n_steps=32, batch_size=32, n_epochs=1).save(tmp_path / "custom.zip")
+    with pytest.raises(ValueError, match=r"MyPolicy.*not one of PPO's policy aliases.*set_parameters"):
+        PlasticPPO.load(tmp_path / "custom.zip")
+
+
+def test_plastic_load_of_an_sb3_zip_from_a_file_object_with_an_intervention_keyword(tmp_path):
+    """An open file works as with SB3 (its position is kept for SB3's own read), and intervention keywords given to
+    load act on the loaded SB3 model (FIRE fires once in the continued run)."""
+    import io
+
+    PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32, n_epochs=1, seed=0).save(tmp_path / "sb3.zip")
+    buffer = io.BytesIO((tmp_path / "sb3.zip").read_bytes())
+    buffer.seek(0)
+    model = PlasticPPO.load(buffer, env=gym.make("CartPole-v1"), fire_at=0.5)
+    assert model.isometry_config.isometry_mode == "off" and model.intervention_configs["fire"].fire_at == 0.5
+    model.learn(64, reset_num_timesteps=False)
+    fire = next(v for k, v in model.plastic_state.data.items() if k.startswith("FIRE"))
+    assert fire["count"] == 1

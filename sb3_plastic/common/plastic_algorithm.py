@@ -11,10 +11,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import io
+import zipfile
 from typing import Any, ClassVar, Optional, Union
 
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.callbacks import BaseCallback, CallbackList, ConvertCallback
+from stable_baselines3.common.save_util import json_to_data, open_path
 
 from sb3_plastic.common.surgery import plastic_state_to
 from sb3_plastic.config import AUTO, ISOMETRY_KEYS, IsometryConfig, auto_isometry_interval
@@ -146,11 +149,28 @@ class PlasticAlgorithmMixin:
         base_init(*bound.args, **bound.kwargs)
 
     @classmethod
-    def load(cls, path: Any, env: Any = None, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
-        """SB3's ``load``; intervention keywords (``replacement_rate=``, ``fire_at=``, ...) given here replace
-        the saved ones. Isometry keywords cannot change after the networks and optimizer are built.
+    def load(  # type: ignore[override]
+        cls,
+        path: Any,
+        env: Any = None,
+        device: Any = "auto",
+        custom_objects: Optional[dict[str, Any]] = None,
+        print_system_info: bool = False,
+        force_reset: bool = True,
+        **kwargs: Any,
+    ) -> Any:
+        """SB3's ``load`` (same signature); intervention keywords (``replacement_rate=``, ``fire_at=``, ...) given here
+        replace the saved ones. Isometry keywords cannot change after the networks and optimizer are built.
 
-        :raises ValueError: for an isometry keyword.
+        A zip saved by the SB3 / sb3-contrib class itself (``PPO.save`` read by ``PlasticPPO.load``: its policy is one
+        of SB3's policy aliases) loads with plasticity off, ``isometry_mode="off", optimizer="adam"`` and SB3's
+        activations (:func:`sb3_zip_objects`): the same networks and optimizer state, and training continues exactly
+        as ``PPO.load`` would continue it. Interventions (callbacks, or intervention keywords given here) can act on
+        it; to continue an SB3 model with the isometry penalty on, build the plastic model with the keywords and
+        call ``set_parameters(path)`` (the optimizer state is mapped onto AdamO's groups).
+
+        :raises ValueError: for an isometry keyword, or an SB3 zip whose policy class is not one of the SB3
+            class's policy aliases.
         """
         fixed = sorted(set(kwargs) & {*ISOMETRY_KEYS, "nap"})
         if fixed:
@@ -158,8 +178,22 @@ class PlasticAlgorithmMixin:
                 f"{fixed} are fixed when the networks and optimizer are built and cannot be changed by load(); "
                 "edit model.policy.optimizer.param_groups (e.g. 'isometry_coef') after loading instead"
             )
+        foreign = sb3_zip_objects(cls, path, custom_objects)
+        if foreign is not None:  # SB3's own zip: the plastic policy class with plasticity off
+            objects, config = foreign
+            custom_objects = {**(custom_objects or {}), **objects}
+            kwargs["isometry_config"] = config  # set on the model before its networks are built (SB3's load)
+            kwargs["intervention_configs"] = {key: config_cls() for key, config_cls in intervention_config_classes().items()}
         updates = {key: kwargs.pop(key) for key in list(kwargs) if key in intervention_keys()}
-        model = super().load(path, env, *args, **kwargs)  # type: ignore[misc]
+        model = super().load(  # type: ignore[misc]
+            path,
+            env,
+            device=device,
+            custom_objects=custom_objects,
+            print_system_info=print_system_info,
+            force_reset=force_reset,
+            **kwargs,
+        )
         store = model.__dict__.get("plastic_state")
         if store is not None:  # pickled on the CPU (PlasticStateStore): floating-point tensors to this model's device
             model.__dict__["plastic_state"] = plastic_state_to(store, model.device, floating_only=True)
@@ -230,6 +264,57 @@ class PlasticAlgorithmMixin:
                 f"{type(self).__name__} needs a plastic policy, got {policy!r}; use one of "
                 f"{sorted(self.policy_aliases)} or a subclass of sb3_plastic.policies.PlasticPolicyMixin"
             )
+
+
+def sb3_zip_objects(
+    cls: type, path: Any, custom_objects: Optional[dict[str, Any]] = None
+) -> Optional[tuple[dict[str, Any], IsometryConfig]]:
+    """What loads a zip saved by the SB3 / sb3-contrib class behind the plastic class ``cls`` as ``cls``: ``None`` for a
+    plastic zip (its policy class is a :class:`~sb3_plastic.policies.PlasticPolicyMixin`), else
+    ``(custom_objects, config)``: SB3's ``custom_objects`` that put the plastic policy of the same alias
+    (``cls.policy_aliases``) in place of SB3's and add the plastic keywords of ``config`` to the saved
+    ``policy_kwargs``, with ``config`` plasticity off (``activation=None``: SB3's activations;
+    ``isometry_mode="off"``, ``optimizer="adam"``), so the networks and the optimizer are SB3's, bit for bit.
+
+    Reads only the zip's ``data`` entry (the parameters are read once, by SB3's ``load``).
+
+    :raises ValueError: when the saved policy class is not one of the SB3 class's policy aliases (a user's own
+        policy class): build the plastic model and call ``set_parameters(path)`` instead.
+    """
+    data = _saved_data(path, custom_objects)
+    policy_class = data.get("policy_class")
+    if isinstance(policy_class, type) and issubclass(policy_class, PlasticPolicyMixin):
+        return None
+    base = next(c for c in cls.__mro__[1:] if issubclass(c, BaseAlgorithm) and not issubclass(c, PlasticAlgorithmMixin))
+    alias = next((name for name, known in base.policy_aliases.items() if known is policy_class), None)
+    if alias is None or alias not in cls.policy_aliases:
+        raise ValueError(
+            f"{cls.__name__}.load: the zip's policy class {policy_class!r} is not one of {base.__name__}'s policy aliases "
+            f"{sorted(base.policy_aliases)}, so it has no plastic counterpart; build the {cls.__name__} with the policy "
+            f"you want and call set_parameters({str(path)!r}) to load the saved parameters into it"
+        )
+    config = IsometryConfig(
+        activation=None, isometry_coef=cls.default_isometry_coef, isometry_mode="off", optimizer="adam"
+    )
+    policy_kwargs = dict(data.get("policy_kwargs") or {})
+    policy_kwargs.update(config.to_kwargs())
+    return {"policy_class": cls.policy_aliases[alias], "policy_kwargs": policy_kwargs}, config
+
+
+def _saved_data(path: Any, custom_objects: Optional[dict[str, Any]]) -> dict[str, Any]:
+    """The ``data`` entry of an SB3 zip (a path or an open binary file, whose position is restored), deserialised as
+    SB3's ``load`` does."""
+    if isinstance(path, io.IOBase):
+        position = path.tell()
+        try:
+            with zipfile.ZipFile(path) as archive:
+                text = archive.read("data").decode()
+        finally:
+            path.seek(position)
+    else:
+        with open_path(path, "r", verbose=0, suffix="zip") as file, zipfile.ZipFile(file) as archive:
+            text = archive.read("data").decode()
+    return json_to_data(text, custom_objects=custom_objects)
 
 
 def _default(function: Any, name: str) -> Any:
