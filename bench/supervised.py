@@ -43,9 +43,10 @@ are in bench/README.md, "Supervised plasticity probes"):
 * ``l2_init``: L2-init (Kumar et al., 2023): ``lambda * ||theta - theta_0||^2`` on every parameter, its gradient
   :func:`sb3_plastic.callbacks.regularisers.l2_init_grad` added after ``backward()`` (the isometry paper's baseline,
   issue #15).
-* ``spectral``: spectral regularisation (Lewandowski et al., 2024): ``lambda * sum_l (sigma_1([W_l | b_l])^2 - 1)^2`` on
-  every layer (head included), one persistent power iteration per step (the functions of
-  :class:`sb3_plastic.callbacks.SpectralRegularisation`).
+* ``spectral``: spectral regularisation (Lewandowski et al., 2024): ``lambda * sum_l [(sigma_1(W_l)^2 - 1)^2 +
+  ||b_l||^4]`` on every layer (head included), one persistent power iteration per step (the functions of
+  :class:`sb3_plastic.callbacks.SpectralRegularisation`; results committed before 2026-12-02 used the earlier
+  ``(sigma_1([W_l | b_l])^2 - 1)^2``, now ``bias_as_column=True``).
 * ``nap``: Normalize-and-Project (Lyle et al., 2024): a LayerNorm before each ReLU
   (:func:`sb3_plastic.callbacks.nap.insert_layer_norms_`) and each normalised layer's ``[W, b]`` projected to its
   initial norm after every step (:func:`sb3_plastic.callbacks.nap.project_`).
@@ -96,7 +97,13 @@ from sb3_plastic.callbacks.cbp import GenerateAndTest
 from sb3_plastic.callbacks.fire import fire_
 from sb3_plastic.callbacks.nap import insert_layer_norms_, normalized_layers, project_
 from sb3_plastic.callbacks.redo import default_layer_init, orthogonal_layer_init
-from sb3_plastic.callbacks.regularisers import SpectralBlock, l2_init_grad, power_iteration, spectral_penalty_grad
+from sb3_plastic.callbacks.regularisers import (
+    SpectralBlock,
+    l2_init_grad,
+    power_iteration,
+    spectral_bias_penalty_grad,
+    spectral_penalty_grad,
+)
 from sb3_plastic.callbacks.shrink_perturb import continual_shrink_perturb_, shrink_perturb_
 from sb3_plastic.common.surgery import Consumer, HiddenLayer
 from sb3_plastic.diagnostics import dormant_fraction, effective_rank
@@ -395,7 +402,8 @@ class PenaltySteps:
         self.spectral_coef = settings["spectral_coef"]
         self.theta0 = [p.detach().clone() for p in net.parameters()] if self.l2_coef > 0 else []
         self.params = list(net.parameters())
-        self.blocks = [SpectralBlock(str(i), m.weight, m.bias) for i, m in enumerate(linear_layers(net))]
+        self.blocks = [SpectralBlock(str(i), m.weight) for i, m in enumerate(linear_layers(net))]
+        self.biases = [m.bias for m in linear_layers(net)]
         gen = th.Generator().manual_seed(0)
         self.u = [th.randn(b.weight.shape[0], generator=gen) for b in self.blocks] if self.spectral_coef > 0 else []
         self.projected = normalized_layers(net) if settings["nap"] else []
@@ -408,9 +416,10 @@ class PenaltySteps:
         for i, (block, u) in enumerate(zip(self.blocks, self.u)):
             u, v, sigma = power_iteration(block.matrix(), u / u.norm())
             self.u[i] = u
-            grad = spectral_penalty_grad(u, v, sigma, self.spectral_coef)
-            block.weight.grad.add_(grad[:, :-1])
-            block.bias.grad.add_(grad[:, -1])
+            block.weight.grad.add_(spectral_penalty_grad(u, v, sigma, self.spectral_coef))
+        if self.spectral_coef > 0:
+            for bias in self.biases:
+                bias.grad.add_(spectral_bias_penalty_grad(bias, self.spectral_coef))
 
     def after_step(self) -> None:
         for layer, norm in zip(self.projected, self.norms):

@@ -206,27 +206,43 @@ def _augmented(layer, include_bias=True):
     return th.cat([weight, layer.bias.unsqueeze(1)], 1) if include_bias else weight
 
 
-@pytest.mark.parametrize("exponent, include_bias", [(2.0, True), (1.0, False)])
-def test_spectral_gradient_is_autograd_of_the_svd_penalty(exponent, include_bias):
+def _paper_penalty(layers, exponent=2.0, include_bias=True, bias_as_column=False):
+    """Lewandowski et al.'s penalty written out with the SVD: ``sum_l (sigma_1(W_l)^k - 1)^2 + ||b_l||^(2k)`` (and the
+    ``[W | b]`` / weight-only variants), differentiable by autograd."""
+    column = include_bias and bias_as_column
+    total = sum((th.linalg.svdvals(_augmented(m, column))[0] ** exponent - 1) ** 2 for m in layers)
+    if include_bias and not bias_as_column:
+        total = total + sum(m.bias.norm() ** (2 * exponent) for m in layers)
+    return total
+
+
+@pytest.mark.parametrize(
+    "exponent, include_bias, bias_as_column",
+    [(2.0, True, False), (3.0, True, False), (1.0, True, True), (2.0, True, True), (1.0, False, False)],
+)
+def test_spectral_gradient_is_autograd_of_the_svd_penalty(exponent, include_bias, bias_as_column):
     th.manual_seed(1)
     model = PPO("MlpPolicy", "CartPole-v1", seed=0)
     policy = model.policy
-    with th.no_grad():  # SB3's orthogonal init has equal singular values (no unique top pair): break the tie
+    with th.no_grad():  # SB3's orthogonal init has equal singular values (no unique top pair) and zero biases
         for p in policy.parameters():
             p.add_(0.1 * th.randn_like(p))
     obs = th.randn(16, 4)
     coef = 0.3
     layers = [m for m in policy.modules() if isinstance(m, th.nn.Linear)]
-    # reference: autograd of loss + coef * sum_l (svd sigma_1(M_l)^k - 1)^2, then SB3's clipping
+    # reference: autograd of loss + coef * the SVD penalty, then SB3's clipping
     policy.zero_grad()
-    penalty = sum((th.linalg.svdvals(_augmented(m, include_bias))[0] ** exponent - 1) ** 2 for m in layers)
+    penalty = _paper_penalty(layers, exponent, include_bias, bias_as_column)
     (_hand_loss(policy, obs) + coef * penalty).backward()
     th.nn.utils.clip_grad_norm_(policy.parameters(), 0.5)
     expected = [p.grad.clone() for p in policy.parameters()]
     # the callback with enough power iterations to converge on the first update
-    callback = SpectralRegularisation(coef, exponent=exponent, include_bias=include_bias, power_iterations=500)
+    callback = SpectralRegularisation(
+        coef, exponent=exponent, include_bias=include_bias, bias_as_column=bias_as_column, power_iterations=500
+    )
     _start(callback, model)
     assert len(callback.blocks()) == len(layers)
+    assert len(callback.biases()) == (len(layers) if include_bias and not bias_as_column else 0)
     policy.zero_grad()
     _hand_loss(policy, obs).backward()
     th.nn.utils.clip_grad_norm_(policy.parameters(), 0.5)
@@ -234,20 +250,79 @@ def test_spectral_gradient_is_autograd_of_the_svd_penalty(exponent, include_bias
         th.testing.assert_close(p.grad, want, rtol=1e-4, atol=1e-6, msg=name)
     for m in layers:  # the estimates are the SVD's largest singular values
         key = f"policy.{callback.networks[0].layer_names[id(m)]}"
-        svd = float(th.linalg.svdvals(_augmented(m, include_bias).detach())[0])
+        svd = float(th.linalg.svdvals(_augmented(m, include_bias and bias_as_column).detach())[0])
         assert float(callback.state["sigma"][key]) == pytest.approx(svd, rel=1e-5)
+
+
+def test_spectral_default_is_the_papers_weight_and_bias_penalty():
+    """The default callback (and ``spectral_coef`` alone) adds ``coef * [(sigma_1(W)^2 - 1)^2 + ||b||^4]`` per layer:
+    checked against a hand-written gradient (``2 (sigma^2 - 1) 2 sigma u v^T`` from the SVD's top pair, ``4 ||b||^2 b``),
+    with no task loss and no clipping. The earlier default (``sigma_1([W | b])`` pulled to 1, no bias term) fails."""
+    th.manual_seed(3)
+    model = PlasticPPO("MlpPolicy", "CartPole-v1", spectral_coef=0.25, isometry_mode="off", optimizer="adam", seed=0)
+    policy = model.policy
+    with th.no_grad():  # Gaussian weights (sigma_1 far from 1, a unique top pair), biases away from 0
+        for m in policy.modules():
+            if isinstance(m, th.nn.Linear):
+                m.weight.copy_(0.3 * th.randn_like(m.weight))
+                m.bias.copy_(0.4 * th.randn_like(m.bias))
+    callback = model.intervention_callbacks()[0]
+    assert isinstance(callback, SpectralRegularisation) and callback.power_iterations == 1
+    callback.power_iterations = 500  # converge on the first update (the default persists one step per update)
+    _start(callback, model)
+    policy.zero_grad()
+    # a loss that reaches every parameter with zero gradient: the gradients are the penalty's alone
+    (0.0 * sum(p.sum() for p in policy.parameters())).backward()
+    layers = [m for m in policy.modules() if isinstance(m, th.nn.Linear)]
+    for m in layers:
+        matrix = m.weight.detach().double()
+        u, s, vh = th.linalg.svd(matrix)
+        sigma = s[0]
+        want_w = 0.25 * 2 * (sigma**2 - 1) * 2 * sigma * th.outer(u[:, 0], vh[0])
+        bias = m.bias.detach().double()
+        want_b = 0.25 * 4 * bias.norm() ** 2 * bias
+        th.testing.assert_close(m.weight.grad.double(), want_w, rtol=1e-4, atol=1e-5)
+        th.testing.assert_close(m.bias.grad.double(), want_b, rtol=1e-5, atol=1e-6)
+    assert callback.exponent == 2.0 and callback.layers == "all" and callback.include_bias and not callback.bias_as_column
+
+
+def test_spectral_bias_penalty_functions():
+    from sb3_plastic.callbacks.regularisers import spectral_bias_penalty, spectral_bias_penalty_grad
+
+    gen = th.Generator().manual_seed(4)
+    bias = th.randn(7, generator=gen, dtype=th.float64)
+    for k in (0.5, 1.0, 2.0, 3.0):
+        b = bias.clone().requires_grad_(True)
+        (0.3 * b.norm() ** (2 * k)).backward()
+        th.testing.assert_close(spectral_bias_penalty_grad(bias, 0.3, k), b.grad)
+        assert float(spectral_bias_penalty(bias, k)) == pytest.approx(float(bias.norm()) ** (2 * k))
+        zero = spectral_bias_penalty_grad(th.zeros(3, dtype=th.float64), 0.3, k)
+        assert th.equal(zero, th.zeros(3, dtype=th.float64))  # 0 at b = 0, also for k < 1
+
+
+def test_spectral_bias_keywords():
+    model = PlasticPPO("MlpPolicy", "CartPole-v1", spectral_coef=0.1, spectral_bias_as_column=True)
+    callback = model.intervention_callbacks()[0]
+    assert callback.bias_as_column and callback.biases() == []
+    assert all(b.bias is not None for b in callback.blocks())
+    hidden = SpectralRegularisation(0.1, layers="hidden")
+    hidden.init_callback(PPO("MlpPolicy", "CartPole-v1", seed=0))
+    assert len(hidden.biases()) == 4  # the heads' biases stay free with their weights
+    with pytest.warns(UserWarning, match=r"bias_as_column=True.*include_bias is False"):
+        SpectralRegularisation(0.1, include_bias=False, bias_as_column=True)
+    with pytest.warns(UserWarning, match=r"spectral_bias_as_column=True.*spectral_include_bias is False"):
+        PlasticPPO("MlpPolicy", "CartPole-v1", spectral_coef=0.1, spectral_include_bias=False, spectral_bias_as_column=True)
 
 
 def test_spectral_power_iteration_persists_one_step_per_update():
     th.manual_seed(2)
     model = PPO("MlpPolicy", "CartPole-v1", seed=0)
     layer = model.policy.mlp_extractor.policy_net[0]  # Linear(4, 64)
-    with th.no_grad():  # known spectrum: singular values 3, 2.4, 1, 0.5, 0.1 of [W | b] (5 columns)
-        u, _ = th.linalg.qr(th.randn(64, 5))
-        v, _ = th.linalg.qr(th.randn(5, 5))
-        target = u @ th.diag(th.tensor([3.0, 2.4, 1.0, 0.5, 0.1])) @ v.T
-        layer.weight.copy_(target[:, :4])
-        layer.bias.copy_(target[:, 4])
+    with th.no_grad():  # known spectrum: singular values 3, 2.4, 1, 0.5 of W (the bias has its own norm penalty)
+        u, _ = th.linalg.qr(th.randn(64, 4))
+        v, _ = th.linalg.qr(th.randn(4, 4))
+        target = u @ th.diag(th.tensor([3.0, 2.4, 1.0, 0.5])) @ v.T
+        layer.weight.copy_(target)
     callback = SpectralRegularisation(1e-3)
     _start(callback, model)
     key = "policy.mlp_extractor.policy_net.0"
@@ -294,9 +369,12 @@ def test_spectral_pulls_sigma_max_towards_one():
         fast = dict(PPO_FAST, batch_size=16, n_epochs=10)  # 160 updates
         model = PlasticPPO("MlpPolicy", "CartPole-v1", spectral_coef=coef, learning_rate=3e-3, **fast)
         model.learn(256)
-        return th.linalg.svdvals(_augmented(model.policy.mlp_extractor.policy_net[0]).detach())[0]
+        layer = model.policy.mlp_extractor.policy_net[0]
+        return th.linalg.svdvals(layer.weight.detach())[0], layer.bias.detach().norm()
 
-    assert abs(float(sigmas(1.0)) - 1) < 0.5 * abs(float(sigmas(0.0)) - 1)
+    (sigma_on, bias_on), (sigma_off, bias_off) = sigmas(1.0), sigmas(0.0)
+    assert abs(float(sigma_on) - 1) < 0.5 * abs(float(sigma_off) - 1)
+    assert float(bias_on) < float(bias_off)
 
 
 @pytest.mark.parametrize(
@@ -305,6 +383,7 @@ def test_spectral_pulls_sigma_max_towards_one():
         (dict(spectral_coef=-1.0), "spectral_coef"),
         (dict(spectral_exponent=0), "spectral_exponent"),
         (dict(spectral_include_bias="yes"), "spectral_include_bias"),
+        (dict(spectral_bias_as_column=1), "spectral_bias_as_column"),
         (dict(spectral_layers="heads"), "heads"),
         (dict(spectral_power_iterations=0), "spectral_power_iterations"),
     ],
