@@ -84,6 +84,8 @@ from stable_baselines3.common.vec_env import VecEnv, VecFrameStack
 from sb3_plastic import FIRE, ContinualBackprop, PlasticDQN, PlasticityMonitor, PlasticPPO, PlasticSAC, ReDo
 from sb3_plastic.callbacks import L2Init, SpectralRegularisation
 from sb3_plastic.callbacks.monitor import DEFAULT_EVERY
+from sb3_plastic.common.hooks import OutermostStepHooks
+from sb3_plastic.common.surgery import find_networks
 
 MODES = ("quick", "full")
 METRICS = ("learn fps", "train() speed", "rollout speed")
@@ -125,7 +127,8 @@ class Event:
         binds the networks and draws its probe batch, and must not act on its own during the warm-up (set its
         period out of reach); the PlasticityMonitor's first pass happens there and is not timed.
     :param trigger: performs one event with that callback.
-    :param every: the period: env steps, or gradient steps (SB3's ``_n_updates``) when ``unit="gradient"``.
+    :param every: the period: env steps, or gradient steps (optimizer steps, as ReDo counts them) when
+        ``unit="gradient"``.
     :param unit: ``"env"`` or ``"gradient"``.
     :param report: ``"ratio"`` (projected fps ratio ``T / (T + t)``, higher is better) or ``"fraction"`` (``t / T``,
         one event against one period, lower is better).
@@ -262,8 +265,8 @@ PPO_STEPS = {"quick": Steps(_ppo_steps(PPO_ATARI_QUICK, 1), _ppo_steps(PPO_ATARI
 #: units are eligible during the short timed runs: the steady state of a long run, with at most ~2x as many
 #: replacements per update as the reference maturity gives (pessimistic).
 CBP_KWARGS = dict(replacement_rate=1e-4, maturity_threshold=10)
-#: ReDo's period in gradient steps (SB3's ``_n_updates``: PPO counts epochs): the callback's default and the
-#: paper's recycling period (1000 gradient steps).
+#: ReDo's period in gradient steps (optimizer steps; PPO: minibatch updates): the callback's default and the paper's
+#: recycling period (1000 gradient steps).
 REDO_PERIOD = 1000
 #: Out of reach: the callback never acts on its own while the event entries warm up.
 NEVER = 10**12
@@ -353,7 +356,8 @@ register(Entry(
 register(Entry(
     name="ppo-cnn-redo",
     description=f"one ReDo check (probe 256, tau 0.025, recycling) on PPO CnnPolicy every {REDO_PERIOD} gradient steps "
-    "(PPO: epochs; 256 rollouts of 1024 steps), projected from PPO's fps in this run, Breakout",
+    "(optimizer steps, PPO: 16 minibatch updates per rollout of 1024 steps, a check every 64 rollouts), projected "
+    "from PPO's fps in this run, Breakout",
     baseline=ppo_atari(PPO),
     event=REDO_EVENT,
     steps=PPO_STEPS,
@@ -626,20 +630,36 @@ class Arm:
         self.model.train = timed_train  # type: ignore[method-assign]  # instance attribute shadows the method
 
     def run(self, steps: int, threads: int) -> dict[str, float]:
-        """One timed ``learn()``: wall and CPU seconds, in total and inside train(), and env steps done."""
+        """One timed ``learn()``: wall and CPU seconds, in total and inside train(), env steps done and optimizer
+        steps taken (the most of any network's optimizer, as :class:`~sb3_plastic.callbacks.ReDo` counts its period:
+        PPO's minibatch updates, one per gradient step for DQN / SAC)."""
         th.set_num_threads(threads)
         gc.collect()
         before_steps, before_train, before_cpu = self.model.num_timesteps, self.train_seconds, self.train_cpu_seconds
-        before_updates = int(getattr(self.model, "_n_updates", 0))
+        counts: dict[int, int] = {}
+
+        def count(optimizer: th.optim.Optimizer) -> None:
+            counts[id(optimizer)] += 1
+
+        hooks = []
+        for spec in find_networks(self.model):
+            if spec.optimizer is not None and id(spec.optimizer) not in counts:
+                counts[id(spec.optimizer)] = 0
+                hooks.append(OutermostStepHooks(spec.optimizer, after=count))
         _sync(self.model.device)
         start, start_cpu = time.perf_counter(), time.process_time()
-        self.model.learn(total_timesteps=steps, callback=self.callback, reset_num_timesteps=False)
+        try:
+            self.model.learn(total_timesteps=steps, callback=self.callback, reset_num_timesteps=False)
+        finally:
+            for hook in hooks:
+                for handle in hook.handles:
+                    handle.remove()
         _sync(self.model.device)
         wall, cpu = time.perf_counter() - start, time.process_time() - start_cpu
         train, train_cpu = self.train_seconds - before_train, self.train_cpu_seconds - before_cpu
         return {
             "steps": self.model.num_timesteps - before_steps,
-            "updates": int(getattr(self.model, "_n_updates", 0)) - before_updates,
+            "optimizer_steps": max(counts.values(), default=0),
             "wall": wall, "train": train, "rollout": wall - train,
             "cpu_wall": cpu, "cpu_train": train_cpu, "cpu_rollout": cpu - train_cpu,
         }
@@ -775,10 +795,12 @@ def measure_event(
 
 
 def _period_steps(event: Event, run: dict[str, float]) -> float:
-    """The event's period in env steps (a period in gradient steps is converted with this run's updates per step)."""
+    """The event's period in env steps (a period in gradient steps is converted with this run's optimizer steps per
+    env step)."""
     if event.unit == "env":
         return float(event.every)
-    return float(event.every) * run["steps"] / run["updates"] if run["updates"] > 0 else float("nan")
+    updates = run["optimizer_steps"]
+    return float(event.every) * run["steps"] / updates if updates > 0 else float("nan")
 
 
 def _event_values(event: Event, period_seconds: float, event_seconds: float) -> list[float]:

@@ -104,3 +104,17 @@ def test_overhead_quick_ab_and_event_entries(tmp_path):
     else:
         assert ev["status"] == "-" and 0 < ev["ratios"]["projected fps"][0] <= 1
     assert code == (1 if "FAIL" in (cbp["status"], ev["status"]) else 0)
+
+
+def test_overhead_event_period_counts_optimizer_steps_as_redo_does():
+    """An event in gradient steps (ReDo's period) is projected with optimizer steps, as ReDo counts them: PPO's
+    minibatch updates (here 2 epochs x 4 minibatches per rollout), not SB3's ``_n_updates`` (one per epoch)."""
+    from stable_baselines3 import PPO
+
+    overhead = load_bench_script("overhead")
+    model = PPO("MlpPolicy", "CartPole-v1", n_steps=64, batch_size=16, n_epochs=2, seed=0, policy_kwargs=dict(net_arch=[8]))
+    run = overhead.Arm(model).run(128, threads=1)
+    assert run["steps"] == 128 and model._n_updates == 4
+    assert run["optimizer_steps"] == 2 * 2 * 4
+    event = overhead.Event(overhead.redo_event, overhead.trigger_redo, every=1000, unit="gradient", label="x")
+    assert overhead._period_steps(event, run) == 1000 * 128 / 16
