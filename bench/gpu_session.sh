@@ -71,7 +71,7 @@ else
     COMPILED=(ppo-minatar-relu ppo-nature-relu sac-mlp-relu)
     SHAPES=()
     TESTS=(tests/test_cuda.py tests/test_isometry_core.py tests/test_regularisers.py tests/test_bench_continual_protocol.py
-           -k cuda)
+           tests/test_save_plastic_state_device.py tests/test_shrink_perturb_rng.py -k cuda)
 fi
 
 stage "2. CUDA tests"

@@ -5,6 +5,7 @@ the model's seed, and it continues across save -> load."""
 from __future__ import annotations
 
 import gymnasium as gym
+import pytest
 import torch as th
 from stable_baselines3 import DQN, PPO
 from stable_baselines3.common.logger import configure
@@ -87,3 +88,26 @@ def test_draw_continues_across_save_and_load(tmp_path):
     th.manual_seed(456)
     b.apply()
     assert all(th.equal(x, y) for x, y in zip(_params(model), _params(loaded)))
+
+
+@pytest.mark.skipif(not th.cuda.is_available(), reason="needs CUDA")
+def test_cuda_event_and_noise_leave_the_cpu_and_cuda_global_rngs_untouched():
+    """On a CUDA model the private stream is the CUDA generator (theta_fresh is drawn on the device): neither the CPU
+    nor the CUDA global state moves, and the generator's state is kept for save -> load."""
+    model = PPO("MlpPolicy", "CartPole-v1", seed=0, device="cuda", **PPO_KWARGS)
+    cb = _started(ShrinkPerturb(every=64), model)
+    before, cpu, cuda = _params(model), th.random.get_rng_state(), th.cuda.get_rng_state()
+    cb.apply()
+    assert th.equal(th.random.get_rng_state(), cpu) and th.equal(th.cuda.get_rng_state(), cuda)
+    assert any(not th.equal(a, b) for a, b in zip(before, _params(model)))
+    assert any(key.startswith("cuda") for key in cb.state["rng"]["states"])
+    dqn = DQN("MlpPolicy", "CartPole-v1", seed=0, device="cuda", policy_kwargs=dict(net_arch=[8]))
+    noise = _started(ShrinkPerturb("continual", noise_std=1e-2, weight_decay=0.0), dqn)
+    dqn.policy.set_training_mode(True)
+    for p in dqn.q_net.parameters():
+        p.grad = th.zeros_like(p)
+    cpu, cuda = th.random.get_rng_state(), th.cuda.get_rng_state()
+    dqn.policy.optimizer.step()
+    assert noise.state["noise_steps"] == 1
+    assert th.equal(th.random.get_rng_state(), cpu) and th.equal(th.cuda.get_rng_state(), cuda)
+    noise.on_training_end()
