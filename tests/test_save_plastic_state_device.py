@@ -1,7 +1,7 @@
 """The interventions' persistent state across devices (audit): what ``save`` pickles (of a plastic or a plain SB3
 model) holds only CPU tensors (a CUDA save must load on a CPU-only machine; SB3 drops an attribute it cannot
-unpickle, and with it every intervention's state), ``load`` maps the floating-point tensors to the model's device
-(RNG states stay CPU byte tensors), and L2-init's in-place penalty moves ``theta_0`` to the parameter's device."""
+unpickle, and with it every intervention's state); after ``load`` each callback moves what it reads to its network's
+device when it binds (L2-init's ``theta_0``, the spectral vectors), and L2-init's in-place penalty works there."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch as th
 from stable_baselines3.common.save_util import load_from_zip_file
 
 from sb3_plastic import PlasticPPO
-from sb3_plastic.common import plastic_algorithm, surgery
+from sb3_plastic.common import surgery
 from sb3_plastic.common.surgery import PlasticStateStore
 
 KWARGS = dict(n_steps=64, batch_size=32, n_epochs=1, seed=0, policy_kwargs=dict(net_arch=[8]))
@@ -33,6 +33,19 @@ def _tensors(obj):
             yield from _tensors(value)
 
 
+def _spy_mover(monkeypatch, module) -> list[th.device]:
+    """Record the device of every call of ``module.plastic_state_to`` (which still runs)."""
+    calls: list[th.device] = []
+    original = module.plastic_state_to
+
+    def spy(state, device):
+        calls.append(th.device(device))
+        return original(state, device)
+
+    monkeypatch.setattr(module, "plastic_state_to", spy)
+    return calls
+
+
 def _trained(device="cpu"):
     model = PlasticPPO("MlpPolicy", "CartPole-v1", device=device, **KWARGS, **PLASTIC)
     model.learn(128)
@@ -43,16 +56,9 @@ def test_pickling_writes_a_cpu_copy_of_the_state_and_keeps_the_live_one(monkeypa
     model = _trained()
     live = model.plastic_state
     before = {id(t) for t in _tensors(live)}
-    calls = []
-    original = surgery.plastic_state_to
-
-    def spy(state, device, floating_only=False):
-        calls.append((th.device(device), floating_only))
-        return original(state, device, floating_only)
-
-    monkeypatch.setattr(surgery, "plastic_state_to", spy)
+    calls = _spy_mover(monkeypatch, surgery)
     pickled = live.__getstate__()
-    assert calls == [(th.device("cpu"), False)]  # every tensor to the CPU
+    assert calls == [th.device("cpu")]  # every tensor to the CPU
     assert model.plastic_state is live and {id(t) for t in _tensors(live)} == before  # the live state is untouched
     saved = pickle.loads(pickle.dumps(live))
     assert isinstance(saved, PlasticStateStore) and saved.keys() == live.keys() and pickled["data"].keys() == live.keys()
@@ -62,32 +68,16 @@ def test_pickling_writes_a_cpu_copy_of_the_state_and_keeps_the_live_one(monkeypa
         assert th.equal(a, b.cpu())
 
 
-def test_load_maps_the_state_to_the_model_device(tmp_path, monkeypatch):
-    model = _trained()
-    model.save(tmp_path / "m.zip")
-    calls = []
-    original = plastic_algorithm.plastic_state_to
-
-    def spy(state, device, floating_only=False):
-        calls.append((th.device(device), floating_only))
-        return original(state, device, floating_only)
-
-    monkeypatch.setattr(plastic_algorithm, "plastic_state_to", spy)
-    loaded = PlasticPPO.load(tmp_path / "m.zip")
-    assert calls == [(loaded.device, True)]
-    assert all(t.device == loaded.device for t in _tensors(loaded.plastic_state) if t.is_floating_point())
-
-
-def test_plastic_state_to_moves_floats_only_and_keeps_rng_states_on_cpu():
+def test_plastic_state_to_copies_the_nest_with_every_tensor_moved():
     store = PlasticStateStore()
     rng = th.Generator().manual_seed(3).get_state()
     store.data["A"] = {"theta0": {"w": th.ones(2, dtype=th.float64)}, "rng": {"cpu": rng}, "n": 3, "l": [th.zeros(1)]}
-    moved = surgery.plastic_state_to(store, "cpu", floating_only=True)
-    assert isinstance(moved, PlasticStateStore) and moved is not store
+    moved = surgery.plastic_state_to(store, "cpu")
+    assert isinstance(moved, PlasticStateStore) and moved is not store and moved.data is not store.data
     assert moved.data["A"]["rng"]["cpu"].dtype == th.uint8 and moved.data["A"]["n"] == 3
     th.Generator().set_state(moved.data["A"]["rng"]["cpu"])  # still a valid CPU generator state
     assert th.equal(moved.data["A"]["theta0"]["w"], th.ones(2, dtype=th.float64))
-    assert surgery.plastic_state_to({"x": [th.ones(1)]}, "cpu")["x"][0].device.type == "cpu"
+    assert isinstance(moved.data["A"]["l"], list) and th.equal(moved.data["A"]["l"][0], th.zeros(1))
 
 
 def test_cpu_save_load_keeps_every_intervention_state(tmp_path):
@@ -131,10 +121,10 @@ def test_cpu_save_cuda_load(tmp_path):
     model = _trained("cpu")
     model.save(tmp_path / "m.zip")
     loaded = PlasticPPO.load(tmp_path / "m.zip", env=gym.make("CartPole-v1"), device="cuda")
-    theta0 = _state_of(loaded, "L2Init")["theta0"]
+    loaded.learn(64, reset_num_timesteps=False)  # the in-place L2-init penalty on CUDA parameters
+    theta0 = _state_of(loaded, "L2Init")["theta0"]  # moved to the parameters' device when the callbacks bound
     assert all(t.device.type == "cuda" for t in theta0.values())
     assert all(t.device.type == "cuda" for t in _state_of(loaded, "SpectralRegularisation")["u"].values())
-    loaded.learn(64, reset_num_timesteps=False)  # the in-place L2-init penalty on CUDA parameters
     assert _state_of(loaded, "FIRE")["count"] == 1
     assert all(th.isfinite(p).all() for p in loaded.policy.parameters())
 
@@ -148,14 +138,7 @@ def test_plain_sb3_model_with_plastic_callbacks_pickles_its_state_through_the_cp
 
     model = PPO("MlpPolicy", "CartPole-v1", **KWARGS)
     model.learn(128, callback=[L2Init(1e-3), FIRE(at=0.5)])
-    calls = []
-    original = surgery.plastic_state_to
-
-    def spy(state, device, floating_only=False):
-        calls.append(th.device(device))
-        return original(state, device, floating_only)
-
-    monkeypatch.setattr(surgery, "plastic_state_to", spy)
+    calls = _spy_mover(monkeypatch, surgery)
     model.save(tmp_path / "plain.zip")
     assert calls == [th.device("cpu")]
     loaded = PPO.load(tmp_path / "plain.zip")

@@ -19,7 +19,6 @@ from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.callbacks import BaseCallback, CallbackList, ConvertCallback
 from stable_baselines3.common.save_util import json_to_data, open_path
 
-from sb3_plastic.common.surgery import plastic_state_to
 from sb3_plastic.config import AUTO, ISOMETRY_KEYS, IsometryConfig, auto_isometry_interval
 from sb3_plastic.policies import PlasticPolicyMixin
 
@@ -183,7 +182,6 @@ class PlasticAlgorithmMixin:
             objects, config = foreign
             custom_objects = {**(custom_objects or {}), **objects}
             kwargs["isometry_config"] = config  # set on the model before its networks are built (SB3's load)
-            kwargs["intervention_configs"] = {key: config_cls() for key, config_cls in intervention_config_classes().items()}
         updates = {key: kwargs.pop(key) for key in list(kwargs) if key in intervention_keys()}
         model = super().load(  # type: ignore[misc]
             path,
@@ -194,9 +192,6 @@ class PlasticAlgorithmMixin:
             force_reset=force_reset,
             **kwargs,
         )
-        store = model.__dict__.get("plastic_state")
-        if store is not None:  # pickled on the CPU (PlasticStateStore): floating-point tensors to this model's device
-            model.__dict__["plastic_state"] = plastic_state_to(store, model.device, floating_only=True)
         for name, config_cls in intervention_config_classes().items():
             mine = {k: v for k, v in updates.items() if k in {f.name for f in dataclasses.fields(config_cls)}}
             if mine:

@@ -711,9 +711,10 @@ class PlasticStateStore:
         """What pickling writes (SB3's ``save``, of plastic and plain SB3 models alike): a copy of the state whose
         tensors are on the CPU (:func:`plastic_state_to`), so a model trained on a GPU loads on a CPU-only machine
         (SB3 would otherwise fail to unpickle the CUDA tensors there, warn, and drop the whole state, so that e.g.
-        FIRE fires again). The live state keeps its device; the callbacks move what they read to their
-        network's device when they bind to it, and the plastic algorithms' ``load`` maps the floating-point tensors
-        to the model's device."""
+        FIRE fires again). The live state keeps its device. A loaded state stays on the CPU: each callback moves
+        what it reads to its network's device when it binds to it (L2-init's ``theta_0``, the spectral power-iteration
+        vectors, Continual Backprop's statistics), and keeps on the CPU what it keeps there on purpose (the monitor's
+        copy of the initial weights, CBP's ages, the private generators' states)."""
         return {"data": plastic_state_to(self.data, "cpu")}
 
 
@@ -730,22 +731,17 @@ def model_state(model: BaseAlgorithm, key: str) -> dict[str, Any]:
     return store.data.setdefault(key, {})
 
 
-def plastic_state_to(state: Any, device: Union[str, th.device], floating_only: bool = False) -> Any:
+def plastic_state_to(state: Any, device: Union[str, th.device]) -> Any:
     """A copy of an interventions' persistent state (a :class:`PlasticStateStore`, or
     any nest of dicts, lists and tuples) with its tensors moved to ``device`` (detached; other values shared).
 
     :param state: the state (not modified).
     :param device: the target device.
-    :param floating_only: move only floating-point (and complex) tensors; integer and bool tensors, such as the
-        private generators' states (CPU byte tensors, which ``torch.Generator.set_state`` requires), stay where they
-        are. ``False`` (used for saving, to the CPU): every tensor.
     """
     device = th.device(device)
 
     def move(obj: Any) -> Any:
         if isinstance(obj, th.Tensor):
-            if floating_only and not (obj.is_floating_point() or obj.is_complex()):
-                return obj
             return obj.detach().to(device)
         if isinstance(obj, PlasticStateStore):
             out = PlasticStateStore()
