@@ -39,6 +39,8 @@ issue #15; on a DQN / SAC setting the ``ppo`` prefix reads ``dqn`` / ``sac``: ``
 ``ppo_l2_init``     :class:`~sb3_plastic.callbacks.L2Init` (Kumar et al., 2023; ``--l2-init-coef``)
 ``ppo_spectral``    :class:`~sb3_plastic.callbacks.SpectralRegularisation` (Lewandowski et al., 2024;
                     ``--spectral-coef``)
+``ppo_adam_equal_betas`` the setting's SB3 algorithm with Adam beta1 = beta2 = 0.99 (Dohare et al., 2023's fix of
+                    PPO's policy collapse), nothing else changed
 ``ppo_nap``         the plastic algorithm with ``nap=True`` (Normalize-and-Project, Lyle et al., 2024), ReLU,
                     isometry penalty off, Adam: the plain agent with layer norms and the projection
 ==================  =======================================================================================
@@ -93,7 +95,7 @@ from typing import Any, Optional
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rl_stats import bootstrap_mean_ci, iqm_ci, rliable_metrics, stratified_bootstrap
+from rl_stats import bootstrap_mean_ci, iqm_ci, ratio_of_means_ci, rliable_metrics, stratified_bootstrap
 
 #: fraction of each task (its last part) over which the end-of-task scores are averaged (a setting may differ)
 TAIL = 0.2
@@ -275,13 +277,14 @@ SETTINGS["slippery_ant_ppo"] = replace(
 #: method names for PPO settings; on a DQN / SAC setting the "ppo" prefix is the algorithm's (see method_name)
 METHODS = (
     "ppo", "ppo_l2", "ppo_snp", "ppo_cbp", "ppo_cbp_dohare", "ppo_redo", "ppo_fire", "ppo_fire_switch",
-    "plastic_relu", "plastic_maxmin",
+    "plastic_relu", "plastic_maxmin", "ppo_adam_equal_betas",
 )
 #: The isometry paper's baselines (issue #15), on request (``--methods``).
 BASELINE_METHODS = ("ppo_l2_init", "ppo_spectral", "ppo_nap")
 METHODS = METHODS + BASELINE_METHODS
 DEFAULT_METHODS = tuple(
-    m for m in METHODS if m not in ("ppo_fire_switch", "ppo_cbp_dohare", "ppo_redo") and m not in BASELINE_METHODS
+    m for m in METHODS
+    if m not in ("ppo_fire_switch", "ppo_cbp_dohare", "ppo_redo", "ppo_adam_equal_betas") and m not in BASELINE_METHODS
 )
 #: methods whose interventions act only at task changes or at the continual run's midpoint: off in a fresh agent
 TASK_CHANGE_METHODS = ("ppo_snp", "ppo_fire", "ppo_fire_switch")
@@ -336,6 +339,9 @@ class MethodParams:
     isometry_interval: str = "1"
 
 
+#: Adam's betas of ``ppo_adam_equal_betas`` (Dohare et al., 2023, *Overcoming policy collapse in deep RL*: beta1 = beta2
+#: keeps Adam's update bounded after a change of the gradient's scale; the library's ``optimizer="adam_equal_betas"``)
+EQUAL_BETAS = (0.99, 0.99)
 #: Continual Backprop at Dohare's RL settings (``ppo_cbp_dohare``; his Slippery Ant PPO runs)
 DOHARE_CBP = dict(replacement_rate=1e-4, maturity_threshold=10_000, betas=(0.99, 0.99), weight_decay=1e-4)
 
@@ -361,6 +367,7 @@ def _task_recorder(setting: Setting, results: dict[str, list[float]], progress_p
             self._sums = np.zeros(2)
             self._counts = np.zeros(2)
             self._returns: list[float] = []
+            self._recent: list[np.ndarray] = []  # the last HEAD_PROBE_STEPS steps' observations of the task's tail
 
         def _close_task(self) -> None:
             if self._task is None or self._counts[0] == 0 or self._task >= setting.tasks:
@@ -373,6 +380,8 @@ def _task_recorder(setting: Setting, results: dict[str, list[float]], progress_p
             results["end_reward"].append(end)
             results["end_return"].append(end_return)
             results["end_episodes"].append(len(self._returns))
+            for key, value in head_statistics(self.model, self._recent).items():
+                results.setdefault(key, []).append(value)
             self.logger.record("continual/end_of_task_reward", end)
             self.logger.record("continual/end_of_task_return", end_return)
             self.logger.record("continual/task_mean_reward", mean)
@@ -387,6 +396,7 @@ def _task_recorder(setting: Setting, results: dict[str, list[float]], progress_p
             if task != self._task:
                 self._close_task()
                 self._task, self._sums[:], self._counts[:], self._returns = task, 0.0, 0.0, []
+                self._recent = []
             task_step = int(infos[0].get("task_step", 0))
             if task_step > setting.change_every:
                 return True  # past the task's length: a fresh agent's last rollout (see above)
@@ -397,12 +407,53 @@ def _task_recorder(setting: Setting, results: dict[str, list[float]], progress_p
                 self._sums[1] += rewards.sum()
                 self._counts[1] += rewards.size
                 self._returns.extend(float(i["episode"]["r"]) for i in infos if "episode" in i)
+                obs = self.locals.get("new_obs")
+                if HEAD_PROBE_STEPS and isinstance(obs, np.ndarray):
+                    self._recent.append(obs.copy())
+                    del self._recent[:-HEAD_PROBE_STEPS]
             return True
 
         def _on_training_end(self) -> None:
             self._close_task()
 
     return TaskRecorder()
+
+
+#: env steps (of every copy) whose observations probe the output head at a task's end (:func:`head_statistics`;
+#: 0: no probe)
+HEAD_PROBE_STEPS = 32
+
+
+def head_statistics(model: Any, observations: list[np.ndarray]) -> dict[str, float]:
+    """What the output head does on ``observations`` (the last observations of a task's tail), so a collapse can
+    be read per task: for a policy with a categorical distribution (PPO), ``head_entropy`` (mean entropy of
+    pi(.|s)), ``head_max_prob`` (mean probability of the most likely action) and ``head_logit_std`` (mean over
+    states of the standard deviation of the logits across actions: the logit scale); for a Q-network (DQN),
+    ``head_q_std`` (the same spread of Q(s, .)) and ``head_q_max`` (mean max_a Q(s, a)). Forward passes only, in the
+    policy's current mode, no random numbers drawn (training is unchanged). ``{}`` without observations or for
+    other heads."""
+    import torch as th
+
+    if not observations:
+        return {}
+    policy = model.policy
+    obs = np.concatenate(observations)
+    with th.no_grad():
+        tensor = policy.obs_to_tensor(obs)[0]
+        if hasattr(policy, "q_net"):
+            q = policy.q_net(tensor).double()
+            return {"head_q_std": float(q.std(dim=1).mean()), "head_q_max": float(q.max(dim=1).values.mean())}
+        if not hasattr(policy, "get_distribution"):
+            return {}
+        dist = policy.get_distribution(tensor).distribution
+        logits = getattr(dist, "logits", None)
+        if logits is None:
+            return {}
+        logits = logits.double()
+        probs = th.softmax(logits, dim=1)
+        entropy = -(probs * th.log_softmax(logits, dim=1)).sum(dim=1)
+        return {"head_entropy": float(entropy.mean()), "head_max_prob": float(probs.max(dim=1).values.mean()),
+                "head_logit_std": float(logits.std(dim=1).mean())}
 
 
 def _recording_monitor(every: int) -> Any:
@@ -649,6 +700,8 @@ def build_model(method: str, setting: Setting, params: MethodParams, seed: int, 
     elif canonical == "ppo_cbp_dohare":
         adam = {k: DOHARE_CBP[k] for k in ("betas", "weight_decay")}
         policy_kwargs["optimizer_kwargs"] = dict(optimizer_kwargs, **adam)
+    elif canonical == "ppo_adam_equal_betas":
+        policy_kwargs["optimizer_kwargs"] = dict(optimizer_kwargs, betas=EQUAL_BETAS)
     model = sb3_cls(setting.policy, env, policy_kwargs=policy_kwargs, **common)
     if fresh_task is not None and canonical in TASK_CHANGE_METHODS:
         return model, callbacks
@@ -679,11 +732,37 @@ def run_path(out: str, method: str, seed: int, fresh_task: Optional[int] = None)
     return os.path.join(out, "runs", method, "fresh", f"seed{seed}_task{fresh_task}.json")
 
 
-def run_parts(setting: Setting, fresh: str) -> list[Optional[int]]:
-    """The runs of one (method, seed) cell: ``None`` (the continual run) and, with ``fresh="all"``, the fresh
-    agent of every task."""
-    if fresh not in ("all", "none"):
-        raise ValueError(f"fresh must be 'all' or 'none', got {fresh!r}")
+#: fresh agents per seed with ``--fresh sample`` (tasks of the run's last half, :func:`fresh_sample`)
+FRESH_SAMPLE = 4
+#: the ``--fresh`` choices: every task, a sample of the last half, none
+FRESH_CHOICES = ("all", "sample", "none")
+
+
+def fresh_sample(setting: Setting, seed: int, size: int = FRESH_SAMPLE) -> list[int]:
+    """The tasks whose fresh agents ``--fresh sample`` trains for run seed ``seed``: ``size`` distinct tasks of the
+    last half (``tasks // 2`` to ``tasks - 1``), drawn without replacement by a generator seeded with ``seed`` alone
+    (so every method of a seed is compared on the same tasks), sorted; the whole last half when it is smaller.
+
+    For a setting whose tasks are alike in distribution (channel permutations of one game) the fresh agents on a
+    sample of the late tasks estimate the same fresh level as agents on every task, for a fraction of the CPU
+    (issue #28); the summary's plasticity is then the ratio of aggregates over the sampled cells
+    (:func:`ratio_of_means_ci`)."""
+    late = list(range(setting.tasks // 2, setting.tasks))
+    if size >= len(late):
+        return late
+    rng = np.random.default_rng([seed, 28])
+    return sorted(int(k) for k in rng.choice(late, size=size, replace=False))
+
+
+def run_parts(setting: Setting, fresh: str, seed: Optional[int] = None) -> list[Optional[int]]:
+    """The runs of one (method, seed) cell: ``None`` (the continual run) and the fresh agents: of every task
+    (``fresh="all"``), of :func:`fresh_sample`'s tasks of ``seed`` (``"sample"``) or none (``"none"``)."""
+    if fresh not in FRESH_CHOICES:
+        raise ValueError(f"fresh must be one of {', '.join(map(repr, FRESH_CHOICES))}, got {fresh!r}")
+    if fresh == "sample":
+        if seed is None:
+            raise ValueError("fresh='sample' needs the run's seed (the sample depends on it)")
+        return [None, *fresh_sample(setting, seed)]
     return [None] + (list(range(setting.tasks)) if fresh == "all" else [])
 
 
@@ -818,7 +897,7 @@ def run_cell(method: str, seed: int, setting: Setting, params: MethodParams, out
     """Every run of one (method, seed) cell that has no JSON yet (the continual run, then the fresh agents), one
     after the other; returns the continual record (bench/grid.py's unit of work). ``take_over``: see
     :func:`claim_run`."""
-    for part in run_parts(setting, fresh):
+    for part in run_parts(setting, fresh, seed):
         if not os.path.exists(run_path(out, method, seed, part)):
             run_one(method, seed, setting, params, out, device, threads, part, take_over)
     with open(run_path(out, method, seed)) as f:
@@ -928,6 +1007,12 @@ def _ci_text(v: Optional[dict], digits: int = 3) -> str:
     return f"{v['iqm']:.{digits}g} [{v['low']:.{digits}g}, {v['high']:.{digits}g}]"
 
 
+def _ratio_text(v: Optional[dict]) -> str:
+    if not v:
+        return "-"
+    return f"{v['ratio']:.3g} [{v['low']:.3g}, {v['high']:.3g}]" + ("" if v.get("complete", True) else " (sample)")
+
+
 def _iqm_entry(matrix: np.ndarray) -> Optional[dict]:
     if matrix.size == 0 or not np.all(np.isfinite(matrix)):
         return None
@@ -953,6 +1038,36 @@ def compare(a: Optional[dict], b: Optional[dict], lower: str, higher: str) -> st
     if a["low"] > b["high"]:
         return higher
     return "not resolved"
+
+
+def _paired_fresh_last_half(cont: np.ndarray, fresh: np.ndarray) -> dict[str, Any]:
+    """The paired statistics over the last-half cells (runs x tasks) that have a fresh agent (all of them, or
+    :func:`fresh_sample`'s): ``plasticity_ratio_last_half``, the ratio of aggregates sum(continual) / sum(fresh) with a
+    paired bootstrap over runs (:func:`rl_stats.ratio_of_means_ci`; ``low`` / ``high`` are its 95 % CI), and
+    ``minus_fresh_last_half``, the mean of continual - fresh over those cells with the same bootstrap; with a sample
+    of equal size per run also the IQMs of both over the sampled cells (``iqm_fresh_last_half``,
+    ``iqm_sampled_last_half``). Empty when no last-half cell has a fresh agent."""
+    cells = np.isfinite(fresh) & np.isfinite(cont)
+    if not cells.any():
+        return {}
+    out: dict[str, Any] = {}
+    count = int(cells.sum())
+    if np.nansum(np.where(cells, fresh, np.nan)) > 0:
+        point, low, high = ratio_of_means_ci(np.where(cells, cont, np.nan), np.where(cells, fresh, np.nan),
+                                             n_boot=REPS)
+        out["plasticity_ratio_last_half"] = {"ratio": point, "low": low, "high": high, "cells": count,
+                                             "complete": bool(cells.all())}
+    diff = np.where(cells, cont - fresh, 0.0)
+    per_run, counts = diff.sum(axis=1), cells.sum(axis=1)
+    rows = np.random.default_rng(0).integers(0, len(diff), size=(REPS, len(diff)))
+    boot = per_run[rows].sum(axis=1) / np.maximum(counts[rows].sum(axis=1), 1)
+    out["minus_fresh_last_half"] = {"mean": float(per_run.sum() / count), "low": float(np.quantile(boot, 0.025)),
+                                    "high": float(np.quantile(boot, 0.975)), "cells": count}
+    per = cells.sum(axis=1)
+    if not cells.all() and per.min() == per.max() > 0:
+        out["iqm_fresh_last_half"] = _iqm_entry(fresh[cells].reshape(len(fresh), -1))
+        out["iqm_sampled_last_half"] = _iqm_entry(cont[cells].reshape(len(cont), -1))
+    return out
 
 
 def summarise(records: list[dict], methods: list[str], setting: Setting) -> dict[str, Any]:
@@ -1016,8 +1131,15 @@ def summarise(records: list[dict], methods: list[str], setting: Setting) -> dict
             else:  # a ratio needs positive fresh scores (rewards can be negative): the difference is reported
                 entry["plasticity_mean"] = None
             entry["iqm_minus_fresh_last_half"] = _iqm_entry(ends[:, half] - fresh[:, half]) if seen.all() else None
-            entry["vs_fresh"] = _too_few(len(runs)) or compare(
-                entry["iqm_last_half"], entry["iqm_fresh_last_half"], "below fresh (plasticity lost)", "above fresh")
+            entry.update(_paired_fresh_last_half(ends[:, half], fresh[:, half]))
+            if seen.all():
+                entry["vs_fresh"] = _too_few(len(runs)) or compare(
+                    entry["iqm_last_half"], entry["iqm_fresh_last_half"], "below fresh (plasticity lost)", "above fresh")
+            else:  # a sample of fresh agents (--fresh sample): the paired ratio of means decides
+                ratio = entry.get("plasticity_ratio_last_half")
+                one = {"low": 1.0, "high": 1.0}
+                entry["vs_fresh"] = _too_few(len(runs)) or (compare(
+                    ratio, one, "below fresh (plasticity lost)", "above fresh") if ratio else "-")
         summary[method] = entry
     if plain in summary:
         base = summary[plain]
@@ -1043,12 +1165,14 @@ def markdown_table(result: dict[str, Any], setting_name: str, setting: Setting) 
     lines = [
         f"setting={setting_name}: {setting.description}. Score: {score} over the last {setting.tail:.0%} of each task. "
         f"Last half of the tasks: IQM over runs x tasks [stratified bootstrap 95 % CI] ({result['metrics']}); "
-        f"plasticity = continual / fresh agent of the same method on the same task; P(> {result['plain']}): "
+        "plasticity = IQM of continual / fresh agent of the same method on the same task, per cell; ratio of means = "
+        "sum(continual) / sum(fresh) over the last-half cells with a fresh agent [paired bootstrap over runs] "
+        f"('sample': fresh agents on a sample of the late tasks); P(> {result['plain']}): "
         "probability of improvement over the plain baseline [95 % CI]; 'not resolved': the intervals overlap.",
         "",
-        "| method | seeds | fresh agent | continual | plasticity | continual vs fresh | P(> plain) | vs plain | "
-        "CPU min / run |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| method | seeds | fresh agent | continual | plasticity | plasticity, ratio of means | continual vs fresh "
+        "| P(> plain) | vs plain | CPU min / run |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     with_entropy = any("entropy_last_half" in s for s in summary.values())
     if with_entropy:
@@ -1062,7 +1186,8 @@ def markdown_table(result: dict[str, Any], setting_name: str, setting: Setting) 
             entropy = " / ".join("-" if c is None else f"{c:.3f}" for c in cells) + " | "
         lines.append(
             f"| {method} | {len(s['seeds'])} | {_ci_text(s.get('iqm_fresh_last_half'))} | {_ci_text(s['iqm_last_half'])} "
-            f"| {_ci_text(s.get('iqm_plasticity_last_half'))} | {s.get('vs_fresh', '-')} "
+            f"| {_ci_text(s.get('iqm_plasticity_last_half'))} | {_ratio_text(s.get('plasticity_ratio_last_half'))} "
+            f"| {s.get('vs_fresh', '-')} "
             f"| {_ci_text(poi, 2)} | {s.get('vs_plain', '-')} | {entropy}{s['cpu_seconds_mean'] / 60:.1f} |"
         )
     n_tasks = max(s["tasks"] for s in summary.values())
@@ -1320,8 +1445,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--tasks", type=int, help="number of tasks (default: the setting's)")
     p.add_argument("--change-every", type=int, help="task length in env steps per env copy (default: the setting's)")
-    p.add_argument("--fresh", choices=("all", "none"), default="all",
-                   help="fresh-agent references: one per task of every run (all) or none")
+    p.add_argument("--fresh", choices=FRESH_CHOICES, default="all",
+                   help=f"fresh-agent references: one per task of every run (all), {FRESH_SAMPLE} tasks of each run's "
+                        "last half (sample: for tasks alike in distribution) or none")
     p.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes; a GPU is shared by them)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per run")
     p.add_argument("--device", default="cpu", help="torch device of the agents: cpu, cuda, cuda:1, auto")
@@ -1396,8 +1522,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     )
     if not args.plot_only:
         os.makedirs(out, exist_ok=True)
-        parts = run_parts(setting, args.fresh)
-        cells = [(m, s, k) for s in args.seeds for m in methods for k in parts]
+        cells = [(m, s, k) for s in args.seeds for m in methods for k in run_parts(setting, args.fresh, s)]
         jobs = [(m, s, k, setting, params, out, args.device, args.threads) for m, s, k in cells
                 if not os.path.exists(run_path(out, m, s, k))]
         skipped = len(cells) - len(jobs)

@@ -175,7 +175,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
     p.add_argument("--tasks", type=int, help="number of tasks (default: each setting's)")
     p.add_argument("--change-every", type=int, help="task length per env copy (default: each setting's)")
-    p.add_argument("--fresh", choices=("all", "none"), default="all")
+    p.add_argument("--fresh", choices=continual.FRESH_CHOICES, default="all")
     p.add_argument("--ppo-kwarg", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--out-root", default=os.path.join("bench", "results", "continual"),
                    help="the runs of setting S go to <out-root>/S (bench/continual.py's layout)")

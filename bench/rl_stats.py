@@ -28,6 +28,36 @@ def bootstrap_mean_ci(values: np.ndarray, n_boot: int = N_BOOT, seed: int = 0, l
     return float(np.quantile(means, alpha)), float(np.quantile(means, 1 - alpha))
 
 
+def ratio_of_means_ci(numerator: np.ndarray, denominator: np.ndarray, n_boot: int = N_BOOT, seed: int = 0,
+                      level: float = 0.95) -> tuple[float, float, float]:
+    """The ratio of aggregates ``sum(numerator) / sum(denominator)`` over the finite cells of two runs x cells
+    arrays (the same cells finite in both: paired), with a paired percentile bootstrap CI that resamples runs
+    (rows) with replacement, each keeping its cells in both arrays.
+
+    A per-cell ratio divided by one noisy denominator (a single fresh agent) is biased upwards and explodes for
+    small denominators; the ratio of sums is the usual estimator of a ratio of means and the run resampling keeps
+    each run's continual and fresh scores together (issue #29, part 3). Returns ``(ratio, low, high)``; the CI is
+    ``nan`` with fewer than two runs."""
+    num = np.asarray(numerator, dtype=float)
+    den = np.asarray(denominator, dtype=float)
+    if num.shape != den.shape or num.ndim != 2:
+        raise ValueError(f"numerator and denominator must be runs x cells arrays of one shape, got {num.shape} "
+                         f"and {den.shape}")
+    cells = np.isfinite(num) & np.isfinite(den)
+    num, den = np.where(cells, num, 0.0), np.where(cells, den, 0.0)
+    if not cells.any() or den.sum() == 0:
+        raise ValueError("no cell is finite in both arrays, or the denominator sums to 0: no ratio")
+    point = float(num.sum() / den.sum())
+    if len(num) < 2:
+        return point, float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    rows = rng.integers(0, len(num), size=(n_boot, len(num)))
+    sums_num, sums_den = num.sum(axis=1)[rows].sum(axis=1), den.sum(axis=1)[rows].sum(axis=1)
+    ratios = sums_num[sums_den != 0] / sums_den[sums_den != 0]
+    alpha = (1 - level) / 2
+    return point, float(np.quantile(ratios, alpha)), float(np.quantile(ratios, 1 - alpha))
+
+
 def t_mean_ci(values: np.ndarray, level: float = 0.95) -> tuple[float, float]:
     """Student-t CI of the mean of ``values``."""
     import scipy.stats

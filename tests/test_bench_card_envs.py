@@ -1,0 +1,159 @@
+"""bench/continual.py for the card's environments (issue #28): fresh agents on a sample of the late tasks, the paired
+ratio-of-means estimator (issue #29, part 3), and the output head's per-task statistics."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch as th
+from test_bench_continual import _load
+from test_bench_continual_protocol import _synthetic_runs, _tiny_bandit
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+@pytest.fixture
+def continual():
+    threads = th.get_num_threads()
+    module = _load()
+    module.REPS = 200
+    yield module
+    th.set_num_threads(threads)
+
+
+@pytest.fixture
+def rl_stats():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_rl_stats_card", BENCH / "rl_stats.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_ratio_of_means_matches_a_hand_written_paired_bootstrap(rl_stats):
+    rng = np.random.default_rng(3)
+    cont = rng.uniform(1, 2, size=(5, 4))
+    fresh = rng.uniform(2, 3, size=(5, 4))
+    cont[1, 2] = np.nan  # a cell without a continual score: left out of both sums
+    fresh[4, 0] = np.nan  # a cell without a fresh agent: left out of both sums
+    point, low, high = rl_stats.ratio_of_means_ci(cont, fresh, n_boot=500, seed=7)
+    both = np.isfinite(cont) & np.isfinite(fresh)
+    assert point == pytest.approx(cont[both].sum() / fresh[both].sum())
+    # the same bootstrap written out: runs resampled with replacement, each run's cells kept in both sums
+    draw = np.random.default_rng(7).integers(0, 5, size=(500, 5))
+    ratios = []
+    for rows in draw:
+        num = sum(np.nansum(np.where(both[r], cont[r], np.nan)) for r in rows)
+        den = sum(np.nansum(np.where(both[r], fresh[r], np.nan)) for r in rows)
+        ratios.append(num / den)
+    assert (low, high) == pytest.approx((np.quantile(ratios, 0.025), np.quantile(ratios, 0.975)))
+    assert low < point < high
+
+
+def test_ratio_of_means_errors_and_one_run(rl_stats):
+    with pytest.raises(ValueError, match="runs x cells arrays of one shape"):
+        rl_stats.ratio_of_means_ci(np.ones((2, 3)), np.ones((2, 2)))
+    with pytest.raises(ValueError, match="no cell is finite"):
+        rl_stats.ratio_of_means_ci(np.full((2, 2), np.nan), np.ones((2, 2)))
+    point, low, high = rl_stats.ratio_of_means_ci(np.array([[1.0, 3.0]]), np.array([[2.0, 2.0]]))
+    assert point == 1.0 and np.isnan(low) and np.isnan(high)
+
+
+def test_fresh_sample_is_late_distinct_per_seed_and_shared_by_methods(continual):
+    setting = continual.SETTINGS["minatar_intensive"]
+    samples = {seed: continual.fresh_sample(setting, seed) for seed in range(5)}
+    for tasks in samples.values():
+        assert len(tasks) == continual.FRESH_SAMPLE == len(set(tasks)) and tasks == sorted(tasks)
+        assert all(setting.tasks // 2 <= k < setting.tasks for k in tasks)
+    assert len({tuple(t) for t in samples.values()}) > 1  # independent draws per seed
+    assert continual.fresh_sample(setting, 3) == samples[3]  # deterministic
+    assert continual.run_parts(setting, "sample", 3) == [None, *samples[3]]
+    small = _tiny_bandit(continual, 6)
+    assert continual.fresh_sample(small, 0, size=10) == [3, 4, 5]  # the whole last half when it is smaller
+    with pytest.raises(ValueError, match="needs the run's seed"):
+        continual.run_parts(setting, "sample")
+    with pytest.raises(ValueError, match="'all', 'sample', 'none'"):
+        continual.run_parts(setting, "some")
+
+
+def test_summary_of_a_fresh_sample_uses_the_paired_ratio_of_means(continual, tmp_path):
+    rng = np.random.default_rng(1)
+    setting = _tiny_bandit(continual, tasks=8)
+    seeds = 5
+    fresh = 0.8 + 0.01 * rng.standard_normal((seeds, 8))
+    lost = 0.6 + 0.01 * rng.standard_normal((seeds, 8))
+    _synthetic_runs(tmp_path, setting, {"ppo": (lost, fresh)})
+    sampled = {s: continual.fresh_sample(setting, s, size=2) for s in range(seeds)}
+    for s in range(seeds):  # keep only the sampled fresh agents
+        for k in range(8):
+            if k not in sampled[s]:
+                (tmp_path / "runs" / "ppo" / "fresh" / f"seed{s}_task{k}.json").unlink()
+    entry = continual.summarise(continual.load_records(str(tmp_path)), ["ppo"], setting)["methods"]["ppo"]
+    cont_cells = np.array([[lost[s, k] for k in sampled[s]] for s in range(seeds)])
+    fresh_cells = np.array([[fresh[s, k] for k in sampled[s]] for s in range(seeds)])
+    ratio = entry["plasticity_ratio_last_half"]
+    assert ratio["ratio"] == pytest.approx(cont_cells.sum() / fresh_cells.sum())
+    assert ratio["cells"] == 2 * seeds and ratio["complete"] is False and ratio["high"] < 1
+    assert entry["vs_fresh"] == "below fresh (plasticity lost)"
+    assert entry["minus_fresh_last_half"]["mean"] == pytest.approx((cont_cells - fresh_cells).mean())
+    import scipy.stats
+
+    assert entry["iqm_fresh_last_half"]["iqm"] == pytest.approx(scipy.stats.trim_mean(fresh_cells.ravel(), 0.25))
+    assert entry["iqm_sampled_last_half"]["iqm"] == pytest.approx(scipy.stats.trim_mean(cont_cells.ravel(), 0.25))
+    assert entry["fresh_complete"] is False and entry["plasticity_mean"] is None
+    table = continual.markdown_table(continual.summarise(continual.load_records(str(tmp_path)), ["ppo"], setting),
+                                     "bandit", setting)
+    assert f"{ratio['ratio']:.3g} [" in table and "(sample)" in table
+
+
+def test_head_statistics_match_the_policy_distribution_and_q_values(continual):
+    from stable_baselines3 import DQN, PPO
+
+    th.manual_seed(0)
+    obs = [np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32) for _ in range(3)]
+    ppo = PPO("MlpPolicy", "CartPole-v1", seed=0)
+    stats = continual.head_statistics(ppo, obs)
+    with th.no_grad():
+        dist = ppo.policy.get_distribution(th.as_tensor(np.concatenate(obs)))
+        probs = dist.distribution.probs.double()
+        logits = dist.distribution.logits.double()
+    assert stats["head_entropy"] == pytest.approx(float(dist.entropy().double().mean()), rel=1e-5)
+    assert stats["head_max_prob"] == pytest.approx(float(probs.max(dim=1).values.mean()), rel=1e-6)
+    assert stats["head_logit_std"] == pytest.approx(float(logits.std(dim=1).mean()), rel=1e-6)
+    dqn = DQN("MlpPolicy", "CartPole-v1", seed=0)
+    stats = continual.head_statistics(dqn, obs)
+    with th.no_grad():
+        q = dqn.q_net(th.as_tensor(np.concatenate(obs))).double()
+    assert stats == pytest.approx({"head_q_std": float(q.std(dim=1).mean()), "head_q_max": float(q.max(1).values.mean())})
+    assert continual.head_statistics(ppo, []) == {}
+
+
+def test_a_run_records_head_statistics_per_task_without_changing_training(continual, tmp_path):
+    setting = _tiny_bandit(continual, tasks=2)
+    record = continual.run_one("ppo", 0, setting, continual.MethodParams(), str(tmp_path), "cpu", 1)
+    assert len(record["head_entropy"]) == len(record["task"]) == 2
+    assert all(0 < p <= 1 for p in record["head_max_prob"]) and all(v > 0 for v in record["head_logit_std"])
+    # the probe draws no random numbers: a run without it (the recorder's head statistics off) trains identically
+    saved = json.loads(Path(continual.run_path(str(tmp_path), "ppo", 0)).read_text())
+    continual.HEAD_PROBE_STEPS, old = 0, continual.HEAD_PROBE_STEPS
+    try:
+        again = continual.run_one("ppo", 0, setting, continual.MethodParams(), str(tmp_path / "b"), "cpu", 1)
+    finally:
+        continual.HEAD_PROBE_STEPS = old
+    assert again["end_reward"] == saved["end_reward"] and "head_entropy" not in again
+
+
+def test_adam_equal_betas_method_is_the_plain_agent_with_equal_betas(continual):
+    setting = continual.SETTINGS["minatar_intensive"]
+    plain, _ = continual.build_model("ppo", setting, continual.MethodParams(), 0, "cpu", None)
+    model, callbacks = continual.build_model("ppo_adam_equal_betas", setting, continual.MethodParams(), 0, "cpu", None)
+    assert callbacks == [] and type(model) is type(plain)
+    groups, plain_groups = model.policy.optimizer.param_groups, plain.policy.optimizer.param_groups
+    assert [g["betas"] for g in groups] == [(0.99, 0.99)] and [g["betas"] for g in plain_groups] == [(0.9, 0.999)]
+    assert groups[0]["eps"] == plain_groups[0]["eps"] == 1e-5
+    for a, b in zip(model.policy.parameters(), plain.policy.parameters()):
+        assert th.equal(a, b)  # same seed, same network: only the optimizer differs
