@@ -95,12 +95,15 @@ from typing import Any, Optional
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import run_checkpoint
 from rl_stats import bootstrap_mean_ci, iqm_ci, ratio_of_means_ci, rliable_metrics, stratified_bootstrap
 
 #: fraction of each task (its last part) over which the end-of-task scores are averaged (a setting may differ)
 TAIL = 0.2
 #: the algorithms of the settings: (SB3 class, plastic class) names
 ALGOS = {"ppo": ("PPO", "PlasticPPO"), "dqn": ("DQN", "PlasticDQN"), "sac": ("SAC", "PlasticSAC")}
+#: wall seconds between two checkpoints of a run in progress (None: none; see bench/run_checkpoint.py)
+CHECKPOINT_SECONDS: Optional[float] = run_checkpoint.CHECKPOINT_SECONDS
 #: bootstrap resamples of the tables (stratified for IQM / probability of improvement, per task for the bands)
 REPS = 2000
 
@@ -851,26 +854,65 @@ def run_one(method: str, seed: int, setting: Setting, params: MethodParams, out:
         os.remove(claim)
 
 
+#: the task recorder's internals a checkpoint keeps (the rest of its state is the ``results`` dict)
+_RECORDER_FIELDS = ("_task", "_sums", "_counts", "_returns", "_recent")
+
+
+def checkpoint_root(out: str, method: str, seed: int, fresh_task: Optional[int] = None) -> str:
+    """Where the checkpoints of a run in progress are (``ckpt/<method>/s<k>[_task<j>]``; not committed, removed
+    when the run is written)."""
+    return os.path.join(out, "ckpt", method, f"s{seed}" if fresh_task is None else f"s{seed}_task{fresh_task}")
+
+
 def _train_run(method: str, seed: int, setting: Setting, params: MethodParams, out: str, device: str, threads: int,
                fresh_task: Optional[int]) -> dict:
+    """Train one run; resume it from its latest checkpoint (:mod:`run_checkpoint`) when an interrupted attempt
+    left one, else start it afresh (an interrupted attempt's TensorBoard folder removed first)."""
     import torch as th
 
     th.set_num_threads(threads)
     tb_root = os.path.join(out, "tb", method) if fresh_task is None else os.path.join(out, "tb", method, "fresh")
     name = f"s{seed}" if fresh_task is None else f"s{seed}_task{fresh_task}"
-    for stale in (d for d in (os.listdir(tb_root) if os.path.isdir(tb_root) else []) if d.startswith(f"{name}_")):
-        shutil.rmtree(os.path.join(tb_root, stale))  # an interrupted attempt
+    ckpt_root = checkpoint_root(out, method, seed, fresh_task)
+    resume = run_checkpoint.latest(ckpt_root)
+    if resume is None:
+        shutil.rmtree(ckpt_root, ignore_errors=True)
+        for stale in (d for d in (os.listdir(tb_root) if os.path.isdir(tb_root) else []) if d.startswith(f"{name}_")):
+            shutil.rmtree(os.path.join(tb_root, stale))  # an interrupted attempt
     start = time.time()
     cpu_start = time.process_time()
     model, callbacks = build_model(method, setting, params, seed, device, tb_root, fresh_task=fresh_task)
-    results: dict[str, list[float]] = {"task": [], "mean_reward": [], "end_reward": [], "end_return": [],
-                                       "end_episodes": []}
+    saved: dict[str, Any] = {}
+    if resume is not None:
+        built = model
+        model, saved = run_checkpoint.load(resume, type(built), device, tb_root)
+        built.get_env().close()
+    results: dict[str, list[float]] = saved.get("results") or {
+        "task": [], "mean_reward": [], "end_reward": [], "end_return": [], "end_episodes": []}
     monitor = _recording_monitor(setting.monitor_every)
+    monitor.history = saved.get("monitor_history", monitor.history)
     path = run_path(out, method, seed, fresh_task)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     recorder = _task_recorder(setting, results, path.replace(".json", ".progress"))
+    resumes = [*saved.get("resumes", []), int(model.num_timesteps)] if resume else []
+    before_cpu, before_wall = saved.get("cpu_seconds", 0.0), saved.get("wall_seconds", 0.0)
+
+    def extra() -> dict[str, Any]:
+        return {"results": results, "recorder": {k: getattr(recorder, k) for k in _RECORDER_FIELDS},
+                "monitor_history": monitor.history, "monitor_probe": monitor._probe, "resumes": resumes,
+                "cpu_seconds": before_cpu + time.process_time() - cpu_start,
+                "wall_seconds": before_wall + time.time() - start}
+
+    def restore() -> None:
+        run_checkpoint.restore_rng(saved)
+        for key, value in saved["recorder"].items():
+            setattr(recorder, key, value)
+        monitor._probe = saved["monitor_probe"]
+
+    checkpointer = run_checkpoint.checkpointer(ckpt_root, CHECKPOINT_SECONDS, extra, restore if resume else None)
     steps = setting.total_timesteps if fresh_task is None else setting.task_timesteps
-    model.learn(steps, callback=[*callbacks, monitor, recorder], tb_log_name=name)
+    model.learn(steps - model.num_timesteps if resume else steps, callback=[checkpointer, *callbacks, monitor, recorder],
+                tb_log_name=name, reset_num_timesteps=resume is None)
     record = {
         "method": method,
         "seed": seed,
@@ -880,15 +922,18 @@ def _train_run(method: str, seed: int, setting: Setting, params: MethodParams, o
         "params": asdict(params),
         "device": str(model.device),
         "timesteps": int(model.num_timesteps),
-        "wall_seconds": time.time() - start,
-        "cpu_seconds": time.process_time() - cpu_start,
+        "wall_seconds": before_wall + time.time() - start,
+        "cpu_seconds": before_cpu + time.process_time() - cpu_start,
         **results,
         "diagnostics": monitor.history,
     }
+    if resumes:
+        record["resumed_at"] = resumes  # num_timesteps of each resume from a checkpoint (an interrupted session)
     write_record(path, record)
     progress = path.replace(".json", ".progress")
     if os.path.exists(progress):
         os.remove(progress)
+    shutil.rmtree(ckpt_root, ignore_errors=True)
     return record
 
 

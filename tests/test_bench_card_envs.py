@@ -4,6 +4,7 @@ ratio-of-means estimator (issue #29, part 3), and the output head's per-task sta
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -157,3 +158,71 @@ def test_adam_equal_betas_method_is_the_plain_agent_with_equal_betas(continual):
     assert groups[0]["eps"] == plain_groups[0]["eps"] == 1e-5
     for a, b in zip(model.policy.parameters(), plain.policy.parameters()):
         assert th.equal(a, b)  # same seed, same network: only the optimizer differs
+
+
+class _Interrupted(RuntimeError):
+    pass
+
+
+def _interrupt_once_at(continual, monkeypatch, step):
+    """Make the next run built by ``build_model`` stop with an exception at ``num_timesteps >= step`` (a session
+    that ends), and the runs after it train normally."""
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    build, fired = continual.build_model, []
+
+    class Stop(BaseCallback):
+        def _on_step(self):
+            if self.num_timesteps >= step:
+                fired.append(self.num_timesteps)
+                raise _Interrupted(f"stopped at {self.num_timesteps}")
+            return True
+
+    def build_model(*args, **kwargs):
+        model, callbacks = build(*args, **kwargs)
+        return model, callbacks + ([] if fired else [Stop()])
+
+    monkeypatch.setattr(continual, "build_model", build_model)
+    return fired
+
+
+def _dqn_bandit(continual):
+    dqn = dict(buffer_size=1_000, learning_starts=64, batch_size=16, train_freq=1, gradient_steps=1,
+               target_update_interval=50, exploration_fraction=0.2)
+    return replace(_tiny_bandit(continual, tasks=3), algo="dqn", ppo=dqn)
+
+
+@pytest.mark.parametrize("method", ["ppo", "ppo_fire_switch", "ppo_snp", "ppo_cbp", "plastic_maxmin", "dqn", "dqn_l2_init"])
+def test_an_interrupted_run_resumes_from_its_checkpoint_exactly(continual, tmp_path, monkeypatch, method):
+    setting = _dqn_bandit(continual) if method.startswith("dqn") else _tiny_bandit(continual, tasks=3)
+    params = continual.MethodParams(cbp_rate=0.05, cbp_maturity=5)  # CBP replaces units within the tiny run
+    whole = continual.run_one(method, 0, setting, params, str(tmp_path / "whole"), "cpu", 1)
+    assert "resumed_at" not in whole
+    monkeypatch.setattr(continual, "CHECKPOINT_SECONDS", 0.0)  # a checkpoint at every rollout start
+    fired = _interrupt_once_at(continual, monkeypatch, step=setting.task_timesteps + 100)  # inside task 1
+    out = str(tmp_path / "cut")
+    with pytest.raises(_Interrupted):
+        continual.run_one(method, 0, setting, params, out, "cpu", 1)
+    assert fired and not Path(continual.run_path(out, method, 0)).exists()
+    root = continual.checkpoint_root(out, method, 0)
+    assert continual.run_checkpoint.latest(root) is not None
+    resumed = continual.run_one(method, 0, setting, params, out, "cpu", 1)
+    assert 0 < resumed["resumed_at"][0] <= fired[0]
+    for key in ("task", "end_reward", "end_return", "mean_reward", "end_episodes", "diagnostics", "timesteps"):
+        assert resumed[key] == whole[key], key
+    head = [k for k in whole if k.startswith("head_")]
+    assert head and all(resumed[k] == whole[k] for k in head)
+    assert not Path(root).exists()  # removed with the finished run
+
+
+def test_a_checkpoint_that_cannot_be_written_warns_and_the_run_goes_on(continual, tmp_path, monkeypatch):
+    setting = _tiny_bandit(continual, tasks=2)
+    monkeypatch.setattr(continual, "CHECKPOINT_SECONDS", 0.0)
+
+    def broken(*args, **kwargs):
+        raise TypeError("cannot pickle this env")
+
+    monkeypatch.setattr(continual.run_checkpoint, "save", broken)
+    with pytest.warns(UserWarning, match="checkpoint of .* failed .*cannot pickle this env.*checkpointing is off"):
+        record = continual.run_one("ppo", 0, setting, continual.MethodParams(), str(tmp_path), "cpu", 1)
+    assert len(record["end_reward"]) == 2

@@ -1,0 +1,153 @@
+"""Checkpoints of a benchmark run in progress, so that a run longer than one working session resumes where it
+stopped instead of starting again (bench/continual.py; issue #28: a C-MinAtar DQN run takes many CPU-hours).
+
+A checkpoint is taken at a rollout start (``_on_rollout_start``, on-policy and off-policy alike), at most every
+``every_seconds`` of wall time, and holds everything the rest of the run depends on:
+
+* the model (SB3's ``save``: weights, optimizer state, ``num_timesteps``, ``_last_obs`` and the episode bookkeeping,
+  the plastic callbacks' state in ``model.plastic_state``) and, off-policy, the replay buffer;
+* the vector env itself (pickled with cloudpickle: the episodes in progress, each copy's position in its task
+  sequence, the envs' own random generators);
+* the global random states (torch, numpy, python) and what the caller adds (``extra()``: the bench's per-task
+  recorder, the monitor's probe batch and history, the CPU time so far).
+
+Resuming loads all of it and restores the random states at the first rollout start of the resumed ``learn()``,
+the point where the checkpoint was taken, so the resumed run continues the interrupted one exactly (tested bit for
+bit against an uninterrupted run). A checkpoint is not taken in the rollout right after a task switch (an
+intervention told of the switch acts at the next rollout start, from state the callback object holds). A
+checkpoint that cannot be written (an env that does not pickle) is reported once and checkpointing is off for
+that run; the run itself goes on.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import shutil
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any, Optional
+
+import numpy as np
+
+#: default wall seconds between two checkpoints of a run in progress
+CHECKPOINT_SECONDS = 600.0
+_LATEST = "latest"
+
+
+def latest(root: str) -> Optional[str]:
+    """The folder of the newest complete checkpoint under ``root`` (``None``: none)."""
+    try:
+        with open(os.path.join(root, _LATEST)) as f:
+            folder = os.path.join(root, f.read().strip())
+    except OSError:
+        return None
+    return folder if os.path.isfile(os.path.join(folder, "state.pkl")) else None
+
+
+def save(root: str, model: Any, extra: dict[str, Any]) -> str:
+    """Write a checkpoint of ``model``, its env, the global random states and ``extra`` under ``root``; the previous
+    checkpoint is removed once this one is complete (a checkpoint being written is never the ``latest``)."""
+    import cloudpickle
+    import torch as th
+
+    name = f"step{int(model.num_timesteps)}"
+    folder, tmp = os.path.join(root, name), os.path.join(root, name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    model.save(os.path.join(tmp, "model.zip"))
+    if getattr(model, "replay_buffer", None) is not None:
+        model.save_replay_buffer(os.path.join(tmp, "replay_buffer.pkl"))
+    with open(os.path.join(tmp, "env.pkl"), "wb") as f:
+        cloudpickle.dump(model.get_env(), f)
+    state = dict(extra, rng=(th.get_rng_state(), np.random.get_state(), random.getstate()))
+    with open(os.path.join(tmp, "state.pkl"), "wb") as f:
+        pickle.dump(state, f)
+    shutil.rmtree(folder, ignore_errors=True)
+    os.replace(tmp, folder)
+    with open(os.path.join(root, _LATEST + ".tmp"), "w") as f:
+        f.write(name)
+    os.replace(os.path.join(root, _LATEST + ".tmp"), os.path.join(root, _LATEST))
+    for old in os.listdir(root):
+        if old.startswith("step") and old != name:
+            shutil.rmtree(os.path.join(root, old), ignore_errors=True)
+    return folder
+
+
+def load(folder: str, cls: Any, device: str, tensorboard_log: Optional[str]) -> tuple[Any, dict[str, Any]]:
+    """The model of the checkpoint ``folder`` (class ``cls``) on its pickled env, not reset (``force_reset=False``:
+    the episodes in progress continue), with its replay buffer; and the checkpoint's state (``extra`` and ``rng``)."""
+    import cloudpickle
+
+    with open(os.path.join(folder, "env.pkl"), "rb") as f:
+        env = cloudpickle.load(f)
+    model = cls.load(os.path.join(folder, "model.zip"), env=env, device=device, force_reset=False)
+    model.tensorboard_log = tensorboard_log
+    buffer = os.path.join(folder, "replay_buffer.pkl")
+    if os.path.exists(buffer):
+        model.load_replay_buffer(buffer)
+    with open(os.path.join(folder, "state.pkl"), "rb") as f:
+        state = pickle.load(f)
+    return model, state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    """Set the global random states saved in a checkpoint's ``state``."""
+    import torch as th
+
+    torch_state, numpy_state, python_state = state["rng"]
+    th.set_rng_state(torch_state)
+    np.random.set_state(numpy_state)
+    random.setstate(python_state)
+
+
+def checkpointer(root: str, every_seconds: Optional[float], extra: Callable[[], dict[str, Any]],
+                 restore: Optional[Callable[[], None]] = None) -> Any:
+    """The SB3 callback that checkpoints a run (put it first in the callback list).
+
+    :param root: the run's checkpoint folder.
+    :param every_seconds: wall seconds between two checkpoints (0: at every rollout start; ``None``: never).
+    :param extra: what to save besides the model, the env and the random states (called at each checkpoint).
+    :param restore: for a resumed run: called at its first rollout start (set the random states and the other
+        callbacks' internals there, after their ``_on_training_start``).
+    """
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class Checkpointer(BaseCallback):
+        def _on_training_start(self) -> None:
+            self._last = time.monotonic()
+            self._task: Any = None
+            self._switched = False
+            self._restore = restore
+            self._every = every_seconds
+
+        def _on_step(self) -> bool:
+            infos = self.locals.get("infos") or [{}]
+            task = infos[0].get("task_id")
+            if task != self._task:
+                self._switched = self._switched or self._task is not None
+                self._task = task
+            return True
+
+        def _on_rollout_start(self) -> None:
+            if self._restore is not None:
+                do, self._restore = self._restore, None
+                do()
+                self._last = time.monotonic()
+                return
+            if self._switched:
+                self._switched = False
+                return
+            if self._every is None or time.monotonic() - self._last < self._every:
+                return
+            try:
+                save(root, self.model, extra())
+            except Exception as exc:  # reported; the run goes on without checkpoints
+                warnings.warn(f"checkpoint of {root} failed ({type(exc).__name__}: {exc}); checkpointing is off for "
+                              "this run", stacklevel=2)
+                self._every = None
+            self._last = time.monotonic()
+
+    return Checkpointer()
