@@ -53,6 +53,7 @@ from sb3_plastic.envs.wrappers import (
     PadChannels,
     PhysicsParameterSchedule,
     PiecewiseStationaryWrapper,
+    TruncateIdleEpisode,
 )
 
 #: Namespace of the gymnasium ids of this package.
@@ -138,6 +139,7 @@ __all__ = [
     "PhysicsParameterSchedule",
     "PiecewiseStationaryWrapper",
     "TaskSchedule",
+    "TruncateIdleEpisode",
     "register_env",
     "register_envs",
 ]

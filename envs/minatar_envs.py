@@ -32,7 +32,7 @@ from minatar.gym import BaseEnv
 
 from sb3_plastic.envs._deps import check_games
 from sb3_plastic.envs.schedule import TaskSchedule
-from sb3_plastic.envs.wrappers import ChannelPermutation, GameSwitchingEnv
+from sb3_plastic.envs.wrappers import ChannelPermutation, GameSwitchingEnv, TruncateIdleEpisode
 
 #: The MinAtar games (``minatar`` module names), in the default switching order.
 MINATAR_GAMES = ("asterix", "breakout", "freeway", "seaquest", "space_invaders")
@@ -219,9 +219,11 @@ def make_permuted_minatar(
     return ChannelPermutation(env, change_every, task_seed=task_seed, at_episode_end=at_episode_end, axis=-1)
 
 
-def _padded_minatar_game(game: str, render_mode: Optional[str], minatar_kwargs: dict[str, Any]) -> gym.Env:
-    return MinAtarEnv(game, render_mode=render_mode, use_minimal_action_set=False, n_channels=MINATAR_MAX_CHANNELS,
-                      **minatar_kwargs)
+def _padded_minatar_game(game: str, render_mode: Optional[str], minatar_kwargs: dict[str, Any],
+                         idle_episode_steps: Optional[int] = None) -> gym.Env:
+    env = MinAtarEnv(game, render_mode=render_mode, use_minimal_action_set=False, n_channels=MINATAR_MAX_CHANNELS,
+                     **minatar_kwargs)
+    return env if idle_episode_steps is None else TruncateIdleEpisode(env, max_steps=idle_episode_steps)
 
 
 def make_switching_minatar(
@@ -230,6 +232,7 @@ def make_switching_minatar(
     task_seed: int = 0,
     at_episode_end: bool = False,
     render_mode: Optional[str] = None,
+    idle_episode_steps: Optional[int] = None,
     **minatar_kwargs: Any,
 ) -> GameSwitchingEnv:
     """``sb3_plastic/SwitchingMinAtar-v0``: cycle through ``games`` (task ``k`` plays ``games[k % len(games)]``).
@@ -237,9 +240,14 @@ def make_switching_minatar(
     :param games: MinAtar games in switching order (repeats allowed; a single name is one game).
     :param change_every: task (game) length in env steps of each env copy;
         a task lasts ``change_every * n_envs`` model timesteps.
+    :param idle_episode_steps: ``None`` (default) or ``n``: an episode of any game that has run ``n`` steps with a
+        return below 0.1 is truncated (:class:`~sb3_plastic.envs.wrappers.TruncateIdleEpisode`; C-CHAIN's continual
+        MinAtar uses 1 000, for Seaquest episodes that never end).
     """
     games = check_games(games, canonical_minatar_game, "MinAtar")
     TaskSchedule(change_every, task_seed, at_episode_end)
-    fns = [partial(_padded_minatar_game, game, render_mode, minatar_kwargs) for game in games]
+    if idle_episode_steps is not None:
+        TruncateIdleEpisode(gym.Env(), max_steps=idle_episode_steps)  # validate before building
+    fns = [partial(_padded_minatar_game, game, render_mode, minatar_kwargs, idle_episode_steps) for game in games]
     return GameSwitchingEnv(fns, change_every, names=games, task_seed=task_seed, at_episode_end=at_episode_end)
 

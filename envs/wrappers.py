@@ -389,6 +389,42 @@ class PhysicsParameterSchedule(PiecewiseStationaryWrapper):
         return parameters
 
 
+class TruncateIdleEpisode(gym.Wrapper):
+    """Truncate an episode once it has run ``max_steps`` steps with a return still below ``min_return``.
+
+    C-CHAIN's continual MinAtar code (Tang et al., 2025, ``crl_minatar/crl_run_double_dqn.py``) leaves a MinAtar
+    Seaquest episode after 1 000 steps whose return is below 0.1 ("Seaquest never done case"), in training and in
+    evaluation; this is that rule as a wrapper (``truncated=True``, so SB3 bootstraps from the last state, and the
+    episode's statistics reach the ``Monitor`` inside which it sits). With non-negative rewards the return cannot
+    fall, so an episode is cut at step ``max_steps`` or never.
+
+    :param env: the env.
+    :param max_steps: steps after which an idle episode is cut (>= 1).
+    :param min_return: an episode whose return is below this after ``max_steps`` steps is idle.
+    """
+
+    def __init__(self, env: gym.Env, max_steps: int = 1000, min_return: float = 0.1) -> None:
+        super().__init__(env)
+        if isinstance(max_steps, bool) or not isinstance(max_steps, numbers.Integral) or max_steps < 1:
+            raise ValueError(f"max_steps must be an integer >= 1, got {max_steps!r}")
+        self.max_steps = int(max_steps)
+        self.min_return = float(min_return)
+        self._steps = 0
+        self._return = 0.0
+
+    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+        self._steps, self._return = 0, 0.0
+        return self.env.reset(**kwargs)
+
+    def step(self, action: ActType) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self._steps += 1
+        self._return += float(reward)
+        if not (terminated or truncated) and self._steps >= self.max_steps and self._return < self.min_return:
+            truncated = True
+        return obs, reward, terminated, truncated, info
+
+
 class PadChannels(gym.ObservationWrapper):
     """Zero-pad a ``Box`` observation along its channel axis to ``n_channels`` channels.
 

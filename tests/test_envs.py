@@ -572,3 +572,47 @@ def test_minatar_env_padding_and_permutation(native):
     assert np.array_equal(obs, np.take(rows.unwrapped.game.state(), rows.current_permutation, axis=0))
     with pytest.raises(ValueError, match="n_channels"):
         MinAtarEnv("seaquest", n_channels=4)
+
+
+def test_truncate_idle_episode_cuts_an_idle_episode_at_max_steps_only():
+    from sb3_plastic.envs import TruncateIdleEpisode
+
+    class Counter(gym.Env):
+        observation_space = gym.spaces.Discrete(2)
+        action_space = gym.spaces.Discrete(2)
+
+        def reset(self, *, seed=None, options=None):
+            return 0, {}
+
+        def step(self, action):  # action 1 earns a reward of 1
+            return 0, float(action), False, False, {}
+
+    env = TruncateIdleEpisode(Counter(), max_steps=5, min_return=0.1)
+    env.reset()
+    flags = [env.step(0)[3] for _ in range(5)]
+    assert flags == [False] * 4 + [True]  # idle for 5 steps: cut at step 5
+    env.reset()  # the count restarts
+    assert [env.step(0)[3] for _ in range(4)] == [False] * 4
+    env.reset()
+    env.step(1)  # a reward: never idle in this episode
+    assert not any(env.step(0)[3] for _ in range(20))
+    with pytest.raises(ValueError, match="max_steps must be an integer >= 1, got 0"):
+        TruncateIdleEpisode(Counter(), max_steps=0)
+
+
+def test_switching_minatar_idle_episode_steps_cuts_seaquest_as_c_chain_does():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # one game: not switching
+        env = gym.make("sb3_plastic/SwitchingMinAtar-v0", games=["seaquest"], idle_episode_steps=300,
+                       change_every=10**6)
+    env.reset(seed=0)
+    steps = 0
+    for _ in range(400):  # the no-op at the surface never ends a Seaquest episode
+        _, reward, terminated, truncated, _ = env.step(0)
+        steps += 1
+        assert reward == 0 and not terminated
+        if truncated:
+            break
+    assert steps == 300 and truncated
+    with pytest.raises(ValueError, match="max_steps must be an integer >= 1"):
+        gym.make("sb3_plastic/SwitchingMinAtar-v0", idle_episode_steps=-1)
