@@ -81,6 +81,8 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as futures
+import dataclasses
+import functools
 import json
 import math
 import multiprocessing
@@ -126,6 +128,14 @@ class Setting:
     :param score: the end-of-task score of the tables: ``"end_reward"`` (reward per env step) or ``"end_return"``
         (mean return of the episodes that end in the task's tail).
     :param tail: fraction of each task (its last part) the end-of-task scores average over.
+    :param exploration_steps: DQN only: env steps over which epsilon decays from ``exploration_initial_eps`` to
+        ``exploration_final_eps``, the same absolute schedule in a continual run and in a fresh agent (SB3's
+        ``exploration_fraction`` is set to ``exploration_steps / timesteps of the run``; C-CHAIN's schedule); 0: the
+        algorithm keywords' own ``exploration_fraction`` (a fraction of each run's length).
+    :param eval_every: timesteps between two greedy evaluations (:class:`~sb3_plastic.callbacks.ContinualEvalCallback`
+        on a second env of the same task sequence, env seed ``1234 * seed`` as C-CHAIN's; the task just trained),
+        recorded as ``evaluations`` ``[[timesteps, task, mean return], ...]``; 0: none.
+    :param eval_episodes: episodes per evaluation.
     """
 
     env_id: str
@@ -141,6 +151,9 @@ class Setting:
     algo: str = "ppo"
     score: str = "end_reward"
     tail: float = TAIL
+    exploration_steps: int = 0
+    eval_every: int = 0
+    eval_episodes: int = 10
 
     @property
     def task_timesteps(self) -> int:
@@ -270,6 +283,34 @@ SETTINGS: dict[str, Setting] = {
         score="end_return",
     ),
 }
+
+#: C-CHAIN's continual MinAtar (Tang et al., ICML 2025; bluecontra/C-CHAIN, crl_minatar/): their Double DQN (lr 3e-4,
+#: batch 32, one update per env step, buffer 1e5 kept across games, target copied every 1 000 updates, epsilon
+#: 1 -> 0.1 over 100 k steps after 10 k random ones, gamma 0.99, Adam, no gradient clipping) on SpaceInvaders ->
+#: Asterix -> Seaquest, 2 M steps each, idle Seaquest episodes cut at 1 000 steps, 10 greedy evaluation episodes
+#: every 50 k steps. Differences that remain (bench/README): SB3's Huber loss (theirs MSE), the 10 k random,
+#: untrained steps only at the start of the run (theirs at the start of every game), no zero-shot evaluation at a
+#: game's first step.
+_CMINATAR_DQN = dict(buffer_size=100_000, learning_starts=10_000, batch_size=32, learning_rate=3e-4, gamma=0.99,
+                     train_freq=1, gradient_steps=1, target_update_interval=1_000, exploration_initial_eps=1.0,
+                     exploration_final_eps=0.1, max_grad_norm=float("inf"), double_q=True)
+SETTINGS["cminatar"] = Setting(
+    env_id="sb3_plastic/SwitchingMinAtar-v0",
+    change_every=2_000_000,
+    tasks=3,
+    n_envs=1,
+    policy="CnnPolicy",
+    net_arch=(),
+    ppo=_CMINATAR_DQN,
+    monitor_every=250_000,
+    env_kwargs=dict(games=("space_invaders", "asterix", "seaquest"), idle_episode_steps=1_000),
+    description="C-MinAtar (Tang et al. 2025): SpaceInvaders -> Asterix -> Seaquest, 2M steps each, Double DQN",
+    algo="dqn",
+    score="end_return",
+    exploration_steps=110_000,
+    eval_every=50_000,
+    eval_episodes=10,
+)
 
 SETTINGS["slippery_ant_ppo"] = replace(
     SETTINGS["slippery_halfcheetah_ppo"],
@@ -635,9 +676,10 @@ def _plain_cnn_kwargs(setting: Setting) -> dict[str, Any]:
     return dict(features_extractor_class=PlasticCNN, features_extractor_kwargs=dict(activation="relu", arch="auto"))
 
 
-def make_env(setting: Setting, seed: int, fresh_task: Optional[int] = None) -> Any:
+def make_env(setting: Setting, seed: int, fresh_task: Optional[int] = None, env_seed: Optional[int] = None) -> Any:
     """The vector env of run seed ``seed``: ``task_seed = seed`` (independent task sequences per seed); with
-    ``fresh_task`` every copy is pinned to that task of the sequence (``pin_task``) for a fresh-agent reference."""
+    ``fresh_task`` every copy is pinned to that task of the sequence (``pin_task``) for a fresh-agent reference;
+    ``env_seed`` seeds the env copies (default ``seed``; an evaluation env's differs, its task sequence does not)."""
     from stable_baselines3.common.env_util import make_vec_env
 
     import sb3_plastic.envs  # noqa: F401  (registers the ids)
@@ -645,7 +687,7 @@ def make_env(setting: Setting, seed: int, fresh_task: Optional[int] = None) -> A
     env = make_vec_env(
         setting.env_id,
         n_envs=setting.n_envs,
-        seed=seed,
+        seed=seed if env_seed is None else env_seed,
         env_kwargs=dict(change_every=setting.change_every, task_seed=seed, **setting.env_kwargs),
     )
     if fresh_task is not None:
@@ -679,6 +721,13 @@ def build_model(method: str, setting: Setting, params: MethodParams, seed: int, 
     plastic_cls = getattr(sb3_plastic, plastic_name)
     env = make_env(setting, seed, fresh_task)
     common = dict(setting.ppo, seed=seed, device=device, tensorboard_log=tb_dir, verbose=0)
+    if setting.exploration_steps:
+        steps = setting.task_timesteps if fresh_task is not None else setting.total_timesteps
+        common["exploration_fraction"] = setting.exploration_steps / steps
+    if "double_q" in common and not canonical.startswith("plastic_") and canonical != "ppo_nap":
+        # SB3's DQN has no Double DQN target: the plain methods run PlasticDQN with plasticity off, which is SB3's
+        # DQN exactly (tests/test_sb3_parity.py) plus the double_q target
+        sb3_cls = functools.partial(plastic_cls, isometry_mode="off", optimizer="adam")
     net_arch = list(setting.net_arch)
     callbacks: list[Any] = []
     if canonical.startswith("plastic_"):
@@ -769,6 +818,14 @@ def run_parts(setting: Setting, fresh: str, seed: Optional[int] = None) -> list[
     return [None] + (list(range(setting.tasks)) if fresh == "all" else [])
 
 
+def same_setting(recorded: dict[str, Any], setting: Setting) -> bool:
+    """Whether a run JSON's ``setting`` is ``setting``; a field the JSON lacks (written before the field existed)
+    counts as that field's default."""
+    defaults = {f.name: f.default for f in dataclasses.fields(Setting) if f.default is not dataclasses.MISSING}
+    current = json.loads(json.dumps(asdict(setting)))
+    return {**json.loads(json.dumps(defaults)), **recorded} == current
+
+
 def _reuse_plain_fresh(method: str, seed: int, setting: Setting, out: str, fresh_task: Optional[int]) -> Optional[dict]:
     """The fresh agent of a :data:`TASK_CHANGE_METHODS` method is the plain agent (its intervention cannot trigger
     within one task; :func:`build_model` builds the same model with the same seed), so an existing plain fresh run of
@@ -781,7 +838,7 @@ def _reuse_plain_fresh(method: str, seed: int, setting: Setting, out: str, fresh
         return None
     with open(source) as f:
         record = json.load(f)
-    if record["setting"] != json.loads(json.dumps(asdict(setting))):
+    if not same_setting(record["setting"], setting):
         return None
     record.update(method=method, reused_from=plain)
     path = run_path(out, method, seed, fresh_task)
@@ -858,6 +915,49 @@ def run_one(method: str, seed: int, setting: Setting, params: MethodParams, out:
 _RECORDER_FIELDS = ("_task", "_sums", "_counts", "_returns", "_recent")
 
 
+#: what a checkpoint keeps of the evaluation callback besides its env (SB3's EvalCallback counts calls for its
+#: schedule; ContinualEvalCallback's per-evaluation lists)
+_EVALUATOR_FIELDS = ("n_calls", "evaluation_num_timesteps", "evaluation_task_ids", "evaluation_mean_rewards",
+                     "evaluations_timesteps", "evaluations_results", "evaluations_length", "best_mean_reward",
+                     "last_mean_reward")
+
+
+def _evaluator(setting: Setting, seed: int, fresh_task: Optional[int]) -> Any:
+    """The greedy evaluations of a setting with ``eval_every`` (else ``None``): a
+    :class:`~sb3_plastic.callbacks.ContinualEvalCallback` on a second env of the run's task sequence (env seed
+    ``1234 * seed``, C-CHAIN's), ``eval_episodes`` deterministic episodes every ``eval_every`` timesteps."""
+    if not setting.eval_every:
+        return None
+    from sb3_plastic.callbacks import ContinualEvalCallback
+
+    env = make_env(setting, seed, fresh_task, env_seed=1234 * seed + 1)
+    return ContinualEvalCallback(env, eval_freq=max(setting.eval_every // setting.n_envs, 1),
+                                 n_eval_episodes=setting.eval_episodes, deterministic=True, verbose=0)
+
+
+def _with_evaluator_state(extra: Any, evaluator: Any) -> Any:
+    def with_state() -> dict[str, Any]:
+        import cloudpickle
+
+        state = {k: getattr(evaluator, k) for k in _EVALUATOR_FIELDS}
+        return dict(extra(), evaluator=state, evaluator_env=cloudpickle.dumps(evaluator.eval_env))
+
+    return with_state
+
+
+def _with_evaluator_restore(restore: Any, evaluator: Any, saved: dict[str, Any]) -> Any:
+    def with_restore() -> None:
+        import cloudpickle
+
+        restore()
+        for key, value in saved["evaluator"].items():
+            setattr(evaluator, key, value)
+        evaluator.eval_env.close()
+        evaluator.eval_env = cloudpickle.loads(saved["evaluator_env"])
+
+    return with_restore
+
+
 def checkpoint_root(out: str, method: str, seed: int, fresh_task: Optional[int] = None) -> str:
     """Where the checkpoints of a run in progress are (``ckpt/<method>/s<k>[_task<j>]``; not committed, removed
     when the run is written)."""
@@ -904,14 +1004,20 @@ def _train_run(method: str, seed: int, setting: Setting, params: MethodParams, o
                 "wall_seconds": before_wall + time.time() - start}
 
     def restore() -> None:
-        run_checkpoint.restore_rng(saved)
+        run_checkpoint.restore_rng(saved, model)
         for key, value in saved["recorder"].items():
             setattr(recorder, key, value)
         monitor._probe = saved["monitor_probe"]
 
+    evaluator = _evaluator(setting, seed, fresh_task)
+    if evaluator is not None:
+        extra = _with_evaluator_state(extra, evaluator)
+        restore = _with_evaluator_restore(restore, evaluator, saved)
     checkpointer = run_checkpoint.checkpointer(ckpt_root, CHECKPOINT_SECONDS, extra, restore if resume else None)
     steps = setting.total_timesteps if fresh_task is None else setting.task_timesteps
-    model.learn(steps - model.num_timesteps if resume else steps, callback=[checkpointer, *callbacks, monitor, recorder],
+    evaluating = [] if evaluator is None else [evaluator]
+    model.learn(steps - model.num_timesteps if resume else steps,
+                callback=[checkpointer, *callbacks, monitor, recorder, *evaluating],
                 tb_log_name=name, reset_num_timesteps=resume is None)
     record = {
         "method": method,
@@ -927,6 +1033,9 @@ def _train_run(method: str, seed: int, setting: Setting, params: MethodParams, o
         **results,
         "diagnostics": monitor.history,
     }
+    if evaluator is not None:
+        record["evaluations"] = [[int(t), int(k), float(r)] for t, k, r in zip(
+            evaluator.evaluation_num_timesteps, evaluator.evaluation_task_ids, evaluator.evaluation_mean_rewards)]
     if resumes:
         record["resumed_at"] = resumes  # num_timesteps of each resume from a checkpoint (an interrupted session)
     write_record(path, record)
@@ -1085,6 +1194,24 @@ def compare(a: Optional[dict], b: Optional[dict], lower: str, higher: str) -> st
     return "not resolved"
 
 
+def evaluation_summary(runs: list[dict], tasks: int) -> dict[str, Any]:
+    """The greedy evaluations of the continual runs (settings with ``eval_every``): per run the mean return over all
+    its evaluations (C-CHAIN's Table 4 statistic as read from their code: the evaluation curve averaged over the
+    whole run), then its mean and standard error over runs (``mean``, ``se``, ``per_seed``); and per task the mean
+    over runs of each run's mean over the evaluations of that task (``per_task``). Empty without evaluations."""
+    with_evals = [r for r in runs if r.get("evaluations")]
+    if not with_evals:
+        return {}
+    per_seed = [float(np.mean([e[2] for e in r["evaluations"]])) for r in with_evals]
+    per_task = []
+    for k in range(tasks):
+        means = [float(np.mean(v)) for r in with_evals if (v := [e[2] for e in r["evaluations"] if e[1] == k])]
+        per_task.append(float(np.mean(means)) if means else None)
+    se = float(np.std(per_seed, ddof=1) / np.sqrt(len(per_seed))) if len(per_seed) > 1 else float("nan")
+    return {"mean": float(np.mean(per_seed)), "se": se, "per_seed": per_seed, "per_task": per_task,
+            "seeds": len(per_seed)}
+
+
 def _paired_fresh_last_half(cont: np.ndarray, fresh: np.ndarray) -> dict[str, Any]:
     """The paired statistics over the last-half cells (runs x tasks) that have a fresh agent (all of them, or
     :func:`fresh_sample`'s): ``plasticity_ratio_last_half``, the ratio of aggregates sum(continual) / sum(fresh) with a
@@ -1154,6 +1281,9 @@ def summarise(records: list[dict], methods: list[str], setting: Setting) -> dict
             "cpu_seconds_mean": float(np.mean([r["cpu_seconds"] for r in runs])),
             "device": runs[0]["device"],
         }
+        evaluations = evaluation_summary(runs, n)
+        if evaluations:
+            entry["evaluations"] = evaluations
         entropy = _entropy_last_half(runs, records, method, n)
         if entropy:
             entry.update(entropy)
@@ -1244,6 +1374,15 @@ def markdown_table(result: dict[str, Any], setting_name: str, setting: Setting) 
         cells = [f"{s['end_reward_mean'][k]:.3g}" + (f" / {ratio[k]:.2f}" if ratio else "") if k < s["tasks"] else "-"
                  for k in shown]
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    evaluated = {m: s["evaluations"] for m, s in summary.items() if s.get("evaluations")}
+    if evaluated:
+        lines += ["", f"Greedy evaluations ({setting.eval_episodes} episodes every {setting.eval_every} timesteps, the "
+                  "task just trained): mean over all evaluations of a run, mean ± standard error over runs; per task: "
+                  "mean over runs", "", "| method | runs | whole run | " + " | ".join(
+                      f"task {k}" for k in range(n_tasks)) + " |", "|---|---|---|" + "---|" * n_tasks]
+        for method, e in evaluated.items():
+            cells = ["-" if v is None else f"{v:.3g}" for v in e["per_task"]]
+            lines.append(f"| {method} | {e['seeds']} | {e['mean']:.3g} ± {e['se']:.2g} | " + " | ".join(cells) + " |")
     diagnosed = {m: s["diagnostics_last_half"] for m, s in summary.items() if s.get("diagnostics_last_half")}
     if diagnosed:
         names = {"dormant_fraction": "dormant fraction", "ntk_erank": "NTK effective rank",

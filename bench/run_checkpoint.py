@@ -8,7 +8,8 @@ A checkpoint is taken at a rollout start (``_on_rollout_start``, on-policy and o
   the plastic callbacks' state in ``model.plastic_state``) and, off-policy, the replay buffer;
 * the vector env itself (pickled with cloudpickle: the episodes in progress, each copy's position in its task
   sequence, the envs' own random generators);
-* the global random states (torch, numpy, python) and what the caller adds (``extra()``: the bench's per-task
+* the global random states (torch, numpy, python), the action space's generator (epsilon-greedy draws its random
+  actions from it) and what the caller adds (``extra()``: the bench's per-task
   recorder, the monitor's probe batch and history, the CPU time so far).
 
 Resuming loads all of it and restores the random states at the first rollout start of the resumed ``learn()``,
@@ -62,7 +63,8 @@ def save(root: str, model: Any, extra: dict[str, Any]) -> str:
         model.save_replay_buffer(os.path.join(tmp, "replay_buffer.pkl"))
     with open(os.path.join(tmp, "env.pkl"), "wb") as f:
         cloudpickle.dump(model.get_env(), f)
-    state = dict(extra, rng=(th.get_rng_state(), np.random.get_state(), random.getstate()))
+    state = dict(extra, rng=(th.get_rng_state(), np.random.get_state(), random.getstate()),
+                 action_space_rng=_space_rng(model).bit_generator.state)
     with open(os.path.join(tmp, "state.pkl"), "wb") as f:
         pickle.dump(state, f)
     shutil.rmtree(folder, ignore_errors=True)
@@ -93,14 +95,21 @@ def load(folder: str, cls: Any, device: str, tensorboard_log: Optional[str]) -> 
     return model, state
 
 
-def restore_rng(state: dict[str, Any]) -> None:
-    """Set the global random states saved in a checkpoint's ``state``."""
+def _space_rng(model: Any) -> np.random.Generator:
+    # the action space's own generator: SB3's epsilon-greedy exploration draws its random actions from it
+    return model.action_space.np_random
+
+
+def restore_rng(state: dict[str, Any], model: Any) -> None:
+    """Set the global random states saved in a checkpoint's ``state``, and that of ``model``'s action space
+    (SB3's ``load`` does not bring it back)."""
     import torch as th
 
     torch_state, numpy_state, python_state = state["rng"]
     th.set_rng_state(torch_state)
     np.random.set_state(numpy_state)
     random.setstate(python_state)
+    _space_rng(model).bit_generator.state = state["action_space_rng"]
 
 
 def checkpointer(root: str, every_seconds: Optional[float], extra: Callable[[], dict[str, Any]],

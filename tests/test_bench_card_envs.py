@@ -192,7 +192,7 @@ def _dqn_bandit(continual):
     return replace(_tiny_bandit(continual, tasks=3), algo="dqn", ppo=dqn)
 
 
-@pytest.mark.parametrize("method", ["ppo", "ppo_fire_switch", "ppo_snp", "ppo_cbp", "plastic_maxmin", "dqn", "dqn_l2_init"])
+@pytest.mark.parametrize("method", ["ppo", "ppo_fire_switch", "ppo_snp", "ppo_cbp", "plastic_maxmin", "dqn_l2_init"])
 def test_an_interrupted_run_resumes_from_its_checkpoint_exactly(continual, tmp_path, monkeypatch, method):
     setting = _dqn_bandit(continual) if method.startswith("dqn") else _tiny_bandit(continual, tasks=3)
     params = continual.MethodParams(cbp_rate=0.05, cbp_maturity=5)  # CBP replaces units within the tiny run
@@ -226,3 +226,52 @@ def test_a_checkpoint_that_cannot_be_written_warns_and_the_run_goes_on(continual
     with pytest.warns(UserWarning, match="checkpoint of .* failed .*cannot pickle this env.*checkpointing is off"):
         record = continual.run_one("ppo", 0, setting, continual.MethodParams(), str(tmp_path), "cpu", 1)
     assert len(record["end_reward"]) == 2
+
+
+def _tiny_cminatar(continual):
+    dqn = dict(continual.SETTINGS["cminatar"].ppo, buffer_size=500, learning_starts=50, target_update_interval=40)
+    return replace(continual.SETTINGS["cminatar"], change_every=150, ppo=dqn, monitor_every=200, exploration_steps=100,
+                   eval_every=100, eval_episodes=2, env_kwargs=dict(continual.SETTINGS["cminatar"].env_kwargs,
+                                                                    idle_episode_steps=60))
+
+
+def test_cminatar_plain_agent_is_double_dqn_with_an_absolute_epsilon_schedule(continual):
+    setting = continual.SETTINGS["cminatar"]
+    assert setting.env_kwargs["games"] == ("space_invaders", "asterix", "seaquest") and setting.tasks == 3
+    model, _ = continual.build_model("dqn", setting, continual.MethodParams(), 0, "cpu", None)
+    fresh, _ = continual.build_model("dqn", setting, continual.MethodParams(), 0, "cpu", None, fresh_task=2)
+    assert type(model).__name__ == "PlasticDQN" and model.double_q and model.isometry_config.isometry_mode == "off"
+    assert model.isometry_config.optimizer == "adam" and model.max_grad_norm == float("inf")
+    # epsilon reaches its final value after exploration_steps env steps in the continual run and in a fresh agent
+    for agent, steps in ((model, setting.total_timesteps), (fresh, setting.task_timesteps)):
+        assert agent.exploration_fraction * steps == pytest.approx(110_000)
+        assert agent.exploration_schedule(1 - 109_000 / steps) > 0.1
+        assert agent.exploration_schedule(1 - 111_000 / steps) == pytest.approx(0.1)
+    assert continual.run_parts(setting, "sample", 4) == [None, 1, 2]  # fresh agents of the 2nd and 3rd game
+
+
+def test_cminatar_run_records_greedy_evaluations_and_resumes_them_exactly(continual, tmp_path, monkeypatch):
+    setting = _tiny_cminatar(continual)
+    whole = continual.run_one("dqn", 0, setting, continual.MethodParams(), str(tmp_path / "whole"), "cpu", 1)
+    evals = whole["evaluations"]
+    assert [e[0] for e in evals] == [100, 200, 300, 400]  # every eval_every timesteps
+    assert [e[1] for e in evals] == [0, 1, 1, 2]  # the game just trained (a boundary eval: the finished game)
+    monkeypatch.setattr(continual, "CHECKPOINT_SECONDS", 0.0)
+    _interrupt_once_at(continual, monkeypatch, step=230)
+    out = str(tmp_path / "cut")
+    with pytest.raises(_Interrupted):
+        continual.run_one("dqn", 0, setting, continual.MethodParams(), out, "cpu", 1)
+    resumed = continual.run_one("dqn", 0, setting, continual.MethodParams(), out, "cpu", 1)
+    assert resumed["end_return"] == whole["end_return"] and resumed["diagnostics"] == whole["diagnostics"]
+    assert resumed["resumed_at"] and resumed["evaluations"] == evals
+
+
+def test_evaluation_summary_is_the_run_mean_over_evaluations_then_mean_and_se_over_seeds(continual):
+    runs = [{"evaluations": [[1, 0, 1.0], [2, 0, 3.0], [3, 1, 5.0]]},
+            {"evaluations": [[1, 0, 2.0], [2, 1, 4.0], [3, 1, 6.0]]}]
+    out = continual.evaluation_summary(runs, 2)
+    per_seed = [3.0, 4.0]
+    assert out["per_seed"] == per_seed and out["mean"] == 3.5
+    assert out["se"] == pytest.approx(np.std(per_seed, ddof=1) / np.sqrt(2))
+    assert out["per_task"] == [pytest.approx((2.0 + 2.0) / 2), pytest.approx((5.0 + 5.0) / 2)]
+    assert continual.evaluation_summary([{"task": [0]}], 2) == {}
