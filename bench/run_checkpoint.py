@@ -109,7 +109,8 @@ def restore_rng(state: dict[str, Any], model: Any) -> None:
     th.set_rng_state(torch_state)
     np.random.set_state(numpy_state)
     random.setstate(python_state)
-    _space_rng(model).bit_generator.state = state["action_space_rng"]
+    if "action_space_rng" in state:  # (checkpoints of commit 2e06cce lack it: PPO runs, which never draw from it)
+        _space_rng(model).bit_generator.state = state["action_space_rng"]
 
 
 def checkpointer(root: str, every_seconds: Optional[float], extra: Callable[[], dict[str, Any]],
