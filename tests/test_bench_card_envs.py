@@ -275,3 +275,26 @@ def test_evaluation_summary_is_the_run_mean_over_evaluations_then_mean_and_se_ov
     assert out["se"] == pytest.approx(np.std(per_seed, ddof=1) / np.sqrt(2))
     assert out["per_task"] == [pytest.approx((2.0 + 2.0) / 2), pytest.approx((5.0 + 5.0) / 2)]
     assert continual.evaluation_summary([{"task": [0]}], 2) == {}
+
+
+def test_a_replay_buffer_is_saved_compactly_and_comes_back_equal(continual, tmp_path):
+    from stable_baselines3.common.buffers import ReplayBuffer
+
+    setting = replace(_tiny_cminatar(continual), eval_every=0)
+    model, _ = continual.build_model("dqn", setting, continual.MethodParams(), 0, "cpu", None)
+    model.learn(300)
+    buffer = model.replay_buffer
+    assert isinstance(buffer, ReplayBuffer) and buffer.observations.dtype == bool
+    continual.run_checkpoint.save_buffer(buffer, str(tmp_path / "b"))
+    back = continual.run_checkpoint.load_buffer(str(tmp_path / "b"))
+    assert type(back) is type(buffer) and set(vars(back)) == set(vars(buffer))
+    for key, value in vars(buffer).items():
+        if isinstance(value, np.ndarray):
+            assert vars(back)[key].dtype == value.dtype and np.array_equal(vars(back)[key], value), key
+        else:
+            assert vars(back)[key] == value, key
+    np.random.seed(0)
+    a = buffer.sample(8)
+    np.random.seed(0)
+    b = back.sample(8)
+    assert all(th.equal(x, y) for x, y in zip(a, b) if isinstance(x, th.Tensor))
