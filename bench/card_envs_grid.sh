@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The grid of issue #28 (the card's environments under the protocol) in the order its cells run: the most informative
+# first. Start two workers on a 2-core machine (each run on one torch thread):
+#     nohup bench/card_envs_grid.sh 1 > /tmp/grid1.log 2>&1 &
+#     nohup bench/card_envs_grid.sh 2 > /tmp/grid2.log 2>&1 &
+# Every worker walks the same list; bench/continual.py skips a finished run, reports a run another live worker holds as
+# skipped (its claim) and resumes a run from its checkpoint (bench/run_checkpoint.py), so two workers share the list
+# and a new session continues where the last one stopped. At a session's end, commit what finished and the
+# checkpoints of the runs in progress:
+#     git add bench/results/continual/*/runs && git add -f bench/results/continual/*/ckpt
+# The runs go at nice -5: this grid comes before other work on the machine (bench/README.md, issue #28).
+set -u
+cd "$(dirname "$0")/.."
+export OMP_NUM_THREADS=1
+run() { echo "$(date -u +%FT%T) worker ${1:-?} $*"; nice -n -5 python bench/continual.py "${@:2}" --no-diagnostics-plots || true; }
+w=${1:-1}
+MI="--setting minatar_intensive"
+# 1. plain PPO, 5 seeds: continual runs, then the fresh sample, then seed 0's fresh agents on every task (the check)
+for s in 0 1 2 3 4; do run "$w" $MI --methods ppo --seeds $s --fresh none; done
+for s in 0 1 2 3 4; do run "$w" $MI --methods ppo --seeds $s --fresh sample; done
+run "$w" $MI --methods ppo --seeds 0 --fresh all
+# 2. the methods that need no other issue, one seed of each first, then the rest
+METHODS="ppo_snp ppo_fire_switch ppo_adam_equal_betas ppo_cbp_dohare ppo_l2_init ppo_nap ppo_spectral"
+for m in $METHODS; do run "$w" $MI --methods "$m" --seeds 0 --fresh sample; done
+for s in 1 2 3 4; do for m in $METHODS; do run "$w" $MI --methods "$m" --seeds $s --fresh sample; done; done
+# 3. (after issue #27 lands: the authors' convention) ReLU + AdamO and MaxMin + AdamO; (after #30) head reset:
+#    for s in 0 1 2 3 4; do for m in plastic_relu plastic_maxmin ppo_head_reset; do run ...; done; done
+# 4. C-MinAtar's plain Double DQN at C-CHAIN's protocol, 3 seeds (~12 CPU-hours a seed, checkpointed)
+for s in 0 1 2; do run "$w" --setting cminatar --methods dqn --seeds $s --fresh sample; done
