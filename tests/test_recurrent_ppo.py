@@ -297,7 +297,9 @@ def test_forced_lstm_cell_replacement(policy_kwargs, extra, name):
     (spec,) = find_networks(model)
     cells = {u.name: u for u in spec.recurrent_units()}[name]
     lstm = cells.layer
-    engine = GenerateAndTest([cells], opt, replacement_rate=0.0, recurrent_init=recurrent_init_scheme(model))
+    engine = GenerateAndTest(
+        [cells], opt, replacement_rate=0.0, recurrent_init=recurrent_init_scheme(model), bias_absorption=True
+    )
     rng = np.random.default_rng(0)
     for _ in range(3):  # statistics of a few batches of sequences
         x = th.as_tensor(rng.normal(size=(5, 6, lstm.input_size)), dtype=th.float32)
@@ -662,7 +664,7 @@ def test_forced_extractor_unit_replacement(kind):
     expected_readers = [policy.lstm_actor] + ([policy.lstm_critic] if kind == "mlp" else [policy.critic])
     assert [c.layer for c in last.consumers] == expected_readers
     assert all(c.columns_per_unit == n_pos for c in last.consumers) and lstm_readers
-    engine = GenerateAndTest([last], opt, replacement_rate=0.0, decay_rate=0.9)
+    engine = GenerateAndTest([last], opt, replacement_rate=0.0, decay_rate=0.9, bias_absorption=True)
     rng = np.random.default_rng(0)
     shape = (7, last.n_features) if kind == "mlp" else (7, 4, 3, 3)
     batches = [th.as_tensor(rng.uniform(0, 2, size=shape), dtype=th.float32) for _ in range(3)]
