@@ -43,6 +43,8 @@ issue #15; on a DQN / SAC setting the ``ppo`` prefix reads ``dqn`` / ``sac``: ``
                     PPO's policy collapse), nothing else changed
 ``ppo_nap``         the plastic algorithm with ``nap=True`` (Normalize-and-Project, Lyle et al., 2024), ReLU,
                     isometry penalty off, Adam: the plain agent with layer norms and the projection
+``plastic_*_rect``  ``plastic_relu`` / ``plastic_maxmin`` with ``isometry_rect_scale=True`` (issue #27)
+``plastic_relu_s2`` ``plastic_relu`` with ``isometry_scale=2`` (``plastic_relu_s2_rect``: and rect_scale)
 ==================  =======================================================================================
 
 The isometry paper's baselines (issue #15) are not in the default list: add them with ``--methods`` (e.g.
@@ -325,10 +327,18 @@ METHODS = (
 )
 #: The isometry paper's baselines (issue #15), on request (``--methods``).
 BASELINE_METHODS = ("ppo_l2_init", "ppo_spectral", "ppo_nap")
-METHODS = METHODS + BASELINE_METHODS
+#: The isometry penalty's options in its authors' convention (issue #27), on request: keywords of the plastic algorithm
+ISOMETRY_VARIANTS: dict[str, dict[str, Any]] = {
+    "plastic_relu_rect": dict(isometry_rect_scale=True),
+    "plastic_relu_s2": dict(isometry_scale=2.0),
+    "plastic_relu_s2_rect": dict(isometry_scale=2.0, isometry_rect_scale=True),
+    "plastic_maxmin_rect": dict(isometry_rect_scale=True),
+}
+METHODS = METHODS + BASELINE_METHODS + tuple(ISOMETRY_VARIANTS)
 DEFAULT_METHODS = tuple(
     m for m in METHODS
-    if m not in ("ppo_fire_switch", "ppo_cbp_dohare", "ppo_redo", "ppo_adam_equal_betas") and m not in BASELINE_METHODS
+    if m not in ("ppo_fire_switch", "ppo_cbp_dohare", "ppo_redo", "ppo_adam_equal_betas")
+    and m not in BASELINE_METHODS + tuple(ISOMETRY_VARIANTS)
 )
 #: methods whose interventions act only at task changes or at the continual run's midpoint: off in a fresh agent
 TASK_CHANGE_METHODS = ("ppo_snp", "ppo_fire", "ppo_fire_switch")
@@ -360,7 +370,8 @@ class MethodParams:
     :param cbp_rate: Continual Backprop replacement rate per optimizer step of ``ppo_cbp`` (library default).
     :param cbp_maturity: Continual Backprop maturity threshold (optimizer steps) of ``ppo_cbp`` (library default,
         Dohare's RL value).
-    :param isometry_coef: ``lambda`` of the isometry penalty (AdamO) of the plastic methods.
+    :param isometry_coef: ``lambda`` of the isometry penalty (AdamO) of the plastic methods, in the authors' convention
+        ``1/2 ||Gram - s I||_F^2`` (issue #27): 0.2, the same penalty as the 0.1 of the runs made before it.
     :param l2_init_coef: ``lambda`` of ``ppo_l2_init``.
     :param spectral_coef: ``lambda`` of ``ppo_spectral``.
     :param fire_head_scale: ``head_scale`` of the FIRE methods (``"init"``, the library default, or ``"reference"``).
@@ -375,7 +386,7 @@ class MethodParams:
     perturb: float = 0.1
     cbp_rate: float = 1e-4
     cbp_maturity: int = 10_000
-    isometry_coef: float = 0.1
+    isometry_coef: float = 0.2
     l2_init_coef: float = 1e-3
     spectral_coef: float = 1e-3
     fire_head_scale: str = "init"
@@ -731,11 +742,12 @@ def build_model(method: str, setting: Setting, params: MethodParams, seed: int, 
     net_arch = list(setting.net_arch)
     callbacks: list[Any] = []
     if canonical.startswith("plastic_"):
-        activation = canonical.removeprefix("plastic_")
+        activation = canonical.removeprefix("plastic_").split("_")[0]
         model = plastic_cls(
             setting.policy,
             env,
             activation=activation,
+            **ISOMETRY_VARIANTS.get(canonical, {}),
             isometry_coef=params.isometry_coef,
             isometry_interval="auto" if params.isometry_interval == "auto" else int(params.isometry_interval),
             policy_kwargs=dict(net_arch=net_arch),

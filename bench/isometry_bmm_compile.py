@@ -23,7 +23,7 @@ from torch.utils import benchmark
 from sb3_plastic.optim import IsometryStepMixin
 
 #: the param group settings of the timed update (AdamO's defaults at SAC's learning rate)
-GROUP = dict(lr=3e-4, isometry_coef=0.1, isometry_scale=1.0, isometry_interval=1)
+GROUP = dict(lr=3e-4, isometry_coef=0.2, isometry_scale=1.0, isometry_interval=1)
 
 
 def update_one(w: th.Tensor) -> th.Tensor:

@@ -311,7 +311,7 @@ register(Entry(
     description="PlasticPPO CnnPolicy relu, AdamO+isometry 1e-3 (decoupled) with the exact per-update isometry step "
     "(isometry_interval=1) vs PPO CnnPolicy, Breakout 84x84x4",
     baseline=ppo_atari(PPO),
-    candidate=ppo_atari(PlasticPPO, activation="relu", isometry_coef=1e-3, isometry_mode="decoupled", isometry_interval=1),
+    candidate=ppo_atari(PlasticPPO, activation="relu", isometry_coef=2e-3, isometry_mode="decoupled", isometry_interval=1),
     steps=PPO_STEPS,
     target=0.95,
 ))
@@ -320,7 +320,7 @@ register(Entry(
     description="as ppo-cnn-relu with isometry_interval=4 (the isometry step every 4th update, 4x as large; what the "
     "default isometry_interval='auto' resolves to for batch 256)",
     baseline=ppo_atari(PPO),
-    candidate=ppo_atari(PlasticPPO, activation="relu", isometry_coef=1e-3, isometry_interval=4),
+    candidate=ppo_atari(PlasticPPO, activation="relu", isometry_coef=2e-3, isometry_interval=4),
     steps=PPO_STEPS,
     target=0.95,
     in_quick=False,
@@ -339,7 +339,7 @@ register(Entry(
     description="PlasticPPO CnnPolicy maxmin (orthogonal init), AdamO+isometry 1e-3 (isometry_interval='auto': "
     "4 for batch 256) vs PPO CnnPolicy, Breakout; no target: the MaxMin activation's own cost comes on top of AdamO's",
     baseline=ppo_atari(PPO),
-    candidate=ppo_atari(PlasticPPO, activation="maxmin", isometry_coef=1e-3, isometry_interval="auto"),
+    candidate=ppo_atari(PlasticPPO, activation="maxmin", isometry_coef=2e-3, isometry_interval="auto"),
     steps=PPO_STEPS,
     in_quick=False,
 ))
@@ -413,7 +413,7 @@ register(Entry(
     description="PlasticDQN MlpPolicy [256,256] relu, AdamO+isometry 1e-3 (isometry_interval='auto': 16 for "
     "batch 64) vs DQN, CartPole-v1 (zoo hyperparameters)",
     baseline=dqn_cartpole(DQN),
-    candidate=dqn_cartpole(PlasticDQN, activation="relu", isometry_coef=1e-3, isometry_interval="auto"),
+    candidate=dqn_cartpole(PlasticDQN, activation="relu", isometry_coef=2e-3, isometry_interval="auto"),
     steps=DQN_MLP_STEPS,
     target=0.95,
     in_quick=False,
@@ -514,7 +514,7 @@ register(Entry(
     description="PlasticDQN CnnPolicy relu, AdamO+isometry 1e-3 with the exact per-update isometry step "
     "(isometry_interval=1) vs DQN CnnPolicy, Breakout (zoo hyperparameters)",
     baseline=dqn_atari(DQN),
-    candidate=dqn_atari(PlasticDQN, activation="relu", isometry_coef=1e-3, isometry_interval=1),
+    candidate=dqn_atari(PlasticDQN, activation="relu", isometry_coef=2e-3, isometry_interval=1),
     steps=DQN_CNN_STEPS,
     target=0.95,
     in_quick=False,
@@ -524,7 +524,7 @@ register(Entry(
     description="as dqn-cnn-relu with isometry_interval=4 (the isometry step every 4th update, 4x as large; the "
     "fixed default before 'auto')",
     baseline=dqn_atari(DQN),
-    candidate=dqn_atari(PlasticDQN, activation="relu", isometry_coef=1e-3, isometry_interval=4),
+    candidate=dqn_atari(PlasticDQN, activation="relu", isometry_coef=2e-3, isometry_interval=4),
     steps=DQN_CNN_STEPS,
     target=0.95,
     in_quick=False,
@@ -534,7 +534,7 @@ register(Entry(
     description="as dqn-cnn-relu with isometry_interval='auto' (32 for batch 32: the isometry step every "
     "32nd update, 32x as large)",
     baseline=dqn_atari(DQN),
-    candidate=dqn_atari(PlasticDQN, activation="relu", isometry_coef=1e-3, isometry_interval="auto"),
+    candidate=dqn_atari(PlasticDQN, activation="relu", isometry_coef=2e-3, isometry_interval="auto"),
     steps=DQN_CNN_STEPS,
     target=0.95,
     in_quick=False,
@@ -570,7 +570,7 @@ register(Entry(
     description="PlasticSAC MlpPolicy [256,256] relu, AdamO+isometry 1e-3 (isometry_interval='auto': 4 for "
     "batch 256) vs SAC, Pendulum-v1",
     baseline=sac_pendulum(SAC),
-    candidate=sac_pendulum(PlasticSAC, activation="relu", isometry_coef=1e-3, isometry_interval="auto"),
+    candidate=sac_pendulum(PlasticSAC, activation="relu", isometry_coef=2e-3, isometry_interval="auto"),
     steps=SAC_STEPS,
     target=0.95,
 ))

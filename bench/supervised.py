@@ -159,8 +159,8 @@ METHODS: dict[str, dict[str, Any]] = {
     "snp_task": dict(label="S&P (at task switch)", shrink=0.8, perturb=0.1),
     "cbp": dict(label="Continual Backprop", replacement_rate=1e-2, maturity_threshold=100, decay_rate=0.99),
     "fire": dict(label="FIRE (at task switch)", fire_layers="hidden"),
-    "adamo_relu": dict(label="ReLU + AdamO", isometry_coef=0.1),
-    "adamo_maxmin": dict(label="MaxMin + AdamO (ortho)", activation="maxmin", orthogonal=True, isometry_coef=1.0),
+    "adamo_relu": dict(label="ReLU + AdamO", isometry_coef=0.2),  # 0.1 before issue #27 (no 1/2 in R)
+    "adamo_maxmin": dict(label="MaxMin + AdamO (ortho)", activation="maxmin", orthogonal=True, isometry_coef=2.0),
     "l2_init": dict(label="L2-init", l2_init_coef=1e-2),
     "spectral": dict(label="Spectral reg.", spectral_coef=1e-3),
     "nap": dict(label="NaP", nap=True),

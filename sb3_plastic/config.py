@@ -62,25 +62,31 @@ class IsometryConfig:
         (seeds 32, 1, 2; mean of 20 masked evaluation episodes): PlasticMaskablePPO with ReLU + AdamO 66.6 /
         56.3 / 58.5, with Tanh + AdamO (the default now) 96.8 / 93.3 / 95.4, sb3-contrib's MaskablePPO 96.1 /
         93.1 / 95.5.
-    :param isometry_coef: ``lambda`` >= 0 of the isometry penalty ``R(W) = ||W^T W - s I||_F^2``. The decoupled step
-        per update is ``lr * lambda * grad R``, so its strength scales with the learning rate and with the number of
-        updates: in our supervised probe (tests/test_supervised_plasticity.py) ``lr * lambda`` between 1e-4 and 1e-2
-        kept ReLU networks trainable. This dataclass's default is 0.01; the plastic algorithms take ``None`` as "the
-        algorithm family's default" (``PlasticAlgorithmMixin.default_isometry_coef``): **0.01** for the PPO family
-        (PPO, RecurrentPPO, MaskablePPO) and the DQN family (DQN, QR-DQN), **1e-3** for the SAC family (SAC, TQC,
-        CrossQ). Both values were chosen so that the penalty does no harm on a stationary task (issue #12;
+    :param isometry_coef: ``lambda`` >= 0 of the isometry penalty in its authors' convention,
+        ``R(W) = 1/2 ||W^T W - t I||_F^2`` on the smaller Gram matrix (:mod:`sb3_plastic.isometry`; ``t = s``, or
+        ``s * out / in`` for a tall layer with ``isometry_rect_scale``). The decoupled step per update is
+        ``lr * lambda * grad R`` (``grad R = 2 W (W^T W - t I)``), so its strength scales with the learning rate and
+        with the number of updates. **Convention change (issue #27):** before it ``R`` had no 1/2, so every ``lambda``
+        written for the library before then is half of today's for the same penalty; the defaults below were doubled
+        with the change (a default run trains bit for bit as before) and a model saved before it loads with its
+        ``lambda`` doubled. All values in this paragraph are in today's convention. In our supervised probe
+        (tests/test_supervised_plasticity.py) ``lr * lambda`` between 2e-4 and 2e-2 kept ReLU networks trainable. This
+        dataclass's default is 0.02; the plastic algorithms take ``None`` as "the algorithm family's default"
+        (``PlasticAlgorithmMixin.default_isometry_coef``): **0.02** for the PPO family (PPO, RecurrentPPO,
+        MaskablePPO) and the DQN family (DQN, QR-DQN), **2e-3** for the SAC family (SAC, TQC, CrossQ). Both values
+        were chosen so that the penalty does no harm on a stationary task (issue #12;
         bench/README.md, "Stationary do no harm", with the exact per-update step): PPO on CartPole-v1 (rl-zoo
         hyperparameters, 1e5 steps, 10 seeds) ends at 500 in both arms; PPO on MinAtar Breakout (3e5 steps, 40 paired
         seeds) 4.97 against SB3's 5.00 (difference -0.04, t CI [-0.23, +0.15], at the 5 % margin); MaskablePPO on
         sb3-contrib's masked identity test 94.2 against 94.2 (10 seeds); SAC on Pendulum-v1 (rl-zoo hyperparameters,
-        1e4 steps, 20 seeds) at 1e-3 -144.4 against -143.6. SAC needs the smaller value: its critic must grow its
+        1e4 steps, 20 seeds) at 2e-3 -144.4 against -143.6. SAC needs the smaller value: its critic must grow its
         weights to carry the return's scale (after 1e4 steps SB3's hidden critic layer has sigma_max ~34 and an RMS
-        singular value ~3.8), and the penalty's gradient grows as ``sigma^3``, so at 0.01 it held that layer at
+        singular value ~3.8), and the penalty's gradient grows as ``sigma^3``, so at 0.02 it held that layer at
         sigma_max ~8 / RMS ~1.3 (seed 0), and 3 of 20 runs ended far below their SB3 twin (-285 vs -131, -236 vs -162,
-        -470 vs -157) while the other 17 stayed within ~6 of it; at 1e-3 every run follows its SB3 twin
-        (bench/README.md). With ``isometry_coef=0.1`` (an earlier default) PPO learned CartPole more slowly and lost
+        -470 vs -157) while the other 17 stayed within ~6 of it; at 2e-3 every run follows its SB3 twin
+        (bench/README.md). With ``isometry_coef=0.2`` (an earlier default) PPO learned CartPole more slowly and lost
         on Breakout, and SAC lost on Pendulum (-685 vs -136). The defaults are therefore at the low end of the
-        supervised probe's range: a continual task may want a larger value (the zoo_configs entries use 0.1); tune it
+        supervised probe's range: a continual task may want a larger value (the zoo_configs entries use 0.2); tune it
         with ``-optimize``.
     :param isometry_scale: target scale ``s`` > 0 (1 = orthogonal, the isometry paper's target; 2 is an option for
         ReLU). SB3 initialises PPO's hidden layers orthogonally with gain sqrt(2), so ``W^T W = 2 I`` at the start
@@ -90,6 +96,16 @@ class IsometryConfig:
         1.22 .. 2.12 (RMS 1.60); the penalty mainly tempers the largest singular value of the 1024 -> 128 layer
         (6.50 in SB3, 5.05 with the penalty). Matching the target to the initial scale (``isometry_scale=2``) was
         measured and did not do better on Breakout (bench/README.md, ablation ``scale2``), so ``s = 1`` stays.
+    :param isometry_rect_scale: the authors' ``rect_scale``: for a tall weight ``(out, in)`` with ``out > in`` the
+        target of ``W^T W`` is ``s * out / in`` (singular values ``sqrt(s * out / in)``, FIRE's scale of a tall layer
+        at ``s = 1``) instead of ``s``. Off by default, as in the authors' training script (their port's function
+        defaults to it; their script turned it off as "theoretically unmotivated": ``W^T W = I`` is reachable for a
+        tall matrix without it). What "isometric" means for a tall layer, and how the penalty and FIRE agree on it:
+        :mod:`sb3_plastic.isometry`. Measured under the continual protocol: bench/README.md ("The isometry penalty
+        in its authors' convention").
+    :param isometry_normalize: divide ``R`` of each weight (and its step) by the Gram matrix's size
+        ``min(out, in)``, so that the strength does not grow with the width (the authors' optional
+        ``normalize``; off by default as theirs).
     :param isometry_mode: ``"decoupled"`` (AdamO: the penalty step bypasses Adam's moments),
         ``"coupled"`` (the ablation: plain Adam on ``loss + lambda R``; the penalty gradient joins the task
         gradient inside ``backward()``, so SB3's ``max_grad_norm`` clips them together, as SB3 would clip the
@@ -127,8 +143,10 @@ class IsometryConfig:
     """
 
     activation: Optional[str] = None
-    isometry_coef: float = 0.01
+    isometry_coef: float = 0.02
     isometry_scale: float = 1.0
+    isometry_rect_scale: bool = False
+    isometry_normalize: bool = False
     isometry_mode: str = "decoupled"
     isometry_layers: Union[str, list[str]] = "hidden"
     isometry_interval: Union[int, str] = 1
@@ -152,6 +170,9 @@ class IsometryConfig:
         scale = self.isometry_scale
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
             raise ValueError(f"isometry_scale must be a finite number > 0, got {scale!r}")
+        for name in ("isometry_rect_scale", "isometry_normalize"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.isometry_mode not in ISOMETRY_MODES:
             raise ValueError(f"Unknown isometry_mode {self.isometry_mode!r}; allowed: {list(ISOMETRY_MODES)}")
         if self.optimizer not in OPTIMIZERS:

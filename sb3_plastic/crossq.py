@@ -48,8 +48,8 @@ class PlasticCrossQ(PlasticAlgorithmMixin, CrossQ):
       statistics to BatchRenorm's own running averages.
     """
 
-    #: the SAC family's default ``isometry_coef`` (``None``): 1e-3, see ``IsometryConfig.isometry_coef``
-    default_isometry_coef: ClassVar[float] = 1e-3
+    #: the SAC family's default ``isometry_coef`` (``None``): 2e-3, see ``IsometryConfig.isometry_coef``
+    default_isometry_coef: ClassVar[float] = 2e-3
     policy_aliases: ClassVar[dict[str, type[BasePolicy]]] = {
         "MlpPolicy": PlasticCrossQPolicy,
     }

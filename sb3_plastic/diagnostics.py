@@ -25,8 +25,10 @@ matrix ``(N, F)`` with ``F = C*H*W`` for a conv layer; ``sigma_i``: its singular
 * **distance from initialisation**: ``||W - W_0||_F`` per layer, ``||theta - theta_0||`` per network.
 * **DfI** (deviation from isometry, FIRE, arXiv 2602.08040): ``||W^T W - I||_F^2`` (tall) or
   ``||W W^T - I||_F^2`` (wide), ``s I`` in place of ``I`` for a target scale ``s`` (``dfi_scale``; the monitor passes
-  the model's ``isometry_scale``), :func:`sb3_plastic.isometry.deviation_from_isometry`: the isometry penalty
-  ``R(W)`` itself (one definition: the smaller Gram matrix). FIRE's reference writes ``||W^T W - I||_F^2`` for
+  the model's ``isometry_scale``), :func:`sb3_plastic.isometry.deviation_from_isometry` (one definition: the smaller
+  Gram matrix): twice the isometry penalty ``R(W) = 1/2 ||Gram - s I||_F^2`` of the authors' convention (issue #27;
+  DfI kept its definition without the 1/2 and without ``isometry_rect_scale``, so the logged ``dfi`` keys mean what
+  they meant before). FIRE's reference writes ``||W^T W - I||_F^2`` for
   every shape, which for a wide ``W`` is this value plus the constant ``in - out``; why the smaller one: the
   :mod:`sb3_plastic.isometry` module docstring.
 * **sigma_max, sigma_min, condition number** of a layer's weight (matrix view ``(out, in*k*k)`` of a
@@ -312,7 +314,7 @@ def capped_ratio(largest: float, smallest: float, cap: float = COND_CAP) -> floa
 
 
 def dfi(weight: th.Tensor, scale: float = 1.0) -> float:
-    """Deviation from isometry of one weight: the isometry penalty ``R(W)`` on the smaller Gram matrix
+    """Deviation from isometry of one weight: ``||Gram - s I||_F^2`` on the smaller Gram matrix (``2 R(W)``)
     (:func:`sb3_plastic.isometry.deviation_from_isometry`)."""
     return deviation_from_isometry(weight, scale)
 

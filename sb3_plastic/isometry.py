@@ -1,22 +1,59 @@
 """The isometry penalty, its analytic gradient, deviation from isometry (DfI) and orthogonal init.
 
 For a weight ``W`` of shape ``(out, in)`` (a convolution kernel is viewed as ``(out, in * kh * kw)``)
-the penalty of Rosseau, Müller & Nowé (2026) is
+the penalty of Rosseau, Müller & Nowé (2026), in its authors' convention (the first author's PyTorch port,
+Arosseau/nanochat-isometry ``nanochat/ortho_reg.py``, ported from the paper's JAX code ``isometry_lab/losses.py``),
+is half the squared Frobenius distance of the smaller Gram matrix from its target,
 
-    R(W) = ||W^T W - s I||_F^2   if out >= in,      R(W) = ||W W^T - s I||_F^2   otherwise,
+    R(W) = 1/2 ||W^T W - t I||_F^2   if out >= in,      R(W) = 1/2 ||W W^T - t I||_F^2   otherwise,
 
-with target scale ``s`` (1 by default; ``s = 2`` is an option for ReLU layers). Its gradient is
-``4 W (W^T W - s I)`` or ``4 (W W^T - s I) W``; no autograd is needed.
+with target ``t = s`` (``isometry_scale``, 1 by default; ``s = 2`` is an option for ReLU layers, "compensates
+E[relu(x)^2] = sigma^2 / 2"). Its gradient is ``2 W (W^T W - t I)`` or ``2 (W W^T - t I) W``; no autograd is needed.
+The 1/2 makes ``lambda`` "directly comparable to weight decay" (the port's words): ``lambda * R`` of a matrix near
+its target has curvature ``~ 4 lambda sigma^2`` per singular value, as ``lambda / 2 ||W||^2`` has ``lambda``.
 
-Deviation from isometry (DfI), one definition everywhere (the diagnostics, the monitor, FIRE's logs): the
-penalty with ``s = 1``, always on the smaller Gram matrix, ``||W^T W - I||_F^2`` for ``out >= in`` and
-``||W W^T - I||_F^2`` for a wide ``W``. FIRE's reference writes ``||W^T W - I||_F^2`` for every shape; for a wide
+**Convention change (issue #27).** Before issue #27 this library had no 1/2 (``R = ||.||_F^2``, gradient
+``4 W (W^T W - s I)``): every ``lambda`` written for the old code is half of today's for the same penalty. The
+library's defaults were doubled with the change (``isometry_coef`` 0.02 for the PPO and DQN families, 2e-3 for SAC,
+TQC and CrossQ, 0.2 for :class:`~sb3_plastic.AdamO` built directly), so a default run trains bit for bit as before,
+and a model saved by the old code (format version 1, :data:`ISOMETRY_FORMAT`) loads with its ``isometry_coef``
+doubled (:meth:`sb3_plastic.common.plastic_algorithm.PlasticAlgorithmMixin.load`,
+:meth:`sb3_plastic.optim.IsometryStepMixin.load_state_dict`): the same effective penalty.
+
+Two options of the authors' code (both off by default here):
+
+* ``rect_scale=True`` (``isometry_rect_scale``): for a tall ``W`` (``out > in``) the target is ``t = s * out / in``
+  ("accounts for signal norm propagation when orthogonalising the shorter dimension"); wide and square matrices keep
+  ``t = s``. The port's function defaults to it, but its training script turned it off by default (commit
+  6524a4a, "rect_scale is theoretically unmotivated for the isometry target (W^T W = I is already achievable for
+  tall matrices without it)"), so every run its authors launch without the flag is without it; so is this
+  library's default.
+* ``normalize=True`` (``isometry_normalize``): ``R`` and its gradient divided by the Gram matrix's size
+  ``min(out, in)``, so the strength does not grow with the layer's width (off in the port, as here).
+
+**What "isometric" means for a tall layer** (the one place this library says it). A tall Linear weight
+``(out, in)`` with ``out > in`` can at best be an isometry of its input space onto an ``in``-dimensional subspace of
+the output: orthonormal columns, all ``in`` singular values ``sqrt(s)`` (``W^T W = s I``). That is the penalty's
+default target, the polar factor FIRE computes before it scales it, and DfI's zero. With ``rect_scale`` the target
+singular values are ``sqrt(s * out / in)``: the same as FIRE's reference scaling of a tall layer,
+``sqrt(out / in)`` at ``s = 1`` (:func:`sb3_plastic.callbacks.fire.fire_scale`; FIRE's reference scales every
+Linear weight by ``sqrt(out / in)``, the "spectral" scale ``||W||_op = sqrt(d_out / d_in)`` of muP / Muon, under
+which the mean square per output unit equals the mean square per input unit). So ``isometry_rect_scale=True`` is the penalty
+that keeps a tall layer where FIRE puts it; with the default the penalty pulls it back towards singular values
+``sqrt(s)``. For a wide layer (``out < in``) the two differ whatever the option: the penalty's target is ``W W^T =
+s I`` (singular values ``sqrt(s)``), FIRE's scale ``sqrt(out / in) < 1``.
+
+Deviation from isometry (DfI), one definition everywhere (the diagnostics, the monitor, FIRE's logs), kept as it
+was before issue #27 so that the logged ``.../dfi`` keys keep their meaning: the full squared Frobenius distance
+with target ``s`` (1 unless the caller says otherwise), no 1/2, no ``rect_scale``, no normalisation, always on the
+smaller Gram matrix: ``||W^T W - s I||_F^2`` for ``out >= in`` and ``||W W^T - s I||_F^2`` for a wide ``W``; that
+is ``2 R(W)`` with the options off. FIRE's reference writes ``||W^T W - I||_F^2`` for every shape; for a wide
 ``W`` (``out < in``) that larger ``in x in`` Gram matrix has ``in - out`` extra zero eigenvalues, so it equals
 this DfI plus the constant ``in - out`` (a floor no matrix can go below) and has the same gradient
 (``W (W^T W - I) = (W W^T - I) W``). The smaller Gram matrix is chosen because its DfI is 0 exactly when ``W`` is
 as isometric as its shape allows (orthonormal columns, or orthonormal rows for a wide ``W``: all ``min(out, in)``
 singular values 1), so values of layers of different shapes are comparable and an orthogonally initialised
-network reads 0; and it is what the penalty optimises, so the logged DfI is the regulariser's own objective.
+network reads 0; and it is (twice) what the penalty optimises at its default settings.
 
 Stacked blocks (``blocks=k``): a recurrent layer stores several matrices in one tensor. PyTorch's
 ``nn.LSTM`` keeps the four gate matrices (input, forget, cell, output gates) of layer ``l`` stacked along
@@ -24,8 +61,8 @@ the rows of ``weight_ih_l{l}`` ``(4H, in)`` and ``weight_hh_l{l}`` ``(4H, H)`` (
 1997). Each gate is its own linear map followed by its own nonlinearity, so isometry is asked of each gate
 matrix on its own: with ``blocks=k`` the weight ``(k*m, n)`` is viewed as ``k`` matrices ``(m, n)`` and
 ``R = sum_b R(W_b)``, the gradient is the per-block gradient stacked back. (The stacked ``(4H, in)``
-matrix itself could be an isometry only if the four gates were mutually orthogonal maps, which no gate
-structure asks for.)
+matrix itself could be an isometry only if the four gate matrices were mutually orthogonal maps, which no gate
+structure asks for.) ``rect_scale`` and ``normalize`` act on each block's shape ``(m, n)``.
 """
 
 from __future__ import annotations
@@ -35,6 +72,11 @@ from collections.abc import Iterable
 
 import torch as th
 from torch import nn
+
+#: Version of the isometry convention saved with a plastic model: 1 = the penalty without the 1/2 (before issue
+#: #27), 2 = the authors' convention ``R = 1/2 ||Gram - t I||_F^2`` with ``isometry_rect_scale`` and
+#: ``isometry_normalize``. A zip without it is version 1.
+ISOMETRY_FORMAT = 2
 
 #: Layer types whose ``weight`` the isometry machinery understands.
 WEIGHT_LAYERS: tuple[type[nn.Module], ...] = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
@@ -71,37 +113,64 @@ def as_blocks(weight: th.Tensor, blocks: int) -> th.Tensor:
     return w.reshape(blocks, w.shape[0] // blocks, w.shape[1])
 
 
-def gram_residual(weight: th.Tensor, scale: float = 1.0, blocks: int = 1) -> th.Tensor:
-    """``W^T W - s I`` (tall or square ``W``) or ``W W^T - s I`` (wide ``W``), on the matrix view of ``weight``.
+def isometry_target(rows: int, cols: int, scale: float = 1.0, rect_scale: bool = False) -> float:
+    """The target ``t`` of the Gram matrix of a ``(rows, cols)`` matrix: ``scale``, times ``rows / cols`` for a tall
+    matrix (``rows > cols``) with ``rect_scale`` (the authors' rect scale, see the module docstring)."""
+    return scale * rows / cols if rect_scale and rows > cols else scale
+
+
+def gram_residual(weight: th.Tensor, scale: float = 1.0, blocks: int = 1, rect_scale: bool = False) -> th.Tensor:
+    """``W^T W - t I`` (tall or square ``W``) or ``W W^T - t I`` (wide ``W``), on the matrix view of ``weight``;
+    ``t`` is :func:`isometry_target`.
 
     With ``blocks=k > 1``: the residuals of the ``k`` row blocks, stacked ``(k, d, d)`` (see :func:`as_blocks`).
     """
     w = as_matrix(weight) if blocks == 1 else as_blocks(weight, blocks)
-    gram = w.mT @ w if w.shape[-2] >= w.shape[-1] else w @ w.mT
-    return gram - scale * th.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device)
+    rows, cols = w.shape[-2:]
+    gram = w.mT @ w if rows >= cols else w @ w.mT
+    target = isometry_target(rows, cols, scale, rect_scale)
+    return gram - target * th.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device)
 
 
-def isometry_penalty(weight: th.Tensor, scale: float = 1.0, blocks: int = 1) -> th.Tensor:
-    """The isometry penalty ``R(W)`` (a scalar tensor, differentiable); with ``blocks=k`` the sum of ``R`` over
-    the ``k`` stacked row blocks (an LSTM weight: its gate matrices)."""
+def isometry_penalty(
+    weight: th.Tensor, scale: float = 1.0, blocks: int = 1, rect_scale: bool = False, normalize: bool = False
+) -> th.Tensor:
+    """The isometry penalty ``R(W) = 1/2 ||Gram(W) - t I||_F^2`` (a scalar tensor, differentiable) on the smaller Gram
+    matrix, in the authors' convention (module docstring).
+
+    :param weight: a weight with >= 2 dims (a conv kernel is viewed as ``(out, in * kh * kw)``).
+    :param scale: target scale ``s`` > 0.
+    :param blocks: ``k``: the sum of ``R`` over ``k`` stacked row blocks (an LSTM weight: its gate matrices).
+    :param rect_scale: for a tall matrix (``out > in``) the target ``s * out / in`` instead of ``s``.
+    :param normalize: divide by the Gram matrix's size ``min(out, in)`` (per block).
+    """
     _check_scale(scale)
-    return gram_residual(weight, scale, blocks).square().sum()
+    residual = gram_residual(weight, scale, blocks, rect_scale)
+    penalty = 0.5 * residual.square().sum()
+    return penalty / residual.shape[-1] if normalize else penalty
 
 
-def isometry_penalty_grad(weight: th.Tensor, scale: float = 1.0, blocks: int = 1) -> th.Tensor:
-    """Analytic gradient of :func:`isometry_penalty` with respect to ``weight`` (same shape as ``weight``)."""
+def isometry_penalty_grad(
+    weight: th.Tensor, scale: float = 1.0, blocks: int = 1, rect_scale: bool = False, normalize: bool = False
+) -> th.Tensor:
+    """Analytic gradient of :func:`isometry_penalty` with respect to ``weight`` (same shape as ``weight``):
+    ``2 W (W^T W - t I)`` for a tall or square matrix, ``2 (W W^T - t I) W`` for a wide one (``/ min(out, in)`` with
+    ``normalize``)."""
     _check_scale(scale)
     w = as_matrix(weight) if blocks == 1 else as_blocks(weight, blocks)
-    residual = gram_residual(weight, scale, blocks)
-    grad = 4.0 * (w @ residual) if w.shape[-2] >= w.shape[-1] else 4.0 * (residual @ w)
+    residual = gram_residual(weight, scale, blocks, rect_scale)
+    factor = 2.0 / residual.shape[-1] if normalize else 2.0
+    grad = factor * (w @ residual) if w.shape[-2] >= w.shape[-1] else factor * (residual @ w)
     return grad.reshape(weight.shape)
 
 
 def deviation_from_isometry(weight: th.Tensor, scale: float = 1.0, blocks: int = 1) -> float:
-    """DfI of one weight: ``R(W)`` (the smaller Gram matrix, see the module docstring) with target scale
-    ``scale`` as a Python float (summed over ``blocks``)."""
+    """DfI of one weight: ``||Gram(W) - s I||_F^2`` on the smaller Gram matrix, no 1/2 (``2 R(W)`` with the options
+    off; the definition is unchanged by issue #27, see the module docstring), as a Python float (summed over
+    ``blocks``)."""
+    _check_scale(scale)
     with th.no_grad():
-        return float(isometry_penalty(weight.detach().float(), scale, blocks))
+        return float(gram_residual(weight.detach().float(), scale, blocks).square().sum())
 
 
 def weight_layers(module: nn.Module) -> Iterable[tuple[str, nn.Module]]:
@@ -112,10 +181,11 @@ def weight_layers(module: nn.Module) -> Iterable[tuple[str, nn.Module]]:
 
 
 def dfi_per_layer(module: nn.Module, scale: float = 1.0) -> dict[str, float]:
-    """Deviation from isometry ``R(W)`` of every Linear / Conv layer of ``module``, keyed by layer name.
+    """Deviation from isometry (:func:`deviation_from_isometry`) of every Linear / Conv layer of ``module``, keyed by
+    layer name.
 
     Recurrent layers (``nn.LSTM`` / ``nn.GRU`` / ``nn.RNN``) add one entry per weight matrix, keyed
-    ``<layer>.<parameter>`` (``lstm_actor.weight_ih_l0``, ...): the sum of ``R`` over its gate blocks
+    ``<layer>.<parameter>`` (``lstm_actor.weight_ih_l0``, ...): the sum over its gate blocks
     (:func:`sb3_plastic.recurrent.recurrent_weights`).
     """
     from sb3_plastic.recurrent import recurrent_weights

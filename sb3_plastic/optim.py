@@ -5,7 +5,10 @@ only the task gradient, and the penalty acts through its own step,
 
     theta <- theta - lr * m_hat / (sqrt(v_hat) + eps) - lr * lambda * grad R(theta),
 
-where ``R`` is :func:`sb3_plastic.isometry.isometry_penalty` and ``lambda = isometry_coef``.
+where ``R`` is :func:`sb3_plastic.isometry.isometry_penalty` (the authors' convention ``1/2 ||Gram - t I||_F^2``,
+gradient ``2 W (W^T W - t I)``; before issue #27 it had no 1/2, so an old ``lambda`` is half of today's for the
+same step) and ``lambda = isometry_coef``. ``lr`` is the param group's current learning rate, i.e. SB3's scheduled
+one (SB3 writes ``lr`` into every group before each ``train()``), as in the authors' port (``base lr * schedule``).
 Mixing ``lambda * grad R`` into the gradient (``isometry_mode="coupled"``) lets Adam's second moment
 rescale the penalty; that ablation is kept so users can compare. Coupled mode is exactly Adam on the gradient
 of ``loss + lambda * R`` as SB3 computes it: the penalty gradient enters ``p.grad`` inside ``backward()``
@@ -24,7 +27,8 @@ only the penalty's own motion (``lr * lambda`` per step), but the task's Adam st
 ``(k - 1) / 2 * ||H V|| / ||grad R||``, linear in the window length and independent of ``lambda`` as long as the
 task's motion dominates. Measured by ``bench/isometry_interval.py`` (bench/README.md: random-label memorisation,
 MLP 64-128-128-10, lr 3e-4 .. 3e-3): ~0.3 % of the window's displacement per update of window length, 7-12 % at
-``k = 32`` for ``lambda`` 0.01 .. 1 (27 % at lr 3e-3, ``lambda`` 1), ~equal for ``lambda`` 0.01 and 0.1.
+``k = 32`` for ``lambda`` 0.01 .. 1 (27 % at lr 3e-3, ``lambda`` 1), ~equal for ``lambda`` 0.01 and 0.1 (those
+``lambda`` in the convention before issue #27: 0.02 .. 2 in today's).
 """
 
 from __future__ import annotations
@@ -40,14 +44,17 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from sb3_plastic.adam_restart import AdamRestartMixin, mark_restarted_, supports_restart
 from sb3_plastic.common.hooks import add_to_grad_hook
-from sb3_plastic.isometry import as_blocks, as_matrix, isometry_penalty_grad
+from sb3_plastic.isometry import as_blocks, as_matrix, isometry_penalty_grad, isometry_target
 
 ISOMETRY_MODES = ("decoupled", "coupled")
 
-#: The decoupled isometry step is clamped per tensor so that ``4 * lr * lambda * sigma_max(W)^2 <= 1/2``.
-#: ``sigma_max^2`` is bounded from above by the largest absolute row sum of the Gram matrix, which costs
-#: no SVD. Below the bound the cubic map ``sigma <- sigma - 4 c sigma (sigma^2 - s)`` moves every
-#: singular value monotonically towards ``sqrt(s)`` without overshoot; above it the step could diverge.
+#: The decoupled isometry step ``W <- W - c W (W^T W - t I)``, ``c = 2 lr lambda`` (``/ min(out, in)`` with
+#: ``isometry_normalize``), is clamped per tensor so that ``c * max(sigma_max(W)^2, t) <= 1/2``. ``sigma_max^2`` is
+#: bounded from above by the largest absolute row sum of the Gram matrix, which costs no SVD. Below the bound the
+#: cubic map ``sigma <- sigma - c sigma (sigma^2 - t)`` moves every singular value towards ``sqrt(t)`` without
+#: diverging, and (``c t <= 1/2``) a singular value below ``sqrt(t)`` does not jump past it; above it the step
+#: could diverge. (The ``t`` in the bound matters for a large target, ``isometry_rect_scale`` on a very tall layer;
+#: for ``t <= sigma_max^2`` it is the clamp of the library before issue #27.)
 MAX_ISOMETRY_STEP = 0.5
 
 
@@ -58,6 +65,9 @@ def _check_nonneg(name: str, value: Any) -> None:
 
 def _check_group(group: dict[str, Any]) -> None:
     _check_nonneg("isometry_coef", group["isometry_coef"])
+    for key in ("isometry_rect_scale", "isometry_normalize"):
+        if not isinstance(group.get(key, False), bool):
+            raise ValueError(f"{key} must be True or False, got {group[key]!r}")
     scale = group["isometry_scale"]
     if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
         raise ValueError(f"isometry_scale must be a finite number > 0, got {scale!r}")
@@ -77,6 +87,28 @@ def _check_group(group: dict[str, Any]) -> None:
                 raise ValueError(
                     f"isometry_blocks={blocks} does not divide the {p.shape[0]} rows of a parameter of shape {tuple(p.shape)}"
                 )
+
+
+def _gradient_factor(group: dict[str, Any], gram_dim: int) -> float:
+    """The factor of ``W (W^T W - t I)`` in the gradient of ``R``: 2, or ``2 / gram_dim`` with ``isometry_normalize``."""
+    return 2.0 / gram_dim if group.get("isometry_normalize", False) else 2.0
+
+
+def upgrade_isometry_groups(state_dict: dict[str, Any]) -> dict[str, Any]:
+    """An optimizer state dict in today's isometry convention: every saved param group with isometry settings but
+    without ``isometry_rect_scale`` (saved before issue #27, when ``R`` had no 1/2) gets ``isometry_coef`` doubled and
+    ``isometry_rect_scale=False``, ``isometry_normalize=False``. Other state dicts are returned unchanged (a copy of
+    the upgraded groups otherwise; the input is not modified)."""
+    groups = state_dict.get("param_groups", [])
+    if not any("isometry_mode" in g and "isometry_rect_scale" not in g for g in groups):
+        return state_dict
+    upgraded = []
+    for group in groups:
+        if "isometry_mode" in group and "isometry_rect_scale" not in group:
+            group = {**group, "isometry_coef": 2 * group["isometry_coef"], "isometry_rect_scale": False,
+                     "isometry_normalize": False}
+        upgraded.append(group)
+    return {**state_dict, "param_groups": upgraded}
 
 
 def coupled_interval_message(interval: Any) -> str:
@@ -149,9 +181,9 @@ class IsometryStepMixin:
     Mixed in front of a ``torch.optim.Optimizer`` subclass (:class:`AdamO` is it on ``torch.optim.Adam``;
     :func:`with_isometry_step` builds it for any other optimizer class). Every param group carries
     ``isometry_coef``, ``isometry_scale``, ``isometry_mode`` (``"decoupled"`` / ``"coupled"``),
-    ``isometry_interval`` and optionally ``isometry_blocks``; the update rule, the blow-up clamp and the state
-    entries (``isometry_count``, ``isometry_step``) are the ones described in :class:`AdamO`, with the base
-    optimizer's update in place of Adam's.
+    ``isometry_interval``, ``isometry_rect_scale``, ``isometry_normalize`` and optionally ``isometry_blocks``; the
+    update rule, the blow-up clamp and the state entries (``isometry_count``, ``isometry_step``) are the ones
+    described in :class:`AdamO`, with the base optimizer's update in place of Adam's.
 
     Coupled mode: every regularised weight of a coupled group carries a post-accumulate-grad hook that adds
     ``lambda * grad R(W)`` to ``W.grad`` inside ``backward()`` (see the module docstring: gradient clipping
@@ -168,21 +200,28 @@ class IsometryStepMixin:
     defaults: dict[str, Any]
 
     def _init_isometry(
-        self, isometry_coef: float, isometry_scale: float, isometry_mode: str, isometry_interval: int
+        self,
+        isometry_coef: float,
+        isometry_scale: float,
+        isometry_mode: str,
+        isometry_interval: int,
+        isometry_rect_scale: bool = False,
+        isometry_normalize: bool = False,
     ) -> None:
         """Give every param group the isometry settings it does not set itself, and validate them."""
-        for group in self.param_groups:
-            group.setdefault("isometry_coef", isometry_coef)
-            group.setdefault("isometry_scale", isometry_scale)
-            group.setdefault("isometry_mode", isometry_mode)
-            group.setdefault("isometry_interval", isometry_interval)
-            _check_group(group)
-        self.defaults.update(
+        settings = dict(
             isometry_coef=isometry_coef,
             isometry_scale=isometry_scale,
             isometry_mode=isometry_mode,
             isometry_interval=isometry_interval,
+            isometry_rect_scale=isometry_rect_scale,
+            isometry_normalize=isometry_normalize,
         )
+        for group in self.param_groups:
+            for key, value in settings.items():
+                group.setdefault(key, value)
+            _check_group(group)
+        self.defaults.update(settings)
         self._register_coupled_hooks()
 
     def _register_coupled_hooks(self) -> None:
@@ -224,7 +263,14 @@ class IsometryStepMixin:
     def _coupled_gradient(param: th.Tensor, group: dict[str, Any]) -> th.Tensor:
         """``lambda * grad R(W)`` (per gate block with ``isometry_blocks``), at the current weights."""
         blocks = group.get("isometry_blocks", 1)
-        return group["isometry_coef"] * isometry_penalty_grad(param.detach(), group["isometry_scale"], blocks)
+        grad = isometry_penalty_grad(
+            param.detach(),
+            group["isometry_scale"],
+            blocks,
+            rect_scale=group.get("isometry_rect_scale", False),
+            normalize=group.get("isometry_normalize", False),
+        )
+        return group["isometry_coef"] * grad
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)  # type: ignore[misc]
@@ -232,7 +278,13 @@ class IsometryStepMixin:
             self._register_coupled_hooks()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """``torch.optim.Optimizer.load_state_dict``, also from the one-group layout of an SB3 checkpoint.
+        """``torch.optim.Optimizer.load_state_dict``, also from the one-group layout of an SB3 checkpoint, and from
+        the isometry convention before issue #27.
+
+        A saved param group with isometry settings but without ``isometry_rect_scale`` was saved by the library
+        before issue #27 (format 1, :data:`sb3_plastic.isometry.ISOMETRY_FORMAT`), when the penalty had no 1/2: its
+        ``isometry_coef`` is doubled (the same effective penalty in today's convention) and it gets
+        ``isometry_rect_scale=False``, ``isometry_normalize=False``.
 
         A plastic policy splits the parameters SB3's optimizer holds in one group into isometry groups (the
         regularised weights, the rest with ``isometry_coef=0``) and keeps SB3's order in ``flat_param_order``. A
@@ -241,7 +293,7 @@ class IsometryStepMixin:
         parameter's state (Adam's moments and step) goes to the same parameter, every group takes the loaded
         group's hyperparameters (``lr``, ``betas``, ...) and keeps its own ``isometry_*`` settings.
         """
-        super().load_state_dict(self._from_one_group_layout(state_dict))  # type: ignore[misc]
+        super().load_state_dict(self._from_one_group_layout(upgrade_isometry_groups(state_dict)))  # type: ignore[misc]
 
     def _from_one_group_layout(self, state_dict: dict[str, Any]) -> dict[str, Any]:
         order = getattr(self, "flat_param_order", None)
@@ -353,14 +405,17 @@ class IsometryStepMixin:
         # Gradient of R at the current (pre-step) parameters, as in the update rule above; the Gram
         # matrix is computed once for the gradient and for the blow-up bound.
         w = as_matrix(p)
-        tall = w.shape[0] >= w.shape[1]
+        rows, cols = w.shape
+        tall = rows >= cols
         gram = w.T @ w if tall else w @ w.T
-        bound = gram.abs().sum(dim=1).max().clamp_min(1e-12)
-        gram.diagonal().sub_(group["isometry_scale"])
+        target = isometry_target(rows, cols, group["isometry_scale"], group.get("isometry_rect_scale", False))
+        bound = gram.abs().sum(dim=1).max().clamp_min(target)
+        gram.diagonal().sub_(target)
+        factor = _gradient_factor(group, min(rows, cols))
         limit = float(group["lr"]) * group["isometry_coef"] * group["isometry_interval"]
-        step = th.clamp(MAX_ISOMETRY_STEP / (4.0 * bound), max=limit)
-        # fold 4 * step into the small Gram residual: the full-size product is the update itself
-        gram.mul_(4.0 * step)
+        step = th.clamp(MAX_ISOMETRY_STEP / (factor * bound), max=limit)
+        # fold factor * step into the small Gram residual: the full-size product is the update itself
+        gram.mul_(factor * step)
         return (w @ gram if tall else gram @ w).view_as(p), step
 
     @staticmethod
@@ -368,14 +423,16 @@ class IsometryStepMixin:
         """The decoupled isometry update of a weight made of ``blocks`` stacked matrices, each with its own Gram
         matrix and clamp: ``(update, per-block step)``."""
         w = as_blocks(p, blocks)
-        tall = w.shape[-2] >= w.shape[-1]
+        rows, cols = w.shape[-2:]
+        tall = rows >= cols
         gram = w.mT @ w if tall else w @ w.mT
-        bound = gram.abs().sum(dim=-1).amax(dim=-1).clamp_min(1e-12)
-        gram.diagonal(dim1=-2, dim2=-1).sub_(group["isometry_scale"])
-        interval = group["isometry_interval"]
-        limit = float(group["lr"]) * group["isometry_coef"] * interval
-        step = th.clamp(MAX_ISOMETRY_STEP / (4.0 * bound), max=limit)
-        gram.mul_(4.0 * step.view(-1, 1, 1))
+        target = isometry_target(rows, cols, group["isometry_scale"], group.get("isometry_rect_scale", False))
+        bound = gram.abs().sum(dim=-1).amax(dim=-1).clamp_min(target)
+        gram.diagonal(dim1=-2, dim2=-1).sub_(target)
+        factor = _gradient_factor(group, min(rows, cols))
+        limit = float(group["lr"]) * group["isometry_coef"] * group["isometry_interval"]
+        step = th.clamp(MAX_ISOMETRY_STEP / (factor * bound), max=limit)
+        gram.mul_(factor * step.view(-1, 1, 1))
         return (w @ gram if tall else gram @ w).view_as(p), step
 
     def reset_state(
@@ -400,9 +457,14 @@ class AdamO(IsometryStepMixin, AdamRestartMixin, th.optim.Adam):
     :param betas: Adam's ``(beta1, beta2)``.
     :param eps: Adam's epsilon.
     :param weight_decay: decoupled (AdamW-style) weight decay on every parameter of the group.
-    :param isometry_coef: ``lambda`` >= 0. Every parameter with >= 2 dimensions in a group with
+    :param isometry_coef: ``lambda`` >= 0 of ``R = 1/2 ||Gram - t I||_F^2`` (the authors' convention; default 0.2, the
+        0.1 of the library before issue #27, which had no 1/2). Every parameter with >= 2 dimensions in a group with
         ``isometry_coef > 0`` is regularised; 0 makes AdamO step for step equal to ``torch.optim.Adam``.
     :param isometry_scale: target scale ``s`` > 0 of ``W^T W`` (1: orthogonal; 2 is an option for ReLU).
+    :param isometry_rect_scale: for a tall weight ``(out, in)``, ``out > in``, the target ``s * out / in`` (the
+        authors' ``rect_scale``; off by default as in their training script, see :mod:`sb3_plastic.isometry`).
+    :param isometry_normalize: divide ``R`` (and its step) by the Gram matrix's size ``min(out, in)`` (off by
+        default, as the authors').
     :param isometry_mode: ``"decoupled"`` (AdamO proper) or ``"coupled"``: plain Adam on ``loss + lambda R``
         (the ablation): ``lambda * grad R`` joins ``p.grad`` inside ``backward()``, so gradient clipping before
         ``step()`` clips the sum (see :class:`IsometryStepMixin`), at every step.
@@ -413,18 +475,18 @@ class AdamO(IsometryStepMixin, AdamRestartMixin, th.optim.Adam):
         layers (see bench/README.md). It is not free in accuracy: the error is first order, linear in ``k`` and
         not vanishing with ``lambda`` (derivation in the module docstring; measured: 8-12 % of the isometry
         displacement of a 32-step window at lr 1e-3, bench/README.md). And the blow-up clamp below acts on the
-        ``k``-times step: once ``k * lr * lambda > MAX_ISOMETRY_STEP / (4 * bound)`` the amortised step is cut,
+        ``k``-times step: once ``k * lr * lambda > MAX_ISOMETRY_STEP / (2 * bound)`` the amortised step is cut,
         so its average pull falls below the exact one (measured on the permuted-digits probe at ``k = 32``: 12.5 %
         of the intended pull for ReLU, 2.6 % for MaxMin; the exact step there is never clamped).
     :param amsgrad: as in ``torch.optim.Adam``.
     :param kwargs: other ``torch.optim.Adam`` keywords (``foreach``, ``fused``, ``maximize``, ...).
 
     Blow-up guard: the decoupled step size ``lr * lambda`` is clamped per tensor to
-    ``MAX_ISOMETRY_STEP / (4 * bound)`` (so ``4 * step * sigma_max^2 <= 1/2``) where
-    ``bound >= sigma_max(W)^2`` (largest absolute row sum of the
-    Gram matrix); the value used at the last step is kept in ``state[p]["isometry_step"]`` (one value per block,
-    shape ``(k,)``, in a group with ``isometry_blocks=k > 1``). In coupled mode
-    no clamp applies (Adam normalises the summed gradient). A parameter whose ``.grad`` is ``None`` gets
+    ``MAX_ISOMETRY_STEP / (f * bound)`` (so ``f * step * max(sigma_max^2, t) <= 1/2``, ``f = 2`` or ``2 / min(out, in)``
+    with ``isometry_normalize``) where ``bound >= max(sigma_max(W)^2, t)`` (largest absolute row sum of the
+    Gram matrix, at least the target ``t``); the authors' port has no clamp. The value used at the last step is kept
+    in ``state[p]["isometry_step"]`` (one value per block, shape ``(k,)``, in a group with ``isometry_blocks=k > 1``).
+    In coupled mode no clamp applies (Adam normalises the summed gradient). A parameter whose ``.grad`` is ``None`` gets
     neither the Adam step nor the isometry step (as AdamW skips its weight decay).
 
     ``torch.compile(optimizer.step)`` works: the state tensors are updated in place, so the compiled step is
@@ -439,10 +501,12 @@ class AdamO(IsometryStepMixin, AdamRestartMixin, th.optim.Adam):
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 0.0,
-        isometry_coef: float = 0.1,
+        isometry_coef: float = 0.2,
         isometry_scale: float = 1.0,
         isometry_mode: str = "decoupled",
         isometry_interval: int = 1,
+        isometry_rect_scale: bool = False,
+        isometry_normalize: bool = False,
         amsgrad: bool = False,
         **kwargs: Any,
     ) -> None:
@@ -459,7 +523,9 @@ class AdamO(IsometryStepMixin, AdamRestartMixin, th.optim.Adam):
             decoupled_weight_decay=True,
             **kwargs,
         )
-        self._init_isometry(isometry_coef, isometry_scale, isometry_mode, isometry_interval)
+        self._init_isometry(
+            isometry_coef, isometry_scale, isometry_mode, isometry_interval, isometry_rect_scale, isometry_normalize
+        )
 
 
 @functools.cache
@@ -472,7 +538,8 @@ def with_isometry_step(optimizer_class: type[th.optim.Optimizer]) -> type[th.opt
     ``isometry_mode="decoupled"`` applies ``-lr * lambda * grad R(W)`` after the optimizer's step, outside its
     state (moments, square averages, momentum buffers), with AdamO's clamp; ``"coupled"`` adds
     ``lambda * grad R(W)`` to the gradient the optimizer sees. The returned class takes the optimizer's own
-    arguments plus ``isometry_coef``, ``isometry_scale``, ``isometry_mode`` and ``isometry_interval``; param
+    arguments plus ``isometry_coef`` (default 0.2, as :class:`AdamO`), ``isometry_scale``, ``isometry_mode``,
+    ``isometry_interval``, ``isometry_rect_scale`` and ``isometry_normalize``; param
     groups may set them (and ``isometry_blocks``) as in :class:`AdamO`. A class that already has the step
     (:class:`AdamO`, a class returned here) is returned unchanged; the same class is returned for the same
     ``optimizer_class``.
@@ -494,14 +561,18 @@ def with_isometry_step(optimizer_class: type[th.optim.Optimizer]) -> type[th.opt
         self: Any,
         params: Iterable[Any],
         *args: Any,
-        isometry_coef: float = 0.1,
+        isometry_coef: float = 0.2,
         isometry_scale: float = 1.0,
         isometry_mode: str = "decoupled",
         isometry_interval: int = 1,
+        isometry_rect_scale: bool = False,
+        isometry_normalize: bool = False,
         **kwargs: Any,
     ) -> None:
         optimizer_class.__init__(self, params, *args, **kwargs)
-        self._init_isometry(isometry_coef, isometry_scale, isometry_mode, isometry_interval)
+        self._init_isometry(
+            isometry_coef, isometry_scale, isometry_mode, isometry_interval, isometry_rect_scale, isometry_normalize
+        )
 
     name = f"{optimizer_class.__name__}WithIsometry"
     base = f"{optimizer_class.__module__}.{optimizer_class.__qualname__}"

@@ -66,8 +66,10 @@ class PlasticPolicyMixin:
         self,
         *args: Any,
         activation: Optional[str] = None,
-        isometry_coef: float = 0.01,
+        isometry_coef: float = 0.02,
         isometry_scale: float = 1.0,
+        isometry_rect_scale: bool = False,
+        isometry_normalize: bool = False,
         isometry_mode: str = "decoupled",
         isometry_layers: Union[str, list[str]] = "hidden",
         isometry_interval: int = 1,
@@ -84,6 +86,8 @@ class PlasticPolicyMixin:
             activation=activation,
             isometry_coef=isometry_coef,
             isometry_scale=isometry_scale,
+            isometry_rect_scale=isometry_rect_scale,
+            isometry_normalize=isometry_normalize,
             isometry_mode=isometry_mode,
             isometry_layers=isometry_layers,
             isometry_interval=isometry_interval,
@@ -157,6 +161,8 @@ class PlasticPolicyMixin:
                 isometry_scale=float(config.isometry_scale),
                 isometry_mode="coupled" if config.isometry_mode == "coupled" else "decoupled",
                 isometry_interval=int(config.isometry_interval),
+                isometry_rect_scale=config.isometry_rect_scale,
+                isometry_normalize=config.isometry_normalize,
             )
             # a user's optimizer_class keeps its own update and gets AdamO's isometry step on top of it
             kwargs["optimizer_class"] = AdamO if user_class is None else with_isometry_step(user_class)

@@ -19,8 +19,8 @@ class PlasticSAC(PlasticAlgorithmMixin, SAC):
     coefficient keeps SB3's Adam. ``isometry_mode="off", optimizer="adam"`` is exactly SB3's SAC.
     """
 
-    #: the SAC family's default ``isometry_coef`` (``None``): 1e-3, see ``IsometryConfig.isometry_coef``
-    default_isometry_coef: ClassVar[float] = 1e-3
+    #: the SAC family's default ``isometry_coef`` (``None``): 2e-3, see ``IsometryConfig.isometry_coef``
+    default_isometry_coef: ClassVar[float] = 2e-3
     policy_aliases: ClassVar[dict[str, type[BasePolicy]]] = {
         "MlpPolicy": PlasticSACPolicy,
         "CnnPolicy": PlasticSACCnnPolicy,

@@ -4,7 +4,8 @@ Each plastic sampler is the base algorithm's own rl_zoo3 sampler (``rl_zoo3.hype
 rate, batch size, gamma, net_arch, ...) plus the plastic search space, in the spelling of the yaml files
 and of the algorithms' constructors (top-level keywords):
 
-* ``isometry_coef``: log-uniform in [1e-3, 10]; reaches AdamO's ``param_groups`` (``"isometry_coef"``).
+* ``isometry_coef``: log-uniform in [2e-3, 20] (the authors' convention ``R = 1/2 ||Gram - s I||_F^2``; [1e-3, 10]
+  before issue #27, whose penalty had no 1/2: the same penalties); reaches AdamO's ``param_groups`` (``"isometry_coef"``).
 * ``replacement_rate``: log-uniform in [1e-6, 1e-2]; reaches Continual Backprop.
 * ``maturity_threshold``: integer, log-uniform in [100, 10 000] gradient steps; reaches Continual Backprop.
 * ``activation``: PPO ``tanh`` / ``relu`` / ``maxmin`` (it takes the place of rl_zoo3's ``activation_fn``
@@ -12,8 +13,8 @@ and of the algorithms' constructors (top-level keywords):
   there). Reaches the policy networks.
 
 Why these ranges. The decoupled isometry step is ``lr * isometry_coef * grad R(W)``: with the base
-learning rates (1e-5 ... 2e-3) the range keeps ``lr * isometry_coef`` between ~1e-8 (practically off) and
-~2e-2 (strong; our supervised probe kept ReLU nets trainable for 1e-4 ... 1e-2, see
+learning rates (1e-5 ... 2e-3) the range keeps ``lr * isometry_coef`` between ~2e-8 (practically off) and
+~4e-2 (strong; our supervised probe kept ReLU nets trainable for 2e-4 ... 2e-2, see
 ``sb3_plastic.config.IsometryConfig``). Dohare et al. (2024, Nature) use ``replacement_rate`` 1e-4 and a
 maturity of 10 000 updates for PPO on Slippery Ant and report the rate to be insensitive within an order
 of magnitude; the range spans two orders on either side. Every sampled trial therefore runs Continual
@@ -58,7 +59,7 @@ from torch import nn
 #: The plastic optuna parameters added to every base search space (``activation`` is handled apart).
 PLASTIC_PARAMS: tuple[str, ...] = ("isometry_coef", "replacement_rate", "maturity_threshold")
 #: Search range of ``isometry_coef`` (log-uniform).
-ISOMETRY_COEF_RANGE = (1e-3, 10.0)
+ISOMETRY_COEF_RANGE = (2e-3, 20.0)
 #: Search range of ``replacement_rate`` (log-uniform).
 REPLACEMENT_RATE_RANGE = (1e-6, 1e-2)
 #: Search range of ``maturity_threshold`` (integer, log-uniform; counts gradient steps).

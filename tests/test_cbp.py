@@ -50,7 +50,7 @@ def known_activations(steps, batch=8, width=5, seed=1, signed=False):
 def test_linear_formulas_match_direct_computation(utility, activation):
     net = two_layer(activation())
     rate, maturity, steps = 0.3, 2, 9
-    gnt = GenerateAndTest([hidden_of(net)], None, rate, maturity, ETA, utility)
+    gnt = GenerateAndTest([hidden_of(net)], None, rate, maturity, ETA, utility, bias_absorption=True)
     n = 5
     age, f, u, acc, total = np.zeros(n), np.zeros(n), np.zeros(n), 0.0, 0
     for h in known_activations(steps, signed=activation is nn.Tanh):
@@ -121,7 +121,9 @@ def adam_state_after_training(net, optimizer_cls):
 def test_replaced_unit_fresh_in_zero_out_moments_and_bias_absorption(optimizer_cls):
     net = two_layer()
     opt = adam_state_after_training(net, optimizer_cls)
-    gnt = GenerateAndTest([hidden_of(net)], opt, replacement_rate=0.2, maturity_threshold=1, decay_rate=ETA)
+    gnt = GenerateAndTest(
+        [hidden_of(net)], opt, replacement_rate=0.2, maturity_threshold=1, decay_rate=ETA, bias_absorption=True
+    )
     hs = known_activations(2)
     gnt.step({"0": hs[0]})
     w1, b1 = net[0].weight.detach().clone(), net[0].bias.detach().clone()
@@ -168,7 +170,7 @@ def test_conv_and_conv_to_linear():
         ("0", [(net[2], 1)]),
         ("2", [(net[5], 4)]),
     ]
-    gnt = GenerateAndTest(layers, opt, replacement_rate=0.25, maturity_threshold=1, decay_rate=ETA)
+    gnt = GenerateAndTest(layers, opt, replacement_rate=0.25, maturity_threshold=1, decay_rate=ETA, bias_absorption=True)
     xs = [th.randn(5, 2, 6, 6) for _ in range(2)]
     acts = []
     with th.no_grad():
@@ -230,7 +232,7 @@ def test_conv_maxmin_signed_utility():
     spec = NetworkSpec("net", net, None, None, [[net[0], net[3]]], {id(m): n for n, m in net.named_modules()})
     (layer,) = spec.hidden_layers()
     assert layer.group_size == 2 and layer.n_units == 2 and layer.consumers[0].columns_per_unit == 9
-    gnt = GenerateAndTest([layer], None, replacement_rate=0.5, maturity_threshold=0, decay_rate=ETA)
+    gnt = GenerateAndTest([layer], None, replacement_rate=0.5, maturity_threshold=0, decay_rate=ETA, bias_absorption=True)
     with th.no_grad():
         h = net[1](net[0](th.randn(6, 2, 5, 5)))  # signed: mean|h| is not mean(h)
     w2, b2 = net[3].weight.detach().clone(), net[3].bias.detach().clone()
@@ -285,7 +287,9 @@ def test_maxmin_pair_is_one_unit():
     layer = hidden_of(net)
     assert layer.group_size == 2 and layer.n_units == 3
     opt = adam_state_after_training(net, AdamO)
-    gnt = GenerateAndTest([layer], opt, replacement_rate=0.34, maturity_threshold=1, decay_rate=ETA, init="orthogonal")
+    gnt = GenerateAndTest(
+        [layer], opt, replacement_rate=0.34, maturity_threshold=1, decay_rate=ETA, init="orthogonal", bias_absorption=True
+    )
     g = th.Generator().manual_seed(3)
     hs = [th.rand(8, 6, generator=g) * th.tensor([1.0, 1.0, 0.1, 0.1, 2.0, 2.0]) for _ in range(2)]
     gnt.step({"0": hs[0]})
@@ -532,7 +536,10 @@ def test_structure_and_core_errors():
 
 
 def test_config():
-    assert CBP_KEYS == ("replacement_rate", "maturity_threshold", "cbp_decay_rate", "cbp_utility")
+    assert CBP_KEYS == (
+        "replacement_rate", "maturity_threshold", "cbp_decay_rate", "cbp_utility", "cbp_bias_absorption",
+        "cbp_replacement_rule",
+    )
     config = ContinualBackpropConfig()
     assert not config.enabled
     config = ContinualBackpropConfig(replacement_rate=1e-4, maturity_threshold=10_000.0, cbp_utility="adaptable_contribution")
@@ -592,7 +599,7 @@ def test_shared_extractor_units_reach_every_critic():
     assert not any(h.layer is ext_last for h in critic_spec.hidden_layers())  # the actor's optimizer trains it
 
     opts = (actor.optimizer, critic.optimizer)
-    gnt = GenerateAndTest([last], actor.optimizer, decay_rate=ETA, other_optimizers=[critic.optimizer])
+    gnt = GenerateAndTest([last], actor.optimizer, decay_rate=ETA, other_optimizers=[critic.optimizer], bias_absorption=True)
     consumers = [c.layer for c in last.consumers]
     # utility: mean |W_out| over every outgoing weight of every consumer (actor + both critics)
     hs = known_activations(2, width=6)

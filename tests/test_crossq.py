@@ -137,7 +137,7 @@ def _assert_feature_reset(norm, before, unit, optimizer):
 def test_cbp_replacement_resets_the_units_batchrenorm_feature_and_absorbs_its_mean():
     model = trained()
     spec, hidden = critic_hidden(model)
-    engine = GenerateAndTest(hidden, spec.optimizer, replacement_rate=0.5, maturity_threshold=0)
+    engine = GenerateAndTest(hidden, spec.optimizer, replacement_rate=0.5, maturity_threshold=0, bias_absorption=True)
     first = hidden[0]
     h = th.relu(th.randn(64, 32)) + 0.5
     for _ in range(3):

@@ -1,7 +1,8 @@
 """The default isometry coefficient per algorithm family (issue #12: defaults that do no harm on a stationary task).
 
-The SAC family (SAC, TQC, CrossQ) defaults to ``isometry_coef=1e-3``, the PPO family and the DQN family to 0.01
-(bench/README.md, "Stationary do no harm"); an explicit value is always what the user asked for.
+The SAC family (SAC, TQC, CrossQ) defaults to ``isometry_coef=2e-3``, the PPO family and the DQN family to 0.02
+(bench/README.md, "Stationary do no harm"; 1e-3 and 0.01 before issue #27, whose penalty had no 1/2: the same
+penalty); an explicit value is always what the user asked for.
 """
 
 from __future__ import annotations
@@ -25,14 +26,14 @@ DISCRETE = "CartPole-v1"
 CONTINUOUS = "Pendulum-v1"
 
 CASES = [
-    (PlasticPPO, DISCRETE, 0.01),
-    (PlasticRecurrentPPO, DISCRETE, 0.01),
-    (PlasticMaskablePPO, DISCRETE, 0.01),
-    (PlasticDQN, DISCRETE, 0.01),
-    (PlasticQRDQN, DISCRETE, 0.01),
-    (PlasticSAC, CONTINUOUS, 1e-3),
-    (PlasticTQC, CONTINUOUS, 1e-3),
-    (PlasticCrossQ, CONTINUOUS, 1e-3),
+    (PlasticPPO, DISCRETE, 0.02),
+    (PlasticRecurrentPPO, DISCRETE, 0.02),
+    (PlasticMaskablePPO, DISCRETE, 0.02),
+    (PlasticDQN, DISCRETE, 0.02),
+    (PlasticQRDQN, DISCRETE, 0.02),
+    (PlasticSAC, CONTINUOUS, 2e-3),
+    (PlasticTQC, CONTINUOUS, 2e-3),
+    (PlasticCrossQ, CONTINUOUS, 2e-3),
 ]
 
 
@@ -55,6 +56,20 @@ def test_family_default_reaches_the_optimizer(cls: type, env_id: str, expected: 
     assert coefs == {expected, 0.0}  # the regularised group and the group without the penalty
 
 
+@pytest.mark.parametrize("cls,env_id,expected", CASES, ids=[c[0].__name__ for c in CASES])
+def test_rect_scale_and_normalize_reach_the_optimizer(cls: type, env_id: str, expected: float) -> None:
+    """``isometry_rect_scale`` / ``isometry_normalize`` (issue #27) are keywords of all eight algorithms, off by
+    default, and reach every isometry param group."""
+    del expected
+    for on in (False, True):
+        kwargs = dict(isometry_rect_scale=True, isometry_normalize=True) if on else {}
+        model = _model(cls, env_id, **kwargs)
+        assert model.isometry_config.isometry_rect_scale is on and model.isometry_config.isometry_normalize is on
+        parts = [model.policy, getattr(model.policy, "actor", None), getattr(model.policy, "critic", None)]
+        groups = [g for part in parts if getattr(part, "optimizer", None) is not None for g in part.optimizer.param_groups]
+        assert groups and all(g["isometry_rect_scale"] is on and g["isometry_normalize"] is on for g in groups)
+
+
 @pytest.mark.parametrize("cls,env_id", [(PlasticSAC, CONTINUOUS), (PlasticPPO, DISCRETE)], ids=["SAC", "PPO"])
 def test_explicit_coefficient_wins(cls: type, env_id: str) -> None:
     assert _model(cls, env_id, isometry_coef=0.05).isometry_config.isometry_coef == 0.05
@@ -68,6 +83,6 @@ def test_bad_coefficient_names_the_value() -> None:
 
 @pytest.mark.parametrize("cls", [PlasticPPO, PlasticSAC], ids=["PPO", "SAC"])
 def test_docstring_states_the_family_default(cls: type) -> None:
-    assert PlasticAlgorithmMixin.default_isometry_coef == 0.01
+    assert PlasticAlgorithmMixin.default_isometry_coef == 0.02
     entry = param_docs(cls.__doc__)["isometry_coef"]
     assert entry.endswith(f"Default: ``{cls.default_isometry_coef!r}``.")

@@ -169,9 +169,9 @@ def test_isometry_gradient_matches_autograd(shape, scale):
 def test_penalty_value_against_singular_values():
     w = th.randn(9, 5, dtype=th.float64)
     s = th.linalg.svdvals(w)
-    # ||W^T W - s I||_F^2 = sum (sigma_i^2 - s)^2 over the min(out, in) singular values
-    assert th.isclose(isometry_penalty(w, 2.0), ((s**2 - 2.0) ** 2).sum())
-    assert th.isclose(isometry_penalty(w.T, 2.0), ((s**2 - 2.0) ** 2).sum())
+    # 1/2 ||W^T W - s I||_F^2 = 1/2 sum (sigma_i^2 - s)^2 over the min(out, in) singular values
+    assert th.isclose(isometry_penalty(w, 2.0), 0.5 * ((s**2 - 2.0) ** 2).sum())
+    assert th.isclose(isometry_penalty(w.T, 2.0), 0.5 * ((s**2 - 2.0) ** 2).sum())
 
 
 def test_dfi_orthogonal_maxmin_network_is_zero():

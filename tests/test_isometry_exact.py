@@ -23,10 +23,11 @@ FAST_PPO = dict(n_steps=32, batch_size=32, n_epochs=1, policy_kwargs=dict(net_ar
 
 
 def hand_penalty(w: th.Tensor, scale: float = 1.0) -> th.Tensor:
-    """``||W^T W - s I||^2`` (tall) / ``||W W^T - s I||^2`` (wide), written out: the independent reference."""
+    """``1/2 ||W^T W - s I||^2`` (tall) / ``1/2 ||W W^T - s I||^2`` (wide), written out: the independent reference
+    (the authors' convention, issue #27)."""
     m = w.reshape(w.shape[0], -1)
     gram = m.T @ m if m.shape[0] >= m.shape[1] else m @ m.T
-    return (gram - scale * th.eye(gram.shape[0], dtype=w.dtype)).square().sum()
+    return 0.5 * (gram - scale * th.eye(gram.shape[0], dtype=w.dtype)).square().sum()
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -258,13 +259,13 @@ def test_coupled_ppo_train_update_is_adam_on_clipped_grad_of_loss_plus_penalty()
 # ---------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("shape", [(12, 5), (5, 12), (7, 7), (6, 3, 3, 3), (40, 3, 2, 2)])
 def test_dfi_is_the_penalty_on_the_smaller_gram_matrix(shape):
-    """DfI (diagnostics) == R (the penalty) == ``||G - I||^2`` of the smaller Gram matrix; the larger Gram matrix
-    gives exactly ``|in - out|`` more (its extra eigenvalues are 0) and the same gradient."""
+    """DfI (diagnostics) == 2 R (the penalty, with its 1/2) == ``||G - I||^2`` of the smaller Gram matrix; the larger
+    Gram matrix gives exactly ``|in - out|`` more (its extra eigenvalues are 0) and the same gradient."""
     g = th.Generator().manual_seed(sum(shape))
     w = th.randn(*shape, generator=g, dtype=th.float64) * 0.4
-    ref = float(hand_penalty(w))
+    ref = 2 * float(hand_penalty(w))
     assert dfi(w) == pytest.approx(ref, rel=1e-5)
-    assert float(isometry_penalty(w)) == pytest.approx(ref, rel=1e-12)
+    assert 2 * float(isometry_penalty(w)) == pytest.approx(ref, rel=1e-12)
     m = w.reshape(shape[0], -1)
     big = m @ m.T if m.shape[0] > m.shape[1] else m.T @ m
     other = (big - th.eye(big.shape[0], dtype=w.dtype)).square().sum()
@@ -274,17 +275,18 @@ def test_dfi_is_the_penalty_on_the_smaller_gram_matrix(shape):
         return (gram - th.eye(gram.shape[0], dtype=v.dtype)).square().sum()
 
     other_grad = th.func.grad(larger_gram_dfi)(m)
-    assert th.allclose(other_grad.reshape(shape), isometry_penalty_grad(w), atol=1e-10)
+    assert th.allclose(other_grad.reshape(shape), 2 * isometry_penalty_grad(w), atol=1e-10)
 
 
 def test_monitor_dfi_of_a_wide_layer_equals_the_penalty():
-    """The diagnostics' per-layer DfI of a model with wide, tall and square layers is the isometry penalty R."""
+    """The diagnostics' per-layer DfI of a model with wide, tall and square layers is twice the isometry penalty R
+    (DfI keeps its definition without the 1/2 across issue #27)."""
     model = PlasticDQN("MlpPolicy", "CartPole-v1", policy_kwargs=dict(net_arch=[16, 2]), seed=0)
     spec = find_networks(model)[0]
     out = network_diagnostics(model, spec, th.randn(10, 4), ntk_size=0)
     shapes = set()
     for layer in spec.weight_layers():
         shapes.add(layer.weight.shape[0] >= layer.weight.shape[1])
-        expected = float(hand_penalty(layer.weight.detach().double()))
+        expected = 2 * float(hand_penalty(layer.weight.detach().double()))
         assert out[f"{spec.layer_names[id(layer)]}/dfi"] == pytest.approx(expected, rel=1e-5)
     assert shapes == {True, False}

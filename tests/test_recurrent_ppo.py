@@ -131,6 +131,9 @@ def test_isometry_step_moves_each_gate_block_towards_isometry(coef):
     )
     opt = model.policy.optimizer
     lr = opt.param_groups[0]["lr"]
+    with th.no_grad():  # singular values above the target s = 1, so that the blocks' Gram bounds decide the clamp
+        for _, p, _ in lstm_matrices(model.policy):
+            p.mul_(3.0)
     before = {name: p.detach().clone() for name, p, _ in lstm_matrices(model.policy)}
     for p in model.policy.parameters():
         p.grad = th.zeros_like(p)
@@ -142,9 +145,9 @@ def test_isometry_step_moves_each_gate_block_towards_isometry(coef):
         for b in range(4):
             w = old[b].clone().requires_grad_(True)
             gram = w.T @ w if w.shape[0] >= w.shape[1] else w @ w.T
-            ((gram - th.eye(gram.shape[0])) ** 2).sum().backward()  # R(W_b), by autograd
-            bound = gram.detach().abs().sum(dim=1).max()
-            step = min(lr * coef, MAX_ISOMETRY_STEP / (4.0 * float(bound)))
+            (0.5 * ((gram - th.eye(gram.shape[0])) ** 2).sum()).backward()  # R(W_b), by autograd
+            bound = max(float(gram.detach().abs().sum(dim=1).max()), 1.0)  # at least the target s = 1
+            step = min(lr * coef, MAX_ISOMETRY_STEP / (2.0 * bound))
             steps.append(step)
             assert th.allclose(new[b], old[b] - step * w.grad, atol=1e-6), (name, b)
             assert isometry_penalty(new[b]) < isometry_penalty(old[b])
@@ -294,7 +297,9 @@ def test_forced_lstm_cell_replacement(policy_kwargs, extra, name):
     (spec,) = find_networks(model)
     cells = {u.name: u for u in spec.recurrent_units()}[name]
     lstm = cells.layer
-    engine = GenerateAndTest([cells], opt, replacement_rate=0.0, recurrent_init=recurrent_init_scheme(model))
+    engine = GenerateAndTest(
+        [cells], opt, replacement_rate=0.0, recurrent_init=recurrent_init_scheme(model), bias_absorption=True
+    )
     rng = np.random.default_rng(0)
     for _ in range(3):  # statistics of a few batches of sequences
         x = th.as_tensor(rng.normal(size=(5, 6, lstm.input_size)), dtype=th.float32)
@@ -659,7 +664,7 @@ def test_forced_extractor_unit_replacement(kind):
     expected_readers = [policy.lstm_actor] + ([policy.lstm_critic] if kind == "mlp" else [policy.critic])
     assert [c.layer for c in last.consumers] == expected_readers
     assert all(c.columns_per_unit == n_pos for c in last.consumers) and lstm_readers
-    engine = GenerateAndTest([last], opt, replacement_rate=0.0, decay_rate=0.9)
+    engine = GenerateAndTest([last], opt, replacement_rate=0.0, decay_rate=0.9, bias_absorption=True)
     rng = np.random.default_rng(0)
     shape = (7, last.n_features) if kind == "mlp" else (7, 4, 3, 3)
     batches = [th.as_tensor(rng.uniform(0, 2, size=shape), dtype=th.float32) for _ in range(3)]

@@ -345,7 +345,7 @@ def test_spectral_power_iteration_persists_one_step_per_update():
             layer.weight.add_(0.0)
     ratio = 2.4 / 3.0
     assert float(callback.state["sigma"][key]) == pytest.approx(3.0, rel=4 * ratio ** (2 * 30))
-    assert abs(first - 3.0) > 1e-3  # one iteration from a random vector is far off: the persistence converges it
+    assert first == pytest.approx(3.0, rel=1e-2)  # the vector was warmed up when drawn (issue #27)
 
 
 def test_spectral_layers_hidden_leaves_heads_and_lstm_gate_blocks():

@@ -73,9 +73,10 @@ def hidden_dfi(net: nn.Sequential) -> float:
 # ---------------------------------------------------------------------------------------------------
 # 1. Random-label memorisation: same inputs, new random labels every task, fixed step budget per task.
 # ---------------------------------------------------------------------------------------------------
-#: AdamO's ``isometry_coef`` in both tests: decoupled step ``lr * coef = 1e-2`` (AdamO's per-tensor clamp
-#: shortens it to ~3e-3..7e-3 on the 64x64 layer). Every value tried from 0.03 to 3 kept fitting; 1 did best.
-ISOMETRY_COEF = 1.0
+#: AdamO's ``isometry_coef`` in both tests: 2, the 1 of the convention before issue #27 (``R`` without the 1/2), so the
+#: decoupled step is ``2 * lr * coef * W (W^T W - I)`` with ``lr * coef = 2e-2`` (AdamO's per-tensor clamp shortens it
+#: on the 64x64 layer). Every value tried from 0.06 to 6 (today's convention) kept fitting; 2 did best.
+ISOMETRY_COEF = 2.0
 MEMO = dict(n_samples=256, in_dim=16, width=64, depth=2, n_classes=10, n_tasks=20, steps_per_task=50, lr=1e-2)
 #: Tasks averaged for the "early" and "late" accuracies.
 WINDOW = 4

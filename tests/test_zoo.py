@@ -181,7 +181,7 @@ def test_continue_training_applies_the_configs_interventions(tmp_path, monkeypat
     assert model.intervention_configs["cbp"].replacement_rate == 0.01
     assert model.intervention_configs["fire"].fire_at == 0.5
     assert model.plastic_state["FIRE:auto"]["count"] == 1
-    assert model.isometry_config.isometry_coef == 0.1  # the trained model's
+    assert model.isometry_config.isometry_coef == 0.2  # the trained model's (zoo_configs: 0.2)
 
 
 # --------------------------------------------------------------------------- optuna

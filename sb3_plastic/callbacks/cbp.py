@@ -14,11 +14,15 @@ step, each hidden unit ``j`` of each hidden layer is updated as
   its bias-corrected running mean, updated with this minibatch; per spatial position for a conv layer),
 
 and the bias-corrected utility is ``u_hat_j = u_j / (1 - eta^age_j)``. Units older than the maturity
-threshold are eligible; ``rho * #eligible`` units per step are replaced (fractions accumulate per layer),
-lowest ``u_hat`` first. A replaced unit gets fresh incoming weights from the layer's own initialiser, a zero
-bias and zero outgoing weights; the next layer's bias absorbs its mean contribution
-``b_next += W_out[:, j] * f_hat_j`` so the network output at the mean activation is unchanged; its
-statistics restart and the optimizer moments of every touched row / column are zeroed.
+threshold are eligible; ``rho * #eligible`` units per step are replaced, lowest ``u_hat`` first, by one of two rules
+(``replacement_rule``): ``"accumulate"`` (default) adds ``rho * #eligible`` to a per-layer accumulator and replaces
+its integer part; ``"stochastic"`` is the rule of the reference's RL runs (``gnt.py`` with ``accumulate=False``):
+``x = rho * #eligible``; if ``x < 1`` one unit is replaced with probability ``x``, else ``floor(x)`` units (the
+fraction is dropped). A replaced unit gets fresh incoming weights from the layer's own initialiser, a zero bias and
+zero outgoing weights; its statistics restart and the optimizer moments of every touched row / column are zeroed.
+With ``bias_absorption=True`` the next layer's bias first absorbs its mean contribution
+``b_next += W_out[:, j] * f_hat_j`` (the paper's description: the network output at the mean activation is
+unchanged); off by default, as in the reference's runs (see below).
 
 What a *unit* is:
 
@@ -48,16 +52,34 @@ the current rows only, the rows of the loss (:func:`joint_forward_loss_rows`). A
 its activation (NaP's ``Linear -> LayerNorm -> act``): ``h`` is ``act(LayerNorm(z))`` and a replaced unit's scale /
 offset of the norm go back to 1 / 0 with their optimizer state restarted.
 
-Differences from the public reference code (shibhansh/loss-of-plasticity, ``gnt.py``/``convGnT.py``):
+Differences from the public reference code (shibhansh/loss-of-plasticity, ``lop/algos/gnt.py`` as its PPO runs use
+it, ``lop/algos/rl/ppo.py`` and ``lop/rl/cfg/ant/cbp.yml``; ``convGnT.py`` for convolutions), every one:
 
-* the optimizer state of the touched rows and columns is restarted (the RL code skipped it): Adam's moments
-  zeroed and the entries' step count restarted, so a new unit is trained as a freshly initialised Adam entry,
-  as Dohare's AdamGnT does for its per-feature steps (:mod:`sb3_plastic.adam_restart`);
-* the bias absorption ``b_next += W_out[:, j] * f_hat_j`` is the algorithm as the paper describes it. The
-  published ``gnt.py`` zeroes the running mean activation of the units it replaces *before* reading it for the
-  absorption, so its absorption adds exactly 0, and ``convGnT.py`` has none; a run of the reference therefore
-  corresponds to this callback without absorption;
-* the conv utility is the product of the means over positions (the reference averages per-position products).
+* **Optimizer state**: the state of the touched rows and columns is restarted (the RL code skipped it: its PPO
+  builds plain Adam, and ``update_optim_params`` acts only on an ``AdamGnT``): Adam's moments zeroed and the
+  entries' step count restarted, so a new unit is trained as a freshly initialised Adam entry, as Dohare's AdamGnT
+  does for its per-feature steps (:mod:`sb3_plastic.adam_restart`).
+* **Bias absorption**: none by default, as the reference's runs: ``gnt.py`` zeroes the running mean activation of
+  the units it replaces (``test_features``) *before* ``gen_new_features`` reads it for the absorption, so its
+  absorption adds exactly 0, and ``convGnT.py`` has none. ``bias_absorption=True`` gives the absorption the paper
+  describes (before issue #27 this library always absorbed, so its default mixed the paper's absorption with the
+  reference's other choices).
+* **Replacement count**: ``replacement_rule="accumulate"`` (default) where the reference's RL runs draw
+  (``"stochastic"``, offered). Both replace ``rho * #eligible`` units per step in expectation while that is
+  below 1 (every RL setting: 1e-4 x 256 units = 0.0256); the accumulator does it deterministically (one unit every
+  ``1 / x`` steps, reproducible from the data alone, no random draw that would need a generator and its saved
+  state) and keeps the rate exact above 1, where the reference's rule drops the fraction (``x = 1.9`` replaces 1
+  per step). The reference's own supervised and convolutional code (``convGnT.py``, ``cbp_linear.py``, permuted
+  MNIST's ``accumulate: true``) accumulates too. ``"stochastic"`` draws from a private CPU generator seeded from
+  the model's seed and the callback's state key (:func:`~sb3_plastic.callbacks.shrink_perturb.shrink_perturb_seed`;
+  torch's global generator, which the reference uses, is left alone), whose state is saved with the model.
+* **Conv utility**: the product of the means over positions (the reference averages per-position products).
+* **New incoming weights**: the layer's own initialiser (:func:`resolve_init`); the reference draws
+  ``U(-b, b)`` with ``b = gain * sqrt(3 / fan_in)`` (Kaiming uniform), which is PyTorch's default only up to the
+  gain.
+* **Units**: MaxMin pairs, LSTM cells, normalisation features and every consumer of a unit (actor and critics of a
+  shared extractor) are handled as above; the reference knows only ``nn.Sequential`` MLPs (and CNNs in
+  ``convGnT.py``) with one consumer per layer.
 
 The unit surgery itself (fresh weights, zero bias and outgoing weights, absorption, normalisation features, LSTM
 cells, optimizer state) is :mod:`sb3_plastic.common.unit_reset`, shared with ReDo.
@@ -83,6 +105,7 @@ from torch.utils.hooks import RemovableHandle
 
 from sb3_plastic.callbacks.base import PlasticCallback
 from sb3_plastic.callbacks.redo import _post_activation, is_real_number, layer_init_scheme
+from sb3_plastic.callbacks.shrink_perturb import shrink_perturb_seed
 from sb3_plastic.common.hooks import OutermostStepHooks
 from sb3_plastic.common.surgery import (
     HiddenLayer,
@@ -144,6 +167,21 @@ def check_cbp_args(
     if utility not in UTILITIES:
         raise ValueError(f"Unknown {n_util} {utility!r}; allowed: {list(UTILITIES)}")
     return float(replacement_rate), int(maturity_threshold), float(decay_rate), str(utility)
+
+
+#: How many units a step replaces: ``"accumulate"`` (fractions carried over) or ``"stochastic"`` (the reference's draw).
+REPLACEMENT_RULES: tuple[str, ...] = ("accumulate", "stochastic")
+
+
+def check_cbp_rule(
+    bias_absorption: Any, replacement_rule: Any, names: tuple[str, str] = ("bias_absorption", "replacement_rule")
+) -> tuple[bool, str]:
+    """Validate the absorption switch and the replacement rule; ``ValueError`` naming the bad value otherwise."""
+    if not isinstance(bias_absorption, bool):
+        raise ValueError(f"{names[0]} must be True or False, got {bias_absorption!r}")
+    if replacement_rule not in REPLACEMENT_RULES:
+        raise ValueError(f"Unknown {names[1]} {replacement_rule!r}; allowed: {list(REPLACEMENT_RULES)}")
+    return bias_absorption, str(replacement_rule)
 
 
 # ---------------------------------------------------------------------------------------------- core
@@ -260,7 +298,7 @@ class GenerateAndTest:
     :param optimizer: optimizer of the layers (its moments of touched rows / columns are zeroed on
         replacement; :meth:`attach` hooks its steps); ``None`` for no optimizer state to reset. Parameters it
         does not hold are skipped.
-    :param replacement_rate: ``rho``, fraction of eligible units replaced per step (fractions accumulate).
+    :param replacement_rate: ``rho``, fraction of eligible units replaced per step (see ``replacement_rule``).
     :param maturity_threshold: units with ``age > maturity_threshold`` steps are eligible (default 100: Dohare et al.'s
         supervised setting; their RL runs, and :class:`ContinualBackprop`, use 10 000).
     :param decay_rate: ``eta`` of the running utility and mean activation.
@@ -268,6 +306,13 @@ class GenerateAndTest:
     :param init: initialiser of new incoming weights, ``"default"`` or ``"orthogonal"``
         (see :func:`~sb3_plastic.common.unit_reset.fresh_incoming_weights`).
     :param init_gain: gain of the orthogonal initialiser.
+    :param bias_absorption: move a replaced unit's mean contribution into its consumers' biases (the paper's
+        description); ``False`` (default): none, as the reference's runs (module docstring).
+    :param replacement_rule: ``"accumulate"`` (default; fractions accumulate per layer) or ``"stochastic"`` (the
+        reference's RL rule: below one unit per step, one unit with probability ``rho * #eligible``; above, the
+        integer part). See the module docstring for why the default differs.
+    :param generator: CPU generator of the ``"stochastic"`` rule's draws (one ``rand`` per layer and step where
+        ``rho * #eligible < 1``); ``None``: a generator seeded with 0.
     :param state: dict to keep the per-layer statistics in (persisted by the RL callback); created if None.
         Entry per layer name: ``age`` (units, int64, kept on the CPU), ``utility`` (units), ``mean_activation``
         (features, positions; positions = 1 for Linear, H*W for Conv2d), ``accumulated`` (0-dim float64),
@@ -299,6 +344,9 @@ class GenerateAndTest:
         recurrent_init: tuple[str, float] = ("default", 1.0),
         other_optimizers: Sequence[th.optim.Optimizer] = (),
         loss_rows: Optional[int] = None,
+        bias_absorption: bool = False,
+        replacement_rule: str = "accumulate",
+        generator: Optional[th.Generator] = None,
     ) -> None:
         (
             self.replacement_rate,
@@ -306,6 +354,8 @@ class GenerateAndTest:
             self.decay_rate,
             self.utility,
         ) = check_cbp_args(replacement_rate, maturity_threshold, decay_rate, utility)
+        self.bias_absorption, self.replacement_rule = check_cbp_rule(bias_absorption, replacement_rule)
+        self.generator = th.Generator().manual_seed(0) if generator is None else generator
         if init not in INITS:
             raise ValueError(f"Unknown init {init!r}; allowed: {list(INITS)}")
         if not (_is_number(init_gain) and init_gain > 0):
@@ -493,18 +543,26 @@ class GenerateAndTest:
         return self._info[name].weight.abs().reshape(n, -1).sum(dim=1)
 
     def select(self, names: Optional[Sequence[str]] = None) -> dict[str, th.Tensor]:
-        """The test part of a step: for each layer, add ``rho * #eligible`` to its accumulator, take the
-        integer part and pick that many eligible units with the lowest bias-corrected utility (ties: lower
-        index first). Mutates the accumulators; returns the unit indices of the layers where units are replaced."""
+        """The test part of a step: for each layer, the number of units to replace (``"accumulate"``: add
+        ``rho * #eligible`` to its accumulator and take the integer part; ``"stochastic"``: the reference's draw) and
+        that many eligible units with the lowest bias-corrected utility (ties: lower index first). Mutates the
+        accumulators (and draws from :attr:`generator`); returns the unit indices of the layers where units are
+        replaced."""
         chosen: dict[str, th.Tensor] = {}
         for name in self.layers if names is None else names:
             entry = self.state[name]
             n_eligible = int((entry["age"].numpy() > self.maturity_threshold).sum())
             if n_eligible == 0 or self.replacement_rate == 0:
                 continue
-            acc = float(entry["accumulated"]) + self.replacement_rate * n_eligible
-            n = min(math.floor(acc + _FLOOR_EPS), n_eligible)
-            entry["accumulated"].fill_(acc - n)
+            expected = self.replacement_rate * n_eligible
+            if self.replacement_rule == "stochastic":
+                # gnt.py (accumulate=False): one unit with probability x below 1, else int(x) (fraction dropped)
+                draw = expected < 1 and float(th.rand(1, generator=self.generator)) <= expected
+                n = min(1 if draw else int(expected), n_eligible)
+            else:
+                acc = float(entry["accumulated"]) + expected
+                n = min(math.floor(acc + _FLOOR_EPS), n_eligible)
+                entry["accumulated"].fill_(acc - n)
             if n == 0:
                 continue
             u_hat = self.bias_corrected_utility(name)
@@ -515,7 +573,8 @@ class GenerateAndTest:
 
     def replace(self, name: str, units: th.Tensor) -> None:
         """The generate part: replace ``units`` of layer ``name`` (fresh incoming weights from the layer's
-        initialiser, zero bias, zero outgoing weights, their mean contribution moved into the consumers' biases,
+        initialiser, zero bias, zero outgoing weights, with ``bias_absorption`` their mean contribution moved into
+        the consumers' biases first,
         the optimizer state of the touched rows / columns restarted: :func:`~sb3_plastic.common.unit_reset.replace_units_`
         / :func:`~sb3_plastic.common.unit_reset.replace_cells_`) and restart their statistics."""
         spec = self.layers[name]
@@ -526,7 +585,8 @@ class GenerateAndTest:
         recurrent = isinstance(spec, RecurrentUnits)
         feats = units if recurrent else features_of(spec, units)
         with th.no_grad():
-            f_hat = self.bias_corrected_mean_activation(name)[feats] if "mean_activation" in entry else None
+            absorb = self.bias_absorption and "mean_activation" in entry
+            f_hat = self.bias_corrected_mean_activation(name)[feats] if absorb else None
             if recurrent:
                 init, gain = self.recurrent_init
                 replace_cells_(spec, units, self.optimizers, init, gain, None if f_hat is None else f_hat[:, 0])
@@ -768,15 +828,20 @@ class ContinualBackprop(PlasticCallback):
 
     Logged: ``plasticity/cbp/<network>/<layer>/replaced`` (cumulative) and ``plasticity/cbp/replaced``
     (total). Utilities, ages, mean activations, accumulators and counts live in ``self.state`` (stored on
-    the model, keyed ``state[network][layer]``), so they survive save -> load -> learn.
+    the model, keyed ``state[network][layer]``; the ``"stochastic"`` rule's generator state in ``state["rng"]``), so
+    they survive save -> load -> learn.
 
     :param replacement_rate: ``rho`` in [0, 1]: fraction of the eligible units replaced per optimizer step
-        (fractions accumulate per layer); 0 turns the callback off. Dohare et al. use 1e-4 for PPO.
+        (see ``replacement_rule``); 0 turns the callback off. Dohare et al. use 1e-4 for PPO.
     :param maturity_threshold: units are eligible after this many optimizer steps (default 10 000, Dohare et al.'s RL
         value for PPO; 100 is their supervised setting). A run of fewer updates replaces nothing: PPO with SB3's
         defaults (one env) makes 320 updates per 2 048 env steps, so its first units mature after 64 000 env steps.
     :param decay_rate: ``eta`` in [0, 1) of the running utility and mean activation (0.99).
     :param utility: ``"contribution"`` or ``"adaptable_contribution"`` (GnT's centred ``|h - f_hat|``).
+    :param bias_absorption: move a replaced unit's mean contribution into its consumers' biases (the paper);
+        ``False`` (default): none, as the reference's runs (see the module docstring).
+    :param replacement_rule: ``"accumulate"`` (default: fractions carried over, deterministic) or ``"stochastic"``
+        (the reference's RL rule, drawn from a private generator whose state is saved in ``self.state["rng"]``).
     :param name: distinguishes two instances on one model (part of the state key).
     :param verbose: 1 prints the replacement counts at training end, 2 every replacement.
 
@@ -791,6 +856,8 @@ class ContinualBackprop(PlasticCallback):
         maturity_threshold: int = 10_000,
         decay_rate: float = 0.99,
         utility: str = "contribution",
+        bias_absorption: bool = False,
+        replacement_rule: str = "accumulate",
         name: Optional[str] = None,
         verbose: int = 0,
     ) -> None:
@@ -801,6 +868,9 @@ class ContinualBackprop(PlasticCallback):
             self.decay_rate,
             self.utility,
         ) = check_cbp_args(replacement_rate, maturity_threshold, decay_rate, utility)
+        self.bias_absorption, self.replacement_rule = check_cbp_rule(bias_absorption, replacement_rule)
+        #: the private CPU generator of the ``"stochastic"`` rule (its state: ``self.state["rng"]``)
+        self.generator: Optional[th.Generator] = None
         self.engines: dict[str, GenerateAndTest] = {}
         #: (rollout buffer, its own ``_get_samples`` attribute before ours or None, our wrapper) while installed
         self._watch: Optional[tuple[Any, Any, Callable[..., Any]]] = None
@@ -819,6 +889,11 @@ class ContinualBackprop(PlasticCallback):
             return
         init, gain = resolve_init(self.model)
         recurrent_init = recurrent_init_scheme(self.model)
+        self.generator = th.Generator()
+        if isinstance(self.state.get("rng"), th.Tensor):
+            self.generator.set_state(self.state["rng"])
+        else:
+            self.generator.manual_seed(shrink_perturb_seed(getattr(self.model, "seed", None), self.state_key))
         idle: list[str] = []
         for spec in self.networks:
             layers: list[UnitLayer] = []
@@ -849,6 +924,9 @@ class ContinualBackprop(PlasticCallback):
                 recurrent_init=recurrent_init,
                 other_optimizers=spec.optimizers()[1:],
                 loss_rows=joint_forward_loss_rows(self.model, spec.name),
+                bias_absorption=self.bias_absorption,
+                replacement_rule=self.replacement_rule,
+                generator=self.generator,
             )
             enable_unit_restarts(engine.optimizers)  # also after SB3's load, which rebuilds the optimizer as plain Adam
             engine.attach()
@@ -933,6 +1011,8 @@ class ContinualBackprop(PlasticCallback):
                         print(f"ContinualBackprop: {network}/{layer}: replaced units {units.tolist()}")
             if chosen:  # counts change only here; _on_rollout_end re-records them for every log dump
                 self._record_counts()
+            if self.replacement_rule == "stochastic" and self.generator is not None:
+                self.state["rng"] = self.generator.get_state()  # saved with the model: a resumed run draws on
 
         return after_step
 
@@ -944,6 +1024,7 @@ class ContinualBackprop(PlasticCallback):
         return {
             f"{network}/{layer}": int(entry["replaced"])
             for network, layers in self.state.items()
+            if isinstance(layers, dict)  # not the generator state "rng"
             for layer, entry in layers.items()
         }
 
@@ -968,17 +1049,25 @@ class ContinualBackpropConfig:
     optuna samplers). Dohare et al. (2024), "Loss of plasticity in deep continual learning", Nature.
 
     :param replacement_rate: ``rho`` in [0, 1], fraction of eligible hidden units replaced per optimizer
-        step (fractions accumulate); 0 (default) turns Continual Backprop off. Reference RL value: 1e-4.
+        step (see ``cbp_replacement_rule``); 0 (default) turns Continual Backprop off. Reference RL value: 1e-4.
     :param maturity_threshold: optimizer steps before a unit may be replaced (default 10 000, the reference RL value).
     :param cbp_decay_rate: ``eta`` in [0, 1) of the running utility and mean activation (0.99).
     :param cbp_utility: ``"contribution"`` (``mean|W_out| * mean|h|``) or ``"adaptable_contribution"``
         (``mean|W_out| * mean|h - f_hat| / mean|W_in|``, GnT's).
+    :param cbp_bias_absorption: a replaced unit's mean contribution moved into its consumers' biases (the paper's
+        description); ``False`` (default): none, as the reference's runs, whose ``gnt.py`` zeroes the mean activation
+        before reading it (:mod:`sb3_plastic.callbacks.cbp` lists every difference from the reference).
+    :param cbp_replacement_rule: ``"accumulate"`` (default: fractions of a unit carried over, deterministic) or
+        ``"stochastic"`` (the reference's RL rule: below one unit per step, one unit with probability
+        ``rho * #eligible``).
     """
 
     replacement_rate: float = 0.0
     maturity_threshold: int = 10_000
     cbp_decay_rate: float = 0.99
     cbp_utility: str = "contribution"
+    cbp_bias_absorption: bool = False
+    cbp_replacement_rule: str = "accumulate"
 
     def __post_init__(self) -> None:
         self.validate()
@@ -997,6 +1086,9 @@ class ContinualBackpropConfig:
             self.cbp_utility,
             names=("replacement_rate", "maturity_threshold", "cbp_decay_rate", "cbp_utility"),
         )
+        self.cbp_bias_absorption, self.cbp_replacement_rule = check_cbp_rule(
+            self.cbp_bias_absorption, self.cbp_replacement_rule, names=("cbp_bias_absorption", "cbp_replacement_rule")
+        )
 
     @property
     def enabled(self) -> bool:
@@ -1010,6 +1102,8 @@ class ContinualBackpropConfig:
             maturity_threshold=self.maturity_threshold,
             decay_rate=self.cbp_decay_rate,
             utility=self.cbp_utility,
+            bias_absorption=self.cbp_bias_absorption,
+            replacement_rule=self.cbp_replacement_rule,
             name=name,
             verbose=verbose,
         )

@@ -50,12 +50,13 @@ Shapes and scale:
 * biases are left as they are.
 
 With that scaling a Linear weight's singular values all become ``sqrt(out / in)`` (an exact isometry only
-for square layers; it is the "spectral" scale of muP/Muon, ``||W||_op = sqrt(d_out / d_in)``, that the
-reference's SAC code calls ``scaler_type="muon"``, its default). The SAC reference (JAX, flax kernels of
-shape ``(in, out)``) uses the same ``sqrt(d_out / d_in)`` for Dense layers; the vision reference adds the
-``1 / (kh * kw)`` factor for convolutions. The DQN reference (cleanrl ``apply_fire``) applies the conv
-rule to its convolutions but resets its Linear layers to their initial values; here every selected layer,
-Linear or Conv2d, gets the polar factor.
+for square layers; for a tall layer it is the target of the isometry penalty with ``isometry_rect_scale=True``, the
+one place that says what "isometric" means for a tall layer being :mod:`sb3_plastic.isometry`; it is the
+"spectral" scale of muP/Muon, ``||W||_op = sqrt(d_out / d_in)``, that the reference's SAC code calls
+``scaler_type="muon"``, its default). The SAC reference (JAX, flax kernels of shape ``(in, out)``) uses the same
+``sqrt(d_out / d_in)`` for Dense layers; the vision reference adds the ``1 / (kh * kw)`` factor for convolutions.
+The DQN reference (cleanrl ``apply_fire``) applies the conv rule to its convolutions but resets its Linear layers
+to their initial values; here every selected layer, Linear or Conv2d, gets the polar factor.
 
 Recurrent layers (sb3-contrib's RecurrentPPO LSTMs, Hochreiter & Schmidhuber, 1997): the gate matrices stacked
 in ``weight_ih_l*`` ``(4H, in)`` and ``weight_hh_l*`` ``(4H, H)`` are orthogonalised gate block by gate block,
@@ -445,10 +446,12 @@ class FIRE(PlasticCallback):
     ``every_done``, ``task_ids``, ``pending``.
 
     Logged (``plasticity/fire/...``): ``dfi_before`` and ``dfi_after`` (sum over the rewritten layers of
-    the deviation from isometry ``R(W)`` with ``s = 1``, :func:`sb3_plastic.isometry.deviation_from_isometry`:
-    the penalty on the smaller Gram matrix, zero for any semi-orthogonal ``W`` of any shape; what keeps
-    ``dfi_after`` above zero is FIRE's scale, not the shape: a Linear layer ends at singular values
-    ``sqrt(out / in)``, so ``R = min(out, in) * (out / in - 1)^2``, zero only for a square one; a Conv2d kernel
+    the deviation from isometry ``DfI = ||Gram - I||_F^2`` with ``s = 1``,
+    :func:`sb3_plastic.isometry.deviation_from_isometry`: on the smaller Gram matrix, zero for any semi-orthogonal
+    ``W`` of any shape; what keeps ``dfi_after`` above zero is FIRE's scale, not the shape: a Linear layer ends at
+    singular values ``sqrt(out / in)``, so ``DfI = min(out, in) * (out / in - 1)^2``, zero only for a square one (a
+    tall layer there sits exactly at the target of the isometry penalty with ``isometry_rect_scale=True``, see
+    :mod:`sb3_plastic.isometry`, "What isometric means for a tall layer"); a Conv2d kernel
     (per-tap polar factors times ``sqrt(out / in) / (kh * kw)``) is no isometry of its ``(out, in * kh * kw)``
     view even when ``out = in`` (25.3 for a 32 -> 32 3x3 kernel), and output heads at ``head_scale="init"``
     keep their init scale), ``seconds`` (the surgery: orthogonalisation, optimizer reset and target sync) and

@@ -21,6 +21,23 @@ NaP has two parts, both implemented here:
    back to their norm at initialisation: ``[W, b] <- [W, b] * ||[W_0, b_0]|| / ||[W, b]||``. The initial norms are
    taken at the first training start and saved with the model. ``project="all"`` also projects the layers that are
    not followed by a normalisation (output heads: not function-preserving, it fixes the output scale as well).
+3. **Scale and offset of the norms** (``project_affine=True``, the default). A norm's gain ``gamma`` and offset
+   ``beta`` are not normalised by anything, so they can grow as the weights did. When the activation after the norm
+   is positively homogeneous (``phi(c z) = c phi(z)`` for ``c > 0``: ReLU, LeakyReLU, MaxMin;
+   :data:`HOMOGENEOUS_ACTIVATIONS`) the unit's output ``phi(gamma * z_hat + beta)`` scales with the pair
+   ``(gamma, beta)``, and the next normalised layer divides that scale out again: the pair behaves as one more
+   scale-invariant parameter group, so it is projected jointly, after every optimizer step, back to its norm at the
+   first training start: ``(gamma, beta) <- (gamma, beta) * ||(gamma_0, beta_0)|| / ||(gamma, beta)||`` (PyTorch's
+   initial ``gamma = 1, beta = 0``: ``sqrt(width)``). This is the treatment of the RLE-Foundation/Plasticine
+   re-implementation (``plasticine/standard/ppo_procgen_nap.py``, ``_project_weights``), which cites ReLU homogeneity
+   for it; two slips of that code are not copied: its target is the constant ``sqrt(2)`` whatever the width (the
+   initial joint norm of ``width`` ones and zeros is ``sqrt(width)``), and it finds the pair by the parameter name
+   ``scale``, which PyTorch's ``nn.LayerNorm`` (``weight``) does not have, so on a PyTorch network it never acts. The
+   invariance is exact only up to the next layer's bias (``LN(c W h + b) != LN(W h + b)`` for ``b != 0``) and does
+   not hold for the last norm before the output heads, whose scale reaches the heads' inputs; the projection keeps
+   the pair's effective learning rate constant as the weights' is. Norms before a non-homogeneous activation (Tanh:
+   ``tanh(c z) != c tanh(z)``) keep their scale and offset unprojected; with no norm before a homogeneous activation
+   ``project_affine`` has no effect, and a ``UserWarning`` says so.
 
 **Effective learning rate.** For a scale-invariant layer of parameter norm ``rho`` an update of size ``eta * g`` moves
 the normalised layer by ``eta / rho`` (Adam: the step is ~``eta`` per coordinate, so the effective learning rate is
@@ -38,6 +55,7 @@ algorithm's ``learning_rate`` (constant in SB3's defaults), which NaP turns into
 from __future__ import annotations
 
 import itertools
+import math
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
@@ -81,6 +99,9 @@ class ChannelLayerNorm(nn.LayerNorm):
 
 
 LAYER_NORMS: tuple[type[nn.Module], ...] = (nn.LayerNorm,)
+#: Positively homogeneous activations (``phi(c z) = c phi(z)``, ``c > 0``): a norm before one of them has its scale and
+#: offset projected jointly (``project_affine``).
+HOMOGENEOUS_ACTIVATIONS: tuple[type[nn.Module], ...] = (nn.ReLU, nn.LeakyReLU, MaxMin)
 
 
 def _sequentials(module: nn.Module) -> Iterator[nn.Sequential]:
@@ -149,6 +170,20 @@ def normalized_layers(module: nn.Module) -> list[nn.Module]:
     return list(found.values())
 
 
+def homogeneous_norms(module: nn.Module) -> list[tuple[str, nn.Module]]:
+    """``(name, norm)`` of every layer norm with a learnable scale and offset that is directly followed by a positively
+    homogeneous activation (:data:`HOMOGENEOUS_ACTIVATIONS`) in its ``nn.Sequential``, ``name`` its module name in
+    ``module``."""
+    names = {id(m): name for name, m in module.named_modules()}
+    found: dict[int, tuple[str, nn.Module]] = {}
+    for seq in _sequentials(module):
+        for norm, nxt in itertools.pairwise(list(seq)):
+            affine = isinstance(norm, LAYER_NORMS) and norm.weight is not None and norm.bias is not None
+            if affine and isinstance(nxt, HOMOGENEOUS_ACTIVATIONS):
+                found[id(norm)] = (names.get(id(norm), "?"), norm)
+    return list(found.values())
+
+
 def add_norm_parameters_to_optimizers(
     inserted: Iterable[tuple[nn.Module, nn.Module]], optimizers: Iterable[th.optim.Optimizer]
 ) -> None:
@@ -201,17 +236,29 @@ class NormalizeAndProject(PlasticCallback):
     training (such a model cannot be re-loaded by SB3's ``load``, which rebuilds the policy without them). A model
     without a layer norm and ``project="normalized"`` has nothing to project: ``ValueError``.
 
+    With ``project_affine`` (default) the scale and offset of every norm before a positively homogeneous activation are
+    projected jointly to their norm at the first training start (module docstring, part 3; ``self.state["affine"]``;
+    a model saved before this option existed gets PyTorch's initial ``sqrt(width)``).
+
     Logged at each rollout end: ``plasticity/nap/projections`` (optimizer steps projected so far).
 
     :param project: ``"normalized"`` or ``"all"``.
+    :param project_affine: also project each norm's ``(scale, offset)`` before a homogeneous activation (default).
     :param name: distinguishes two callbacks of this class on one model.
     :param verbose: SB3 verbosity.
     """
 
-    def __init__(self, project: str = "normalized", name: Optional[str] = None, verbose: int = 0) -> None:
+    def __init__(
+        self, project: str = "normalized", project_affine: bool = True, name: Optional[str] = None, verbose: int = 0
+    ) -> None:
         super().__init__(name=name, verbose=verbose)
         _check_project("project", project)
+        if not isinstance(project_affine, bool):
+            raise ValueError(f"project_affine must be True or False, got {project_affine!r}")
         self.project = project
+        self.project_affine = project_affine
+        self._affine: dict[int, list[tuple[str, nn.Module]]] = {}
+        self._warned_affine = False
         self._handles: list[RemovableHandle] = []
         self._layers: dict[int, list[tuple[str, nn.Module]]] = {}
 
@@ -239,8 +286,10 @@ class NormalizeAndProject(PlasticCallback):
                 "NormalizeAndProject(project='normalized') found no layer followed by a layer norm: build the model "
                 "with nap=True (plastic algorithms) or insert_layer_norms_(model.policy), or use project='all'"
             )
+        resumed = "norms" in self.state
         norms = self.state.setdefault("norms", {})
         self.state.setdefault("projections", 0)
+        self._bind_affine(resumed)
         self._layers = {}
         optimizers: dict[int, th.optim.Optimizer] = {}
         for key, layer, optimizer in layers:
@@ -248,13 +297,48 @@ class NormalizeAndProject(PlasticCallback):
             if optimizer is not None:
                 optimizers[id(optimizer)] = optimizer
                 self._layers.setdefault(id(optimizer), []).append((key, layer))
+        for optimizer_id in self._affine:
+            if optimizer_id not in optimizers:
+                optimizers[optimizer_id] = next(
+                    o for spec in self.networks for o in spec.optimizers() if id(o) == optimizer_id
+                )
         for optimizer in optimizers.values():
             self._handles += OutermostStepHooks(optimizer, self._after_step, active=lambda: self.model.policy.training).handles
+
+    def _bind_affine(self, resumed: bool) -> None:
+        """The norms whose (scale, offset) are projected, per optimizer holding them, and their target norms."""
+        self._affine = {}
+        if not self.project_affine:
+            return
+        targets = self.state.setdefault("affine", {})
+        found = 0
+        for spec in self.networks:
+            held = {id(p): o for o in spec.optimizers() for g in o.param_groups for p in g["params"]}
+            for name, norm in homogeneous_norms(spec.module):
+                optimizer = held.get(id(norm.weight))
+                if optimizer is None:
+                    continue
+                key = f"{spec.name}.{name}"
+                if key not in targets:  # a model saved before the option existed: PyTorch's initial 1 / 0
+                    initial = math.sqrt(norm.weight.numel()) if resumed else float(_norm(_layer_params(norm)))
+                    targets[key] = initial
+                self._affine.setdefault(id(optimizer), []).append((key, norm))
+                found += 1
+        if not found and not self._warned_affine:
+            self._warned_affine = True
+            warnings.warn(
+                "NormalizeAndProject(project_affine=True) has no effect: no layer norm is followed by a positively "
+                f"homogeneous activation ({[t.__name__ for t in HOMOGENEOUS_ACTIVATIONS]}); scale and offset are "
+                "projected only there (sb3_plastic.callbacks.nap)",
+                stacklevel=3,
+            )
 
     def _after_step(self, optimizer: th.optim.Optimizer) -> None:
         norms = self.state["norms"]
         for key, layer in self._layers.get(id(optimizer), []):
             project_(layer, norms[key])
+        for key, norm in self._affine.get(id(optimizer), []):
+            project_(norm, self.state["affine"][key])
         self.state["projections"] = int(self.state.get("projections", 0)) + 1
 
     def _on_training_end(self) -> None:
@@ -310,10 +394,14 @@ class NaPConfig:
         (the default): off.
     :param nap_project: ``"normalized"`` (project the layers followed by a layer norm) or ``"all"`` (every
         Linear / Conv2d layer, output heads included).
+    :param nap_project_affine: also project the scale and offset of every layer norm before a positively homogeneous
+        activation (ReLU, LeakyReLU, MaxMin) jointly to their initial norm (default; :mod:`sb3_plastic.callbacks.nap`
+        says what and why).
     """
 
     nap: bool = False
     nap_project: str = "normalized"
+    nap_project_affine: bool = True
 
     def __post_init__(self) -> None:
         self.validate()
@@ -323,8 +411,12 @@ class NaPConfig:
         if not isinstance(self.nap, bool):
             raise ValueError(f"nap must be True or False, got {self.nap!r}")
         _check_project("nap_project", self.nap_project)
+        if not isinstance(self.nap_project_affine, bool):
+            raise ValueError(f"nap_project_affine must be True or False, got {self.nap_project_affine!r}")
         if not self.nap:
-            warn_ignored_options(changed_fields(self, ("nap_project",)), "nap=False (NaP is off); set nap=True", 4)
+            warn_ignored_options(
+                changed_fields(self, ("nap_project", "nap_project_affine")), "nap=False (NaP is off); set nap=True", 4
+            )
 
     @property
     def enabled(self) -> bool:
@@ -333,7 +425,7 @@ class NaPConfig:
 
     def make_callback(self) -> Optional[NormalizeAndProject]:
         """The :class:`NormalizeAndProject` callback for these settings, or ``None`` when NaP is off."""
-        return NormalizeAndProject(self.nap_project) if self.enabled else None
+        return NormalizeAndProject(self.nap_project, self.nap_project_affine) if self.enabled else None
 
     def to_kwargs(self) -> dict[str, Any]:
         """The fields as keyword arguments."""

@@ -55,6 +55,11 @@ from sb3_plastic.common.hooks import add_to_grad_hook
 SPECTRAL_LAYERS = ("all", "hidden")
 #: Seed of the private generator drawing the initial power-iteration vectors (the global RNG is not touched).
 POWER_ITERATION_SEED = 0
+#: Warm-up of a freshly drawn power-iteration vector: iterate until the estimate of sigma_1 changes by at most this
+#: fraction between two iterations ...
+WARM_UP_RTOL = 1e-5
+#: ... or this many iterations have run.
+WARM_UP_MAX_STEPS = 1000
 
 
 def _check_coef(name: str, value: Any) -> float:
@@ -302,6 +307,30 @@ def power_iteration(matrix: th.Tensor, u: th.Tensor, steps: int = 1) -> tuple[th
     return u, v, u @ matrix @ v
 
 
+@th.no_grad()
+def warm_up_power_iteration(
+    matrix: th.Tensor, u: th.Tensor, rtol: float = WARM_UP_RTOL, max_steps: int = WARM_UP_MAX_STEPS
+) -> tuple[th.Tensor, int]:
+    """Power iterations from a freshly drawn left vector ``u`` until the estimate ``sigma = u^T M v`` changes by at most
+    ``rtol * sigma`` between two iterations (or ``max_steps`` ran): the vector a persistent power iteration starts
+    from, so that its first estimates of ``sigma_1`` are already right. One iteration per update from a random
+    vector is far off at first (measured on a default-initialised layer: 0.864 against an exact 1.022), which makes
+    the penalty pull the wrong way for the first updates.
+
+    :return: ``(u, iterations run)``.
+    """
+    previous = None
+    steps = 0
+    while steps < max_steps:
+        u, _, sigma = power_iteration(matrix, u, 1)
+        steps += 1
+        value = float(sigma)
+        if previous is not None and abs(value - previous) <= rtol * abs(value):
+            break
+        previous = value
+    return u, steps
+
+
 def spectral_penalty(sigma: th.Tensor, exponent: float = 2.0) -> th.Tensor:
     """``(sigma^k - 1)^2`` for one layer (``k = exponent``)."""
     return (sigma**exponent - 1.0) ** 2
@@ -361,7 +390,12 @@ class SpectralRegularisation(GradientPenalty):
       previous ``u``, run once per optimizer step of the layer (the first time its gradient is needed after its
       weights changed), ``sigma = u^T M v``, and ``d sigma / d M = u v^T`` with ``u``, ``v`` held constant. The
       initial ``u`` of each layer is drawn from a private generator (seed :data:`POWER_ITERATION_SEED`), so the
-      global random state (and the rest of the run) is untouched. ``u`` and ``v`` are kept in the persistent state
+      global random state (and the rest of the run) is untouched, and warmed up on the layer's weights when it is
+      drawn (:func:`warm_up_power_iteration`: iterations until the estimate changes by at most
+      :data:`WARM_UP_RTOL` relative, at most :data:`WARM_UP_MAX_STEPS`), so that the first updates already use an
+      estimate within 1 % of ``sigma_1`` (tested against the SVD); before issue #27 the first estimates came from
+      one iteration per update from the random vector (0.864 against an exact 1.022 on a default-initialised
+      layer). ``u`` and ``v`` are kept in the persistent state
       (``self.state["u"]``, ``["v"]``): saved and restored with the model.
     * ``W_l`` is the weight of layer ``l`` (a conv kernel viewed as ``(out, in * kh * kw)``). Biases
       (``include_bias=True``, the default) are penalised by ``||b_l||^(2k)``, exactly (no estimate);
@@ -464,7 +498,9 @@ class SpectralRegularisation(GradientPenalty):
             rows = block.matrix().shape[0]
             first = th.randn(rows, generator=generator, dtype=th.float64)  # drawn for every block: stable keys
             if block.key not in us or us[block.key].shape[0] != rows:
-                us[block.key] = _normalise(first).to(block.weight.device, block.weight.dtype)
+                matrix = block.matrix().detach()
+                u0 = _normalise(first).to(matrix.device, matrix.dtype)
+                us[block.key] = warm_up_power_iteration(matrix, u0)[0].to(block.weight.device, block.weight.dtype)
                 vs.pop(block.key, None)
             else:  # a state saved on another device: the vectors follow the weights
                 us[block.key] = us[block.key].to(block.weight.device)

@@ -20,6 +20,7 @@ from stable_baselines3.common.callbacks import BaseCallback, CallbackList, Conve
 from stable_baselines3.common.save_util import json_to_data, open_path
 
 from sb3_plastic.config import AUTO, ISOMETRY_KEYS, IsometryConfig, auto_isometry_interval
+from sb3_plastic.isometry import ISOMETRY_FORMAT
 from sb3_plastic.policies import PlasticPolicyMixin
 
 
@@ -56,9 +57,12 @@ class PlasticAlgorithmMixin:
     :param env: as in SB3.
     :param args: SB3's positional arguments, unchanged.
     :param activation: see :class:`~sb3_plastic.config.IsometryConfig` (also for the keywords below).
-    :param isometry_coef: ``lambda`` of the isometry penalty; ``None``: the algorithm family's
-        :attr:`default_isometry_coef` (0.01 for the PPO and DQN families, 1e-3 for SAC, TQC and CrossQ).
+    :param isometry_coef: ``lambda`` of the isometry penalty ``1/2 ||Gram - t I||_F^2`` (the authors' convention since
+        issue #27; before it the penalty had no 1/2); ``None``: the algorithm family's :attr:`default_isometry_coef`
+        (0.02 for the PPO and DQN families, 2e-3 for SAC, TQC and CrossQ).
     :param isometry_scale: target scale ``s`` of ``W^T W``.
+    :param isometry_rect_scale: target ``s * out / in`` for a tall layer (the authors' ``rect_scale``; off).
+    :param isometry_normalize: divide each weight's penalty by ``min(out, in)`` (off).
     :param isometry_mode: ``"decoupled"`` (AdamO), ``"coupled"`` or ``"off"``.
     :param isometry_layers: ``"hidden"``, ``"all"`` or a list of fnmatch patterns.
     :param isometry_interval: ``1`` (default): the exact AdamO step at every update; ``k`` or ``"auto"``
@@ -81,10 +85,10 @@ class PlasticAlgorithmMixin:
 
     isometry_config: IsometryConfig
     policy_aliases: dict[str, type]
-    #: ``isometry_coef`` when the keyword is left at ``None``: 0.01 for the PPO and DQN families, 1e-3 for the
+    #: ``isometry_coef`` when the keyword is left at ``None``: 0.02 for the PPO and DQN families, 2e-3 for the
     #: SAC family (``PlasticSAC``, ``PlasticTQC``, ``PlasticCrossQ``), see
     #: :attr:`sb3_plastic.config.IsometryConfig.isometry_coef` for the measurements behind both values.
-    default_isometry_coef: ClassVar[float] = 0.01
+    default_isometry_coef: ClassVar[float] = 0.02
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """Append the plastic and intervention keywords, with meanings and defaults, to the subclass's docstring
@@ -102,6 +106,8 @@ class PlasticAlgorithmMixin:
         activation: Optional[str] = None,
         isometry_coef: Optional[float] = None,
         isometry_scale: float = 1.0,
+        isometry_rect_scale: bool = False,
+        isometry_normalize: bool = False,
         isometry_mode: str = "decoupled",
         isometry_layers: Union[str, list[str]] = "hidden",
         isometry_interval: Union[int, str] = 1,
@@ -113,6 +119,8 @@ class PlasticAlgorithmMixin:
             activation=activation,
             isometry_coef=type(self).default_isometry_coef if isometry_coef is None else isometry_coef,
             isometry_scale=isometry_scale,
+            isometry_rect_scale=isometry_rect_scale,
+            isometry_normalize=isometry_normalize,
             isometry_mode=isometry_mode,
             isometry_layers=isometry_layers,
             isometry_interval=isometry_interval,
@@ -144,6 +152,8 @@ class PlasticAlgorithmMixin:
             policy_kwargs["layer_norm"] = True  # NaP's norms are part of the networks (sb3_plastic.callbacks.nap)
         bound.arguments["policy_kwargs"] = policy_kwargs
         self.isometry_config = config
+        #: the isometry convention of this model (:data:`sb3_plastic.isometry.ISOMETRY_FORMAT`), saved in the zip
+        self.isometry_format = ISOMETRY_FORMAT
         self.intervention_configs = interventions
         base_init(*bound.args, **bound.kwargs)
 
@@ -168,6 +178,12 @@ class PlasticAlgorithmMixin:
         it; to continue an SB3 model with the isometry penalty on, build the plastic model with the keywords and
         call ``set_parameters(path)`` (the optimizer state is mapped onto AdamO's groups).
 
+        A plastic zip saved before issue #27 (no ``isometry_format`` in its data: the isometry penalty without the
+        1/2) loads in today's convention with the same effective penalty: its ``isometry_coef`` doubled in the saved
+        ``policy_kwargs``, ``isometry_config`` and optimizer param groups
+        (:func:`upgrade_isometry_data`, :func:`sb3_plastic.optim.upgrade_isometry_groups`), ``isometry_rect_scale``
+        and ``isometry_normalize`` off.
+
         :raises ValueError: for an isometry keyword, or an SB3 zip whose policy class is not one of the SB3
             class's policy aliases.
         """
@@ -177,11 +193,14 @@ class PlasticAlgorithmMixin:
                 f"{fixed} are fixed when the networks and optimizer are built and cannot be changed by load(); "
                 "edit model.policy.optimizer.param_groups (e.g. 'isometry_coef') after loading instead"
             )
-        foreign = sb3_zip_objects(cls, path, custom_objects)
+        data = _saved_data(path, custom_objects)
+        foreign = sb3_zip_objects(cls, path, custom_objects, data)
         if foreign is not None:  # SB3's own zip: the plastic policy class with plasticity off
             objects, config = foreign
             custom_objects = {**(custom_objects or {}), **objects}
             kwargs["isometry_config"] = config  # set on the model before its networks are built (SB3's load)
+        else:  # a plastic zip, perhaps of an older isometry convention
+            custom_objects = {**(custom_objects or {}), **upgrade_isometry_data(data)}
         updates = {key: kwargs.pop(key) for key in list(kwargs) if key in intervention_keys()}
         model = super().load(  # type: ignore[misc]
             path,
@@ -261,8 +280,33 @@ class PlasticAlgorithmMixin:
             )
 
 
+def upgrade_isometry_data(data: dict[str, Any]) -> dict[str, Any]:
+    """The entries of a plastic zip's ``data`` that change to load it in today's isometry convention (SB3
+    ``custom_objects``; empty for a zip of the current format).
+
+    A zip without ``isometry_format`` was saved before issue #27, when the penalty was ``||Gram - s I||_F^2`` (no 1/2):
+    its ``policy_kwargs`` and ``isometry_config`` get ``isometry_coef`` doubled (the same penalty as
+    ``1/2 ||Gram - s I||_F^2``), ``isometry_rect_scale=False`` and ``isometry_normalize=False``, and
+    ``isometry_format`` the current :data:`~sb3_plastic.isometry.ISOMETRY_FORMAT`. (The optimizer's param groups are
+    upgraded when they are loaded, :func:`sb3_plastic.optim.upgrade_isometry_groups`.)
+    """
+    if data.get("isometry_format", 1) >= ISOMETRY_FORMAT:
+        return {}
+    before = dict(isometry_rect_scale=False, isometry_normalize=False)  # the options did not exist
+    objects: dict[str, Any] = {"isometry_format": ISOMETRY_FORMAT}
+    policy_kwargs = data.get("policy_kwargs")
+    if isinstance(policy_kwargs, dict) and "isometry_coef" in policy_kwargs:
+        objects["policy_kwargs"] = {**policy_kwargs, "isometry_coef": 2 * policy_kwargs["isometry_coef"], **before}
+    config = data.get("isometry_config")
+    if isinstance(config, IsometryConfig):
+        fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(IsometryConfig)}
+        fields.update(isometry_coef=2 * config.isometry_coef, **before)
+        objects["isometry_config"] = IsometryConfig(**fields)
+    return objects
+
+
 def sb3_zip_objects(
-    cls: type, path: Any, custom_objects: Optional[dict[str, Any]] = None
+    cls: type, path: Any, custom_objects: Optional[dict[str, Any]] = None, data: Optional[dict[str, Any]] = None
 ) -> Optional[tuple[dict[str, Any], IsometryConfig]]:
     """What loads a zip saved by the SB3 / sb3-contrib class behind the plastic class ``cls`` as ``cls``: ``None`` for a
     plastic zip (its policy class is a :class:`~sb3_plastic.policies.PlasticPolicyMixin`), else
@@ -271,12 +315,12 @@ def sb3_zip_objects(
     ``policy_kwargs``, with ``config`` plasticity off (``activation=None``: SB3's activations;
     ``isometry_mode="off"``, ``optimizer="adam"``), so the networks and the optimizer are SB3's, bit for bit.
 
-    Reads only the zip's ``data`` entry (the parameters are read once, by SB3's ``load``).
+    Reads only the zip's ``data`` entry (the parameters are read once, by SB3's ``load``), or takes it as ``data``.
 
     :raises ValueError: when the saved policy class is not one of the SB3 class's policy aliases (a user's own
         policy class): build the plastic model and call ``set_parameters(path)`` instead.
     """
-    data = _saved_data(path, custom_objects)
+    data = _saved_data(path, custom_objects) if data is None else data
     policy_class = data.get("policy_class")
     if isinstance(policy_class, type) and issubclass(policy_class, PlasticPolicyMixin):
         return None
