@@ -507,17 +507,6 @@ def test_plastic_load_of_an_sb3_zip_continues_as_sb3(tmp_path, plastic_cls):
         assert th.equal(value, end_ours[key]), key
 
 
-def test_plastic_load_of_a_zip_with_a_custom_sb3_policy_class_says_what_to_do(tmp_path):
-    from stable_baselines3.common.policies import ActorCriticPolicy
-
-    class MyPolicy(ActorCriticPolicy):
-        pass
-
-    PPO(MyPolicy, "CartPole-v1", n_steps=32, batch_size=32, n_epochs=1).save(tmp_path / "custom.zip")
-    with pytest.raises(ValueError, match=r"MyPolicy.*not one of PPO's policy aliases.*set_parameters"):
-        PlasticPPO.load(tmp_path / "custom.zip")
-
-
 def test_plastic_load_of_an_sb3_zip_from_a_file_object_with_an_intervention_keyword(tmp_path):
     """An open file works as with SB3 (its position is kept for SB3's own read), and intervention keywords given to
     load act on the loaded SB3 model (FIRE fires once in the continued run)."""
