@@ -81,7 +81,7 @@ from stable_baselines3.common.base_class import BaseAlgorithm
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from sb3_plastic.callbacks.base import PlasticCallback
+from sb3_plastic.callbacks.base import PlasticCallback, changed_fields, warn_ignored_options
 from sb3_plastic.callbacks.redo import _post_activation, is_real_number, layer_init_scheme
 from sb3_plastic.common.hooks import OutermostStepHooks
 from sb3_plastic.common.surgery import (
@@ -973,6 +973,9 @@ class ContinualBackpropConfig:
     :param cbp_decay_rate: ``eta`` in [0, 1) of the running utility and mean activation (0.99).
     :param cbp_utility: ``"contribution"`` (``mean|W_out| * mean|h|``) or ``"adaptable_contribution"``
         (``mean|W_out| * mean|h - f_hat| / mean|W_in|``, GnT's).
+
+    The other fields set away from their defaults while ``replacement_rate`` is 0 warn (``UserWarning``: they cannot
+    act), as Shrink & Perturb's do without its mode.
     """
 
     replacement_rate: float = 0.0
@@ -997,6 +1000,12 @@ class ContinualBackpropConfig:
             self.cbp_utility,
             names=("replacement_rate", "maturity_threshold", "cbp_decay_rate", "cbp_utility"),
         )
+        if not self.enabled:
+            warn_ignored_options(
+                changed_fields(self, ("maturity_threshold", "cbp_decay_rate", "cbp_utility")),
+                "replacement_rate is 0 (Continual Backprop is off); set replacement_rate > 0",
+                stacklevel=4,
+            )
 
     @property
     def enabled(self) -> bool:

@@ -110,6 +110,18 @@ class PlasticAlgorithmMixin:
         orthogonal_init: Optional[bool] = None,
         **kwargs: Any,
     ) -> None:
+        if isometry_mode == "off":
+            from sb3_plastic.callbacks.base import warn_ignored_options
+
+            warn_ignored_options(
+                {
+                    "isometry_coef": (isometry_coef, None),
+                    "isometry_layers": (isometry_layers, "hidden"),
+                    "isometry_interval": (isometry_interval, 1),
+                },
+                "isometry_mode='off' (no isometry penalty); set isometry_mode='decoupled' (AdamO) or 'coupled'",
+                stacklevel=3,
+            )
         config = IsometryConfig(
             activation=activation,
             isometry_coef=type(self).default_isometry_coef if isometry_coef is None else isometry_coef,
