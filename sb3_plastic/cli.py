@@ -88,6 +88,12 @@ def _add_plot(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help=f"scalar tag of the episode return; a tag no run logs is an error (default: {RETURN_TAG})",
     )
+    parser.add_argument(
+        "--together",
+        action="store_true",
+        help="draw the runs of every environment on the same axes (default: when the runs cover several "
+        "environments, one set of figures per environment, in OUT/<env id>/)",
+    )
     parser.set_defaults(func=_run_plot)
 
 
@@ -106,6 +112,7 @@ def _run_plot(args: argparse.Namespace) -> int:
                 switch_every=args.switch_every,
                 group_by=args.group_by,
                 return_tag=args.return_tag,
+                split_envs=not args.together,
             )
     except (FileNotFoundError, PlotError) as error:
         print(f"sb3-plastic plot: error: {error}", file=sys.stderr)
