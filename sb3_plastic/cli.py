@@ -3,9 +3,11 @@
 Subcommands (argparse sub-parsers; each is a ``_add_<name>(subparsers)`` builder and a ``_run_<name>(args)``
 function, so more, e.g. ``train`` and ``enjoy``, can be added alongside):
 
-* ``train`` / ``enjoy``: rl_zoo3's own train / enjoy with plastic_ppo, plastic_dqn, plastic_sac, their optuna
+* ``train`` / ``enjoy``: rl_zoo3's own train / enjoy with the eight plastic algorithms (plastic_ppo, plastic_dqn,
+  plastic_sac, plastic_qrdqn, plastic_tqc, plastic_crossq, plastic_ppo_lstm, plastic_ppo_mask), their optuna
   samplers and the ``sb3_plastic/`` environments registered (:mod:`sb3_plastic.zoo`).
-* ``plot``: figures of one or many runs from their TensorBoard event files (:mod:`sb3_plastic.plot`).
+* ``plot``: figures of one or many runs from their TensorBoard event files, one set per environment
+  (:mod:`sb3_plastic.plot`).
 
 Examples::
 

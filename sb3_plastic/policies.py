@@ -1,5 +1,7 @@
 """Plastic policies: SB3's PPO / DQN / SAC policies with a selectable activation, orthogonal
-initialisation and AdamO with the output heads kept out of the isometry penalty.
+initialisation and AdamO with the output heads kept out of the isometry penalty (sb3-contrib's policies:
+:mod:`sb3_plastic.contrib_policies`, :mod:`sb3_plastic.recurrent_policies`; a user's own policy class:
+:mod:`sb3_plastic.common.user_policy`).
 
 One mixin, :class:`PlasticPolicyMixin`, does the work for every policy; each concrete class only says
 which modules are output heads, which optimizers it owns and which target networks mirror which

@@ -737,7 +737,8 @@ def joint_forward_loss_rows(model: BaseAlgorithm, network: str) -> Optional[int]
 
 class ContinualBackprop(PlasticCallback):
     """Continual Backprop (Dohare et al., 2024, "Loss of plasticity in deep continual learning", Nature)
-    for any SB3 / sb3-contrib algorithm: PPO, A2C, DQN, QR-DQN, SAC, TQC and their plastic versions.
+    for any SB3 / sb3-contrib algorithm: PPO, A2C, DQN, QR-DQN, SAC, TQC, CrossQ, TD3, DDPG, RecurrentPPO and
+    MaskablePPO, and their plastic versions.
 
     Each network found by :func:`~sb3_plastic.common.surgery.find_networks` (PPO/A2C: ``policy``; DQN:
     ``q_net``; QR-DQN: ``quantile_net``; SAC/TQC: ``actor`` and ``critic``) gets a :class:`GenerateAndTest`

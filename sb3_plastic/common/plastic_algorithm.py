@@ -1,9 +1,11 @@
-"""The one mechanism behind PlasticPPO, PlasticDQN and PlasticSAC.
+"""The one mechanism behind the eight plastic algorithms (PlasticPPO, PlasticDQN, PlasticSAC, PlasticQRDQN,
+PlasticTQC, PlasticCrossQ, PlasticRecurrentPPO, PlasticMaskablePPO).
 
 :class:`PlasticAlgorithmMixin` sits in front of an SB3 algorithm class in the MRO. It takes the
 plastic keywords as top-level constructor arguments (so rl_zoo3 yaml files and optuna samplers can set
 them), validates them into an :class:`~sb3_plastic.config.IsometryConfig`, hands them to the plastic
-policy through ``policy_kwargs`` and passes every other argument to SB3 untouched.
+policy through ``policy_kwargs`` and passes every other argument to SB3 untouched. A user's own policy class is
+handled by :mod:`sb3_plastic.common.user_policy`.
 """
 
 from __future__ import annotations
