@@ -93,3 +93,13 @@ def test_runs_in_file_order_counts_plastic_builds_and_marks_upstream_failures(tm
     with pytest.raises(SystemExit, match="another order"):
         suites.mark_upstream(dict(out), shuffled)
     json.dumps(out)  # what main() writes
+
+
+def test_plain_crossq_fails_sb3_contribs_save_load_check_by_chance():
+    """The correction of bench/README (issue #31): unpatched CrossQ's BatchRenorm step counters (4 in the actor after
+    the test's 128 steps) can equal the test's ``randint(high=10)`` draw; at global seed 0 one does, so the test's
+    "Parameters did not change" assertion fails without any sb3_plastic class involved."""
+    flake = load_bench("crossq_save_load_flake")
+    same, counters = flake.unchanged_entries(0)
+    assert same == ["policy.actor.latent_pi.0.steps"]
+    assert counters["policy.actor.latent_pi.0.steps"] == 4 and counters["policy.critic.qf0.0.steps"] == 14
