@@ -3,9 +3,11 @@
 Subcommands (argparse sub-parsers; each is a ``_add_<name>(subparsers)`` builder and a ``_run_<name>(args)``
 function, so more, e.g. ``train`` and ``enjoy``, can be added alongside):
 
-* ``train`` / ``enjoy``: rl_zoo3's own train / enjoy with plastic_ppo, plastic_dqn, plastic_sac, their optuna
+* ``train`` / ``enjoy``: rl_zoo3's own train / enjoy with the eight plastic algorithms (plastic_ppo, plastic_dqn,
+  plastic_sac, plastic_qrdqn, plastic_tqc, plastic_crossq, plastic_ppo_lstm, plastic_ppo_mask), their optuna
   samplers and the ``sb3_plastic/`` environments registered (:mod:`sb3_plastic.zoo`).
-* ``plot``: figures of one or many runs from their TensorBoard event files (:mod:`sb3_plastic.plot`).
+* ``plot``: figures of one or many runs from their TensorBoard event files, one set per environment
+  (:mod:`sb3_plastic.plot`).
 
 Examples::
 
@@ -88,6 +90,12 @@ def _add_plot(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help=f"scalar tag of the episode return; a tag no run logs is an error (default: {RETURN_TAG})",
     )
+    parser.add_argument(
+        "--together",
+        action="store_true",
+        help="draw the runs of every environment on the same axes (default: when the runs cover several "
+        "environments, one set of figures per environment, in OUT/<env id>/)",
+    )
     parser.set_defaults(func=_run_plot)
 
 
@@ -106,6 +114,7 @@ def _run_plot(args: argparse.Namespace) -> int:
                 switch_every=args.switch_every,
                 group_by=args.group_by,
                 return_tag=args.return_tag,
+                split_envs=not args.together,
             )
     except (FileNotFoundError, PlotError) as error:
         print(f"sb3-plastic plot: error: {error}", file=sys.stderr)

@@ -1,7 +1,7 @@
 """Configuration of the isometry machinery shared by every plastic algorithm and policy.
 
-The dataclass fields are the plastic keywords of ``PlasticPPO`` / ``PlasticDQN`` / ``PlasticSAC`` (and
-of their policies); the same spelling is used in rl_zoo3 yaml files and optuna samplers.
+The dataclass fields are the plastic keywords of every plastic algorithm (``PlasticPPO``, ``PlasticDQN``, ``PlasticSAC``,
+...) and of their policies; the same spelling is used in rl_zoo3 yaml files and optuna samplers.
 Reference: Rosseau, Müller & Nowé (2026), "Preserving Plasticity in Continual Learning via Dynamical
 Isometry".
 """

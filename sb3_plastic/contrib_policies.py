@@ -1,4 +1,5 @@
-"""Plastic versions of sb3-contrib's QR-DQN, TQC, CrossQ and MaskablePPO policies.
+"""Plastic versions of sb3-contrib's QR-DQN, TQC, CrossQ and MaskablePPO policies (RecurrentPPO's:
+:mod:`sb3_plastic.recurrent_policies`).
 
 Each class only declares its output heads, optimizers and target networks; everything else (activation,
 orthogonal initialisation, AdamO with the heads outside the isometry penalty, target re-sync) is

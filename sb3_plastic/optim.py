@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, Optional, Union
@@ -291,7 +292,10 @@ class IsometryStepMixin:
         state dict without isometry settings and with one group over exactly those parameters (what
         ``stable_baselines3`` saves, loaded by ``model.set_parameters``) is mapped onto these groups: every
         parameter's state (Adam's moments and step) goes to the same parameter, every group takes the loaded
-        group's hyperparameters (``lr``, ``betas``, ...) and keeps its own ``isometry_*`` settings.
+        group's hyperparameters (``lr``, ``betas``, ...) and keeps its own ``isometry_*`` settings. A one-group state
+        over twice those parameters is what DQN saved before SB3 2.4 (its optimizer also held the target network's
+        parameters, after the online ones): as SB3's ``load`` does for it, the target network's entries are dropped
+        (with SB3's warning, which also covers ``set_parameters``).
         """
         super().load_state_dict(self._from_one_group_layout(upgrade_isometry_groups(state_dict)))  # type: ignore[misc]
 
@@ -302,6 +306,16 @@ class IsometryStepMixin:
             return state_dict  # the optimizer's own layout (or an unknown one: torch's checks apply)
         ours = [p for group in self.param_groups for p in group["params"]]
         saved_ids = [i for group in saved for i in group["params"]]
+        if len(saved) == 1 and len(saved_ids) == 2 * len(order) == 2 * len(ours):
+            warnings.warn(
+                f"The optimizer state holds {len(saved_ids)} parameters, twice the {len(order)} this optimizer trains: "
+                "you are probably loading a DQN model saved with SB3 < 2.4.0, whose optimizer also held the target "
+                "network's parameters; their entries are dropped (as SB3's load does) and the online parameters keep "
+                "their Adam moments. Save the model again to avoid this warning.",
+                UserWarning,
+                stacklevel=3,
+            )
+            saved_ids = saved_ids[: len(order)]
         if len(saved) != 1 or len(saved_ids) != len(order) or len(ours) != len(order):
             raise ValueError(
                 f"cannot load an optimizer state with {len(saved)} param group(s) over {len(saved_ids)} parameters "
@@ -317,7 +331,7 @@ class IsometryStepMixin:
             own = {k: v for k, v in group.items() if k.startswith("isometry_")}
             groups.append({**hyper, **own, "params": list(range(start, start + len(group["params"])))})
             start += len(group["params"])
-        state = {new_index[k]: v for k, v in state_dict["state"].items()}
+        state = {new_index[k]: v for k, v in state_dict["state"].items() if k in new_index}
         return {"state": state, "param_groups": groups}
 
     def _isometry_base_step(self) -> Callable[..., Any]:

@@ -23,6 +23,11 @@ a resumed run, keep the union of their steps, with a warning). Requests that mat
 ``metrics`` pattern matching no tag, a ``return_tag`` no run logs, a ``group_by`` matching no run) raise
 :class:`PlotError`.
 
+Runs of several environments (their metadata's ``env_id``) get one set of figures each, in ``<out>/<env id>/``,
+with the environment in the titles and the methods grouped among that environment's runs (``split_envs=False``,
+``sb3-plastic plot --together``: one set of figures, the environment in the legend). Legends sit inside the axes,
+long entries wrapped (:func:`legend_label`).
+
 Figures (PNG, written with matplotlib's Agg canvas, without touching pyplot's global backend):
 
 * ``return_curve.png``: episode return (``rollout/ep_rew_mean``) vs timesteps, task switches
@@ -47,6 +52,7 @@ import json
 import math
 import os
 import re
+import textwrap
 import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -104,6 +110,10 @@ SEED_LIKE = re.compile(r"seed", re.IGNORECASE)
 _SB3_RUN_SUFFIX = re.compile(r"_\d+$")
 _SEED_PART = re.compile(r"(?:^|[_\-.])seed[_\-=]?\d+", re.IGNORECASE)
 _MAX_LISTED = 40
+#: Characters per line of a legend entry (:func:`legend_label`): long labels wrap inside the axes
+LEGEND_WIDTH = 60
+#: Name of the output folder of the runs without metadata when :func:`plot_runs` splits by environment
+NO_ENV_FOLDER = "no_run_metadata"
 
 _TASK_RETURN = re.compile(r"^plasticity/(?:.+/)?return/task_(.+)$")
 _MAX_POINTS = 1000
@@ -285,6 +295,26 @@ def load_runs(paths: Sequence[str], group_by: Optional[str] = None) -> list[Run]
         runs.append(Run(d, "", load_scalars(d), info))
     assign_groups(runs, group_by)
     return runs
+
+
+def env_of(run: Run) -> Optional[str]:
+    """The environment id of a run, from its metadata (``None`` without)."""
+    env = (run.info or {}).get("env_id")
+    return None if env is None else str(env)
+
+
+def runs_env(runs: Sequence[Run]) -> Optional[str]:
+    """The environment id all ``runs`` share (``None`` when they cover several, or one has no metadata)."""
+    envs = {env_of(r) for r in runs}
+    return envs.pop() if len(envs) == 1 else None
+
+
+def split_by_env(runs: Sequence[Run]) -> dict[Optional[str], list[Run]]:
+    """The runs per environment id (:func:`env_of`; ``None``: runs without metadata), environments sorted."""
+    out: dict[Optional[str], list[Run]] = {}
+    for run in sorted(runs, key=lambda r: (env_of(r) is None, env_of(r) or "", r.path)):
+        out.setdefault(env_of(run), []).append(run)
+    return out
 
 
 def groups(runs: Sequence[Run]) -> dict[str, list[Run]]:
@@ -504,19 +534,33 @@ def y_scale(tag: str, values: np.ndarray) -> str:
     return "log" if values.min() > 0 and values.max() / values.min() > 100 else "linear"
 
 
+def legend_label(text: str, width: int = LEGEND_WIDTH) -> str:
+    """A legend entry wrapped to lines of at most ``width`` characters (breaking at spaces, and inside a long
+    ``key=value`` only when it has to), so the legend fits inside the axes."""
+    return textwrap.fill(text, width=width, break_long_words=True, break_on_hyphens=False)
+
+
 def _finish(fig: Figure, ax: Axes, path: str, legend: bool = True) -> str:
+    """Grid, the legend inside the axes (labels wrapped, :func:`legend_label`), saved to ``path``."""
     ax.grid(alpha=0.3)
-    if legend and ax.get_legend_handles_labels()[0]:
-        ax.legend(loc="best", fontsize=9, framealpha=0.85)
+    handles, labels = ax.get_legend_handles_labels()
+    if legend and handles:
+        ax.legend(handles, [legend_label(label) for label in labels], loc="best", fontsize=8, framealpha=0.85)
     fig.savefig(path)
     return path
+
+
+def _on_env(title: str, env: Optional[str]) -> str:
+    """``title`` with the environment of the figure's runs (``None``: several or unknown)."""
+    return title if env is None else f"{title} on {env}"
 
 
 def returns_figure(
     runs: Sequence[Run], switches: Sequence[float] = (), tag: str = RETURN_TAG, cuts: Optional[dict] = None
 ) -> Optional[tuple[Figure, Axes]]:
     """The figure of the episode return vs timesteps per method (legend: ``<group> (<n> seeds)``),
-    task switches marked, not yet saved; ``None`` when no run logs ``tag``.
+    task switches marked, not yet saved; ``None`` when no run logs ``tag``. The title names the runs' environment
+    when they share one (:func:`runs_env`).
 
     :param cuts: collects the curves cut to the steps all of a group's runs cover, for one warning per group
         (:func:`plot_runs`); ``None`` warns here."""
@@ -525,7 +569,7 @@ def returns_figure(
     if not _curves(ax, by_group, tag, cuts):
         return None
     _mark_switches(ax, switches)
-    ax.set_title("Episode return during training (mean ± std over seeds)")
+    ax.set_title(_on_env("Episode return during training", runs_env(runs)) + "\n(mean ± std over seeds)")
     ax.set_xlabel(STEP_AXIS)
     what = "mean return of the last 100 episodes" if tag == RETURN_TAG else tag
     ax.set_ylabel(f"episode return\n({what})")
@@ -600,12 +644,14 @@ def plot_task_returns(
     labels = [f"task {t}" if kind == "task" else t for t in tasks]
     ax.set_xticks(x, labels, rotation=30 if len(tasks) > 8 else 0)
     ax.axhline(0, color="0.2", linewidth=0.6)
+    env = runs_env(runs)
     if kind == "task":
-        ax.set_title("Mean episode return per task\n(mean ± std over seeds)")
+        ax.set_title(_on_env("Mean episode return per task", env) + "\n(mean ± std over seeds)")
         ax.set_ylabel("mean episode return on the task")
     else:
         ax.set_title(
-            f"Mean episode return per task phase\n(phases of {switch_every:,} timesteps; mean ± std over seeds)"
+            _on_env("Mean episode return per task phase", env)
+            + f"\n(phases of {switch_every:,} timesteps; mean ± std over seeds)"
         )
         ax.set_ylabel("mean of the return curve over the phase")
     ax.set_xlabel(kind)
@@ -666,7 +712,8 @@ def metric_figure(
     scale = y_scale(tag, np.concatenate(found) if found else np.array([]))
     ax.set_yscale(scale)
     label, where = describe_tag(tag, monitor_prefixes({t for r in runs for t in r.scalars}))
-    ax.set_title(f"{label[0].upper()}{label[1:]}: {where}\n(mean ± std over seeds; TensorBoard tag {tag})", fontsize=11)
+    title = _on_env(f"{label[0].upper()}{label[1:]}: {where}", runs_env(runs))
+    ax.set_title(f"{title}\n(mean ± std over seeds; TensorBoard tag {tag})", fontsize=11)
     ax.set_xlabel(STEP_AXIS)
     ax.set_ylabel(f"{label} (log scale)" if scale == "log" else label)
     return fig, ax
@@ -689,6 +736,7 @@ def plot_runs(
     switch_every: Optional[int] = None,
     group_by: Optional[str] = None,
     return_tag: Optional[str] = None,
+    split_envs: bool = True,
 ) -> list[str]:
     """Read the runs under ``paths`` and write every figure into ``out_dir`` (created if needed).
 
@@ -702,6 +750,10 @@ def plot_runs(
         :func:`assign_groups`).
     :param return_tag: scalar tag of the episode return, which some run must log (default :data:`RETURN_TAG`;
         without it the return curve is left out with a warning).
+    :param split_envs: when the runs cover several environments (their metadata's ``env_id``), one set of figures
+        per environment, in ``out_dir/<env id>/`` (runs without metadata in ``out_dir/no_run_metadata/``), each with
+        the environment in its titles and its methods grouped among its own runs (default). ``False``: every run on
+        the same axes, the environment in the legend labels.
     :return: paths of the PNG files written.
     :raises FileNotFoundError: when no event file is found.
     :raises PlotError: for a bad ``switch_every``, a ``metrics`` pattern matching no tag, a ``return_tag`` no run
@@ -718,11 +770,10 @@ def plot_runs(
     if metrics is not None and isinstance(metrics, str):
         metrics = [metrics]
     if metrics:
-        tags = check_metrics(all_tags, list(metrics))
+        check_metrics(all_tags, list(metrics))
     else:
         defaults = default_metric_patterns(all_tags)
-        tags = match_tags(all_tags, defaults)
-        if not tags:
+        if not match_tags(all_tags, defaults):
             warnings.warn(
                 f"no scalar tag of the {len(runs)} runs matches the default diagnostics ({_listing(defaults)}): no "
                 "metric figures (log them with PlasticityMonitor, or pass metrics / --metrics patterns of the tags "
@@ -739,13 +790,23 @@ def plot_runs(
             f"return_tag {return_tag!r} is logged by none of the {len(runs)} runs; "
             + (f"tags that look like returns: {_listing(like)}" if like else "no tag looks like a return (rew/return)")
         )
-    os.makedirs(out_dir, exist_ok=True)
-    switches = switch_steps(runs, switch_every)
+    by_env = split_by_env(runs) if split_envs else {None: list(runs)}
+    written: list[str] = []
     cuts: dict = {}
-    written = [
-        plot_returns(runs, out_dir, switches, return_tag, cuts),
-        plot_task_returns(runs, out_dir, switch_every, return_tag),
-    ]
-    written += [plot_metric(runs, tag, out_dir, switches, cuts) for tag in tags]
+    for env, members in by_env.items():
+        folder = out_dir if len(by_env) == 1 else os.path.join(out_dir, _safe_name(env) if env else NO_ENV_FOLDER)
+        if len(by_env) > 1 and not group_by:
+            assign_groups(members)  # the methods as they differ among this environment's runs
+        tags = sorted({t for r in members for t in r.scalars})
+        chosen = match_tags(tags, list(metrics) if metrics else default_metric_patterns(tags))
+        if return_tag in all_tags and return_tag not in tags:
+            warnings.warn(f"no run on {env or 'the runs without metadata'} logs {return_tag!r}: no return curve for it")
+        os.makedirs(folder, exist_ok=True)
+        switches = switch_steps(members, switch_every)
+        written += [
+            plot_returns(members, folder, switches, return_tag, cuts),
+            plot_task_returns(members, folder, switch_every, return_tag),
+        ]
+        written += [plot_metric(members, tag, folder, switches, cuts) for tag in chosen]
     _warn_cuts(cuts)
     return [w for w in written if w is not None]

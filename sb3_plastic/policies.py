@@ -1,5 +1,7 @@
 """Plastic policies: SB3's PPO / DQN / SAC policies with a selectable activation, orthogonal
-initialisation and AdamO with the output heads kept out of the isometry penalty.
+initialisation and AdamO with the output heads kept out of the isometry penalty (sb3-contrib's policies:
+:mod:`sb3_plastic.contrib_policies`, :mod:`sb3_plastic.recurrent_policies`; a user's own policy class:
+:mod:`sb3_plastic.common.user_policy`).
 
 One mixin, :class:`PlasticPolicyMixin`, does the work for every policy; each concrete class only says
 which modules are output heads, which optimizers it owns and which target networks mirror which
@@ -59,6 +61,9 @@ class PlasticPolicyMixin:
     _plastic_adam_eps: Optional[float] = None
     #: SB3 puts no MLP layer after its NatureCNN in this policy family (PPO, DQN; not SAC)
     _plastic_cnn_no_mlp: bool = False
+    #: built on a user's own policy class (:mod:`sb3_plastic.common.user_policy`): ``activation=None`` leaves its
+    #: ``activation_fn`` alone
+    _plastic_user_policy: bool = False
 
     isometry_config: IsometryConfig
 
@@ -116,7 +121,8 @@ class PlasticPolicyMixin:
                     f"activation={config.activation!r} conflicts with policy_kwargs activation_fn={user_fn!r}; "
                     "set only one of them"
                 )
-        kwargs["activation_fn"] = act
+        if config.activation is not None or not self._plastic_user_policy:
+            kwargs["activation_fn"] = act
         check_even_widths(act, _arch_widths(kwargs.get("net_arch")))
         if self._plastic_default_extractor is not None:
             kwargs.setdefault("features_extractor_class", self._plastic_default_extractor)

@@ -18,10 +18,11 @@ maps; nothing in the gate structure asks for that). The definitions used by sb3_
   ``weight_hr`` (a plain projection) is one block; biases are untouched. The plastic recurrent policies put
   the LSTM matrices in an AdamO param group with ``isometry_blocks=4`` (hidden layers: the LSTMs are hidden
   layers, never output heads).
-* **FIRE** (ICLR 2026, arXiv 2602.08040): each gate block is replaced by its own Newton–Schulz polar factor
-  and scaled as the reference scales a Linear layer, ``sqrt(out / in)`` with ``out = H`` (the block's rows):
-  the recurrent blocks ``(H, H)`` become exactly orthogonal, the input blocks get singular values
-  ``sqrt(H / in)``. Biases are untouched, the optimizer state of the rewritten matrices is dropped.
+* **FIRE** (ICLR 2026, arXiv 2602.08040): each gate block is replaced by its own polar factor (exact, by SVD; the
+  reference's Newton–Schulz with ``fire_iterations``) and scaled as the reference scales a Linear layer,
+  ``sqrt(out / in)`` with ``out = H`` (the block's rows): the recurrent blocks ``(H, H)`` become exactly orthogonal,
+  the input blocks get singular values ``sqrt(H / in)``. Biases are untouched, the optimizer state of the rewritten
+  matrices is dropped.
 * **Orthogonal initialisation** (``orthogonal_init=True`` / MaxMin): every gate block orthogonal with gain
   ``sqrt(isometry_scale)``, biases zero. Otherwise an LSTM keeps PyTorch's initialisation
   ``U(-1/sqrt(H), 1/sqrt(H))`` on every weight and bias: SB3's ``ortho_init`` does not reach the LSTMs

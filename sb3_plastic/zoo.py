@@ -25,7 +25,9 @@ Before handing over, :func:`register`
   added to those two module namespaces (existing rl_zoo3 names are never replaced);
 * has ``rl_zoo3.train`` use ``PlasticExperimentManager``, rl_zoo3's ``ExperimentManager`` with four
   additions: a misspelt hyperparameter of a plastic algorithm is an error naming the key and the allowed
-  ones (rl_zoo3 would pass it on as a keyword argument); a trial that raises is recorded as failed
+  ones (rl_zoo3 would pass it on as a keyword argument), and so is an entry without ``policy`` (any algorithm;
+  rl_zoo3 would die with ``TypeError: missing 'policy'``) and ``-i`` with a file that is not a whole model zip
+  (SB3's load would raise from inside rl_zoo3); a trial that raises is recorded as failed
   (``TrialState.FAIL``, reason in the trial's ``fail_reason`` user attribute) instead of ending the study
   (rl_zoo3 prunes only ``AssertionError``/``ValueError`` raised inside ``learn``); with ``--storage``
   plus ``--study-name`` the study is created up front with retries, so many workers can start at once on
@@ -88,8 +90,12 @@ MAX_CONSECUTIVE_FAILURES = 10
 _MONITOR_EVERY: Optional[int] = None
 
 
-class HyperparameterError(ValueError):
-    """A yaml entry (or ``-params``) names a hyperparameter the algorithm does not accept."""
+class LauncherError(ValueError):
+    """A launcher error: ``sb3-plastic train`` prints its message and exits with status 2 (no traceback)."""
+
+
+class HyperparameterError(LauncherError):
+    """A yaml entry (or ``-params``) names a hyperparameter the algorithm does not accept, or misses ``policy``."""
 
 
 # --------------------------------------------------------------------------- algorithms
@@ -210,14 +216,26 @@ def _experiment_manager_class() -> type:
             # (another task schedule, task seed, even other spaces). It gets the training env's kwargs instead.
             if getattr(self, "_eval_env_kwargs_args", None) is None:
                 self.eval_env_kwargs = self.env_kwargs
+            where = f"{self.config} [{self.env_name.gym_id}]"
+            if "policy" not in result[0]:  # rl_zoo3 would fail with "missing 'policy'" (TypeError) or a KeyError
+                raise HyperparameterError(
+                    f"{where}: the entry has no 'policy' key; every rl_zoo3 entry names its policy, e.g. "
+                    "policy: 'MlpPolicy' (or 'CnnPolicy', 'MultiInputPolicy', a module.Class path)"
+                )
             if self.algo in plastic_algorithms():
-                check_hyperparameters(self.algo, result[0], where=f"{self.config} [{self.env_name.gym_id}]")
+                check_hyperparameters(self.algo, result[0], where=where)
             return result
 
         def _load_pretrained_agent(self, hyperparams: dict[str, Any], env: Any) -> Any:
             # SB3's load() would store plastic keywords as plain attributes, without effect: apply the
             # intervention settings of the config to the loaded model; keep its network / optimizer
             # settings (they define the trained weights and optimizer state) and say so when they differ.
+            from sb3_plastic.common.model_zip import read_data_text
+
+            try:
+                read_data_text(self.trained_agent)  # SB3's load would raise from deep inside rl_zoo3 (a traceback)
+            except ValueError as exc:
+                raise LauncherError(f"cannot continue from -i {self.trained_agent}: {exc}") from exc
             if self.algo not in plastic_algorithms():
                 return super()._load_pretrained_agent(hyperparams, env)
             from sb3_plastic.common.plastic_algorithm import intervention_config_classes
@@ -624,7 +642,8 @@ def train(argv: Optional[Sequence[str]] = None) -> None:
 
     :param argv: rl_zoo3's train arguments, e.g. ``["--algo", "plastic_ppo", "--env", "CartPole-v1",
         "-n", "2000"]`` (default: ``sys.argv[1:]``), plus ``--monitor EVERY``.
-    :raises SystemExit: (status 2) with a message naming the key when a yaml key is misspelt.
+    :raises SystemExit: (status 2) with a message naming the key when a yaml key is misspelt or ``policy`` is
+        missing, or naming the file when ``-i`` is not a whole model zip.
     """
     global _MONITOR_EVERY
     args, monitor_every = _pop_monitor(sys.argv[1:] if argv is None else argv)
@@ -635,7 +654,7 @@ def train(argv: Optional[Sequence[str]] = None) -> None:
     _MONITOR_EVERY = monitor_every
     try:
         _hand_over(rl_zoo3.train.train, "sb3-plastic train", args)
-    except HyperparameterError as exc:
+    except LauncherError as exc:
         print(f"sb3-plastic train: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc
     finally:

@@ -148,8 +148,10 @@ def test_qrdqn_user_optimizer_choices():
     assert isinstance(plastic.policy.optimizer, th.optim.Adam) and not isinstance(plastic.policy.optimizer, AdamO)
     assert [g["isometry_coef"] for g in plastic.policy.optimizer.param_groups] == [0.01, 0.0]
     assert plastic.policy.optimizer.param_groups[0]["eps"] == 1e-8
-    with pytest.raises(ValueError, match="needs a plastic policy"):
-        PlasticQRDQN(QRDQN.policy_aliases["MlpPolicy"], "CartPole-v1")
+    # sb3-contrib's own class of the alias means the alias (issue #31; it was refused)
+    assert type(PlasticQRDQN(QRDQN.policy_aliases["MlpPolicy"], "CartPole-v1").policy) is PlasticQRDQN.policy_aliases[
+        "MlpPolicy"
+    ]
 
 
 INTERVENTIONS = [

@@ -261,11 +261,16 @@ def test_bad_arguments(kwargs, match):
         PlasticPPO("MlpPolicy", "CartPole-v1", **kwargs)
 
 
-def test_non_plastic_policy_class_rejected():
+def test_sb3_alias_class_means_the_alias():
+    """SB3's class of an alias (``PPO.policy_aliases["MlpPolicy"]``) resolves to the plastic class of the alias (issue
+    #31; it was refused); something that is not a policy class is refused, naming what is allowed."""
     from stable_baselines3.common.policies import ActorCriticPolicy
 
-    with pytest.raises(ValueError, match="needs a plastic policy"):
-        PlasticPPO(ActorCriticPolicy, "CartPole-v1")
+    from sb3_plastic.policies import PlasticActorCriticPolicy
+
+    assert type(PlasticPPO(ActorCriticPolicy, "CartPole-v1").policy) is PlasticActorCriticPolicy
+    with pytest.raises(ValueError, match="policy alias .*'MlpPolicy'.* or a policy class"):
+        PlasticPPO(dict, "CartPole-v1")
 
 
 def test_positional_sb3_arguments_pass_through():

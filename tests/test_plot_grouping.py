@@ -254,3 +254,57 @@ def test_zoo_runs_of_two_algorithms_in_one_env_folder_are_two_groups(tmp_path, m
     assert infos["PPO_2"]["zoo_log_dir"] == str(tmp_path / "logs" / "plastic_ppo" / "CartPole-v1_1" / "CartPole-v1")
     assert infos["PPO_2"]["hyperparameters"]["n_steps"] == 32
     assert group_sizes(load_runs([str(tmp_path / "tb")])) == {"PPO": 1, "PlasticPPO": 1}
+
+
+def test_runs_of_several_envs_get_a_figure_set_each_with_legends_inside_and_no_warnings(tmp_path):
+    """Issue #31: the README's plot command drew CartPole, MinAtar and HalfCheetah on one axis, legend labels without
+    the env clipped off the figure, and 12 constrained_layout warnings."""
+    import warnings
+
+    from sb3_plastic.plot import _finish
+
+    long = dict(policy_kwargs="dict(log_std_init=-2, ortho_init=False, activation_fn=nn.ReLU, net_arch=[256, 256])")
+    envs = {"CartPole-v1": dict(n_steps=32, gamma=0.98), "MinAtar/Breakout-v1": dict(n_steps=128, gamma=0.99, **long),
+            "sb3_plastic/SlipperyHalfCheetah-v0": dict(n_steps=512, gamma=0.9, normalize=True, **long)}
+    scalars = dict(RETURNS, **{"plasticity/policy/ntk_cond": [1.0, 10.0, 100.0]})
+    for k, (env, hyper) in enumerate(envs.items()):
+        for seed in (0, 1):
+            write_run(tmp_path / "runs" / f"env{k}" / f"PPO_{seed + 1}", scalars, meta("PlasticPPO", seed, env, **hyper))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        written = plot_runs([str(tmp_path / "runs")], str(tmp_path / "plots"))
+        together = plot_runs([str(tmp_path / "runs")], str(tmp_path / "together"), split_envs=False)
+    assert sorted(str(Path(p).relative_to(tmp_path / "plots")) for p in written) == sorted(
+        f"{folder}/{name}"
+        for folder in ("CartPole-v1", "MinAtar__Breakout-v1", "sb3_plastic__SlipperyHalfCheetah-v0")
+        for name in ("return_curve.png", "metric_plasticity__policy__ntk_cond.png")
+    )
+    assert sorted(Path(p).name for p in together) == ["metric_plasticity__policy__ntk_cond.png", "return_curve.png"]
+    runs = load_runs([str(tmp_path / "runs")])
+    for env in envs:  # one env: its title names it, one method (its two seeds), no hyperparameter soup
+        mine = [r for r in runs if r.info["env_id"] == env]
+        from sb3_plastic.plot import assign_groups
+
+        assign_groups(mine)
+        fig, ax = returns_figure(mine)
+        assert f"on {env}" in ax.get_title() and ax.get_legend_handles_labels()[1] == ["PlasticPPO (2 seeds)"]
+    fig, ax = returns_figure(load_runs([str(tmp_path / "runs")]))  # all envs on one axis (--together): env in labels
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _finish(fig, ax, str(tmp_path / "all.png"))
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert all(any(env in label for env in envs) for label in labels)
+    renderer = fig.canvas.get_renderer()
+    legend, axes = ax.get_legend().get_window_extent(renderer), ax.get_window_extent(renderer)
+    assert axes.x0 - 1 <= legend.x0 and legend.x1 <= axes.x1 + 1 and axes.y0 - 1 <= legend.y0 and legend.y1 <= axes.y1 + 1
+
+
+def test_plot_cli_together_option(tmp_path, capsys):
+    for k, env in enumerate(("CartPole-v1", "Acrobot-v1")):
+        write_run(tmp_path / "runs" / f"e{k}" / "PPO_1", dict(RETURNS, **{"plasticity/q/grad_norm": [1.0, 2, 3]}),
+                  meta("PPO", 0, env))
+    assert cli.main(["plot", str(tmp_path / "runs"), "--out", str(tmp_path / "split")]) == 0
+    assert (tmp_path / "split" / "Acrobot-v1" / "return_curve.png").exists()
+    assert cli.main(["plot", str(tmp_path / "runs"), "--out", str(tmp_path / "one"), "--together"]) == 0
+    assert (tmp_path / "one" / "return_curve.png").exists()
+    assert "warning" not in capsys.readouterr().err

@@ -12,6 +12,7 @@ from stable_baselines3 import PPO
 from torch import nn
 
 from sb3_plastic import FIRE, PlasticPPO, ShrinkPerturb
+from sb3_plastic.callbacks.cbp import ContinualBackpropConfig
 from sb3_plastic.callbacks.fire import FIREConfig
 from sb3_plastic.callbacks.nap import NaPConfig, insert_layer_norms_
 from sb3_plastic.callbacks.regularisers import SpectralRegularisationConfig
@@ -52,6 +53,10 @@ def _no_warning(make):
         (NaPConfig, dict(nap_project="all"), r"nap_project='all'.*nap=False"),
         (SpectralRegularisationConfig, dict(spectral_exponent=1.0), r"spectral_exponent=1.0.*spectral_coef"),
         (SpectralRegularisationConfig, dict(spectral_layers="hidden"), r"spectral_layers='hidden'"),
+        # issue #31: Continual Backprop's options without replacement_rate
+        (ContinualBackpropConfig, dict(maturity_threshold=100), r"maturity_threshold=100.*replacement_rate is 0"),
+        (ContinualBackpropConfig, dict(cbp_decay_rate=0.9), r"cbp_decay_rate=0.9.*replacement_rate is 0"),
+        (ContinualBackpropConfig, dict(cbp_utility="adaptable_contribution"), r"cbp_utility='adaptable_contribution'"),
     ],
 )
 def test_option_without_its_switch_warns(cls, kwargs, pattern):
@@ -71,6 +76,8 @@ def test_option_without_its_switch_warns(cls, kwargs, pattern):
         (NaPConfig, dict(nap=True, nap_project="all")),
         (SpectralRegularisationConfig, {}),
         (SpectralRegularisationConfig, dict(spectral_coef=1e-3, spectral_exponent=1.0)),
+        (ContinualBackpropConfig, {}),
+        (ContinualBackpropConfig, dict(replacement_rate=1e-4, maturity_threshold=100, cbp_decay_rate=0.9)),
     ],
 )
 def test_defaults_and_switched_on_options_are_silent(cls, kwargs):
@@ -83,6 +90,36 @@ def test_plastic_ppo_warns_for_an_option_without_its_switch():
     assert model.intervention_callbacks() == []
     # load() builds the model without user keywords: no warning there
     _no_warning(lambda: PlasticPPO("MlpPolicy", "CartPole-v1", **PPO_KWARGS))
+
+
+@pytest.mark.parametrize(
+    "kwargs, pattern",
+    [
+        (dict(isometry_coef=0.1), r"isometry_coef=0.1 is ignored: isometry_mode='off'"),
+        (dict(isometry_layers="all"), r"isometry_layers='all' is ignored: isometry_mode='off'"),
+        (dict(isometry_interval=4), r"isometry_interval=4 is ignored"),
+    ],
+)
+def test_isometry_options_with_the_penalty_off_warn(kwargs, pattern):
+    """Issue #31: ``isometry_coef`` with ``isometry_mode="off"`` was silently ignored. The warning points at the
+    caller's line."""
+    with pytest.warns(UserWarning, match=pattern) as record:
+        PlasticPPO("MlpPolicy", "CartPole-v1", isometry_mode="off", optimizer="adam", **kwargs, **PPO_KWARGS)
+    assert any(w.filename == __file__ for w in record)
+    _no_warning(lambda: PlasticPPO("MlpPolicy", "CartPole-v1", isometry_mode="off", optimizer="adam", **PPO_KWARGS))
+    _no_warning(lambda: PlasticPPO("MlpPolicy", "CartPole-v1", **kwargs, **PPO_KWARGS))
+
+
+@pytest.mark.parametrize("eval_freq", [0, -1])
+def test_continual_eval_callback_that_never_evaluates_warns(eval_freq):
+    """Issue #31: ``ContinualEvalCallback(eval_freq=0)`` never evaluated, silently."""
+    import gymnasium as gym
+
+    from sb3_plastic import ContinualEvalCallback
+
+    with pytest.warns(UserWarning, match=rf"ContinualEvalCallback\(eval_freq={eval_freq}\) never evaluates"):
+        ContinualEvalCallback(gym.make("CartPole-v1"), eval_freq=eval_freq)
+    _no_warning(lambda: ContinualEvalCallback(gym.make("CartPole-v1"), eval_freq=10))
 
 
 def test_shrink_perturb_rejects_mode_none():

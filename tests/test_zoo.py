@@ -422,6 +422,20 @@ def test_misspelt_yaml_key_is_a_clear_error(tmp_path, monkeypatch, capsys):
     assert not (tmp_path / "logs/plastic_ppo/CartPole-v1_1/CartPole-v1.zip").exists()
 
 
+@pytest.mark.parametrize("algo", ["plastic_ppo", "ppo"])
+def test_yaml_entry_without_policy_is_a_launcher_error_naming_the_key(tmp_path, monkeypatch, capsys, algo):
+    """Issue #31: rl_zoo3 died with ``TypeError: missing 'policy'`` (plain algorithms too)."""
+    monkeypatch.chdir(tmp_path)
+    conf = tmp_path / "nopolicy.yml"
+    conf.write_text(yaml.safe_dump({"CartPole-v1": {"n_timesteps": 64, "n_steps": 32}}))
+    with pytest.raises(SystemExit) as info:
+        _train("--algo", algo, "--env", "CartPole-v1", "-conf", str(conf), "--eval-freq", "-1", "-f", "logs")
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "sb3-plastic train: error: " in err and "nopolicy.yml [CartPole-v1]: the entry has no 'policy' key" in err
+    assert "Traceback" not in err
+
+
 def test_check_hyperparameters_names_preset_keys():
     zoo.check_hyperparameters("plastic_dqn", {"policy": "MlpPolicy", "replacement_rate": 1e-4, "redo_period": 10})
     with pytest.raises(zoo.HyperparameterError, match="'seed' is set by rl_zoo3"):

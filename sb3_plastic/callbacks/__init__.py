@@ -1,8 +1,10 @@
 """Plasticity interventions as SB3 callbacks.
 
-They work on PPO, A2C, DQN, SAC, TD3 and sb3-contrib's QR-DQN and TQC, plain or plastic:
+They work on PPO, A2C, DQN, SAC, TD3, DDPG and sb3-contrib's QR-DQN, TQC, CrossQ, RecurrentPPO and MaskablePPO,
+plain or plastic (the networks are found by :func:`sb3_plastic.common.surgery.find_networks`):
 
-* :class:`FIRE`: orthogonalise the weights (polar factor by Newton–Schulz) at a midpoint / task switch.
+* :class:`FIRE`: replace every weight by its polar factor (exact, by SVD; ``iterations=10`` gives the reference's
+  Newton–Schulz) at a midpoint / every N steps / task switch.
 * :class:`ContinualBackprop`: generate-and-test replacement of low-utility hidden units.
 * :class:`ReDo`: recycle dormant units.
 * :class:`ShrinkPerturb`: shrink and perturb the weights, at events or continually.

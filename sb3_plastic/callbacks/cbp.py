@@ -103,7 +103,7 @@ from stable_baselines3.common.base_class import BaseAlgorithm
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from sb3_plastic.callbacks.base import PlasticCallback
+from sb3_plastic.callbacks.base import PlasticCallback, changed_fields, warn_ignored_options
 from sb3_plastic.callbacks.redo import _post_activation, is_real_number, layer_init_scheme
 from sb3_plastic.callbacks.shrink_perturb import shrink_perturb_seed
 from sb3_plastic.common.hooks import OutermostStepHooks
@@ -797,7 +797,8 @@ def joint_forward_loss_rows(model: BaseAlgorithm, network: str) -> Optional[int]
 
 class ContinualBackprop(PlasticCallback):
     """Continual Backprop (Dohare et al., 2024, "Loss of plasticity in deep continual learning", Nature)
-    for any SB3 / sb3-contrib algorithm: PPO, A2C, DQN, QR-DQN, SAC, TQC and their plastic versions.
+    for any SB3 / sb3-contrib algorithm: PPO, A2C, DQN, QR-DQN, SAC, TQC, CrossQ, TD3, DDPG, RecurrentPPO and
+    MaskablePPO, and their plastic versions.
 
     Each network found by :func:`~sb3_plastic.common.surgery.find_networks` (PPO/A2C: ``policy``; DQN:
     ``q_net``; QR-DQN: ``quantile_net``; SAC/TQC: ``actor`` and ``critic``) gets a :class:`GenerateAndTest`
@@ -1060,6 +1061,9 @@ class ContinualBackpropConfig:
     :param cbp_replacement_rule: ``"accumulate"`` (default: fractions of a unit carried over, deterministic) or
         ``"stochastic"`` (the reference's RL rule: below one unit per step, one unit with probability
         ``rho * #eligible``).
+
+    The other fields set away from their defaults while ``replacement_rate`` is 0 warn (``UserWarning``: they cannot
+    act), as Shrink & Perturb's do without its mode.
     """
 
     replacement_rate: float = 0.0
@@ -1089,6 +1093,13 @@ class ContinualBackpropConfig:
         self.cbp_bias_absorption, self.cbp_replacement_rule = check_cbp_rule(
             self.cbp_bias_absorption, self.cbp_replacement_rule, names=("cbp_bias_absorption", "cbp_replacement_rule")
         )
+        if not self.enabled:
+            warn_ignored_options(
+                changed_fields(self, ("maturity_threshold", "cbp_decay_rate", "cbp_utility", "cbp_bias_absorption",
+                                      "cbp_replacement_rule")),
+                "replacement_rate is 0 (Continual Backprop is off); set replacement_rate > 0",
+                stacklevel=4,
+            )
 
     @property
     def enabled(self) -> bool:

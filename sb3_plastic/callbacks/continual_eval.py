@@ -88,6 +88,12 @@ class TaskFollowingEvalMixin:
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        if self.eval_freq <= 0:  # EvalCallback evaluates when eval_freq > 0 and n_calls % eval_freq == 0
+            warnings.warn(
+                f"{type(self).__name__}(eval_freq={self.eval_freq!r}) never evaluates: it evaluates every eval_freq "
+                "calls (steps of the vector env) when eval_freq > 0; give eval_freq > 0, or leave the callback out",
+                stacklevel=3,
+            )
         #: Whether evaluations follow the training task (set at training start).
         self.follows_task = False
         #: The task index of each evaluation that followed the training task.

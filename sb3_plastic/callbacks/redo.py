@@ -32,7 +32,7 @@ their output for probe observations taken as first steps from zero states and re
 
 The module offers the pieces without RL (:func:`neuron_scores`, :func:`dormant_units`,
 :func:`probe_activity`, :func:`redo_reset_`, :func:`redo_layers_`) and :class:`ReDo`, an SB3
-callback for PPO, A2C, DQN, QR-DQN, SAC and TQC (plastic or not).
+callback for PPO, A2C, DQN, QR-DQN, SAC, TQC, CrossQ, TD3, DDPG, RecurrentPPO and MaskablePPO (plastic or not).
 """
 
 from __future__ import annotations
@@ -487,7 +487,8 @@ def _recurrent_policy_probe(policy: Any, observations: Any) -> Any:
 
 class ReDo(PlasticCallback):
     """ReDo, "Recycling Dormant neurons" (Sokar et al., 2023, "The Dormant Neuron Phenomenon in Deep
-    Reinforcement Learning", ICML), as an SB3 callback for PPO, A2C, DQN, QR-DQN, SAC and TQC.
+    Reinforcement Learning", ICML), as an SB3 callback for PPO, A2C, DQN, QR-DQN, SAC, TQC, CrossQ, TD3, DDPG,
+    RecurrentPPO and MaskablePPO.
 
     Every ``period`` gradient steps the hidden layers of every online network are scored on a probe
     batch and the tau-dormant units are recycled (see :mod:`sb3_plastic.callbacks.redo` and

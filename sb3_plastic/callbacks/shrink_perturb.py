@@ -309,7 +309,8 @@ def shrink_perturb_seed(model_seed: Optional[int], key: str) -> int:
 # The callback
 # ---------------------------------------------------------------------------------------------------
 class ShrinkPerturb(PlasticCallback):
-    """Shrink & Perturb as an SB3 callback for PPO, A2C, DQN, QR-DQN, SAC and TQC (plastic or not).
+    """Shrink & Perturb as an SB3 callback for PPO, A2C, DQN, QR-DQN, SAC, TQC, CrossQ, TD3, DDPG, RecurrentPPO
+    and MaskablePPO (plastic or not).
 
     ``mode="event"`` (Ash & Adams, 2020, "On Warm-Starting Neural Network Training"): at each new-data
     event, ``theta <- shrink * theta + perturb * theta_fresh`` on the weight and bias of every Linear /

@@ -1,9 +1,11 @@
-"""The one mechanism behind PlasticPPO, PlasticDQN and PlasticSAC.
+"""The one mechanism behind the eight plastic algorithms (PlasticPPO, PlasticDQN, PlasticSAC, PlasticQRDQN,
+PlasticTQC, PlasticCrossQ, PlasticRecurrentPPO, PlasticMaskablePPO).
 
 :class:`PlasticAlgorithmMixin` sits in front of an SB3 algorithm class in the MRO. It takes the
 plastic keywords as top-level constructor arguments (so rl_zoo3 yaml files and optuna samplers can set
 them), validates them into an :class:`~sb3_plastic.config.IsometryConfig`, hands them to the plastic
-policy through ``policy_kwargs`` and passes every other argument to SB3 untouched.
+policy through ``policy_kwargs`` and passes every other argument to SB3 untouched. A user's own policy class is
+handled by :mod:`sb3_plastic.common.user_policy`.
 """
 
 from __future__ import annotations
@@ -11,14 +13,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import io
-import zipfile
 from typing import Any, ClassVar, Optional, Union
 
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.callbacks import BaseCallback, CallbackList, ConvertCallback
-from stable_baselines3.common.save_util import json_to_data, open_path
 
+from sb3_plastic.common.model_zip import read_data
+from sb3_plastic.common.user_policy import plastic_alias_class, resolve_policy_class
 from sb3_plastic.config import AUTO, ISOMETRY_KEYS, IsometryConfig, auto_isometry_interval
 from sb3_plastic.isometry import ISOMETRY_FORMAT
 from sb3_plastic.policies import PlasticPolicyMixin
@@ -52,8 +53,10 @@ def intervention_keys() -> tuple[str, ...]:
 class PlasticAlgorithmMixin:
     """Adds the plastic keywords to an SB3 algorithm; everything else is SB3's.
 
-    :param policy: as in SB3; ``"MlpPolicy"``, ``"CnnPolicy"`` and ``"MultiInputPolicy"`` resolve to the
-        plastic policies, a class must subclass :class:`~sb3_plastic.policies.PlasticPolicyMixin`.
+    :param policy: as in SB3; ``"MlpPolicy"``, ``"CnnPolicy"`` and ``"MultiInputPolicy"`` (and SB3's classes of
+        those aliases) resolve to the plastic policies. A user's own SB3 policy class is SB3's, untouched, with
+        plasticity off, and gets the isometry penalty and the interventions on the Linear / Conv layers it owns
+        with plasticity on (:mod:`sb3_plastic.common.user_policy`).
     :param env: as in SB3.
     :param args: SB3's positional arguments, unchanged.
     :param activation: see :class:`~sb3_plastic.config.IsometryConfig` (also for the keywords below).
@@ -115,6 +118,18 @@ class PlasticAlgorithmMixin:
         orthogonal_init: Optional[bool] = None,
         **kwargs: Any,
     ) -> None:
+        if isometry_mode == "off":
+            from sb3_plastic.callbacks.base import warn_ignored_options
+
+            warn_ignored_options(
+                {
+                    "isometry_coef": (isometry_coef, None),
+                    "isometry_layers": (isometry_layers, "hidden"),
+                    "isometry_interval": (isometry_interval, 1),
+                },
+                "isometry_mode='off' (no isometry penalty); set isometry_mode='decoupled' (AdamO) or 'coupled'",
+                stacklevel=3,
+            )
         config = IsometryConfig(
             activation=activation,
             isometry_coef=type(self).default_isometry_coef if isometry_coef is None else isometry_coef,
@@ -142,14 +157,20 @@ class PlasticAlgorithmMixin:
             raise ValueError(
                 f"{misplaced} must be top-level keywords of {type(self).__name__}, not entries of policy_kwargs"
             )
-        self._check_plastic_policy(policy)
+        nap = interventions["nap"].enabled
+        if isinstance(policy, str):
+            self._check_plastic_policy(policy)
+        elif bound.arguments.get("_init_setup_model", True):  # SB3's load passes the saved class: kept as saved
+            policy = resolve_policy_class(type(self), policy, config, nap)
+            bound.arguments["policy"] = policy
         if config.isometry_interval == AUTO:
             batch_size = bound.arguments.get("batch_size", _default(base_init, "batch_size"))
             interval = auto_isometry_interval(batch_size) if batch_size is not None else 4
             config = dataclasses.replace(config, isometry_interval=interval)
-        policy_kwargs.update(config.to_kwargs())
-        if interventions["nap"].enabled:
-            policy_kwargs["layer_norm"] = True  # NaP's norms are part of the networks (sb3_plastic.callbacks.nap)
+        if isinstance(policy, str) or issubclass(policy, PlasticPolicyMixin):  # a user's class with plasticity off: SB3's
+            policy_kwargs.update(config.to_kwargs())
+            if nap:
+                policy_kwargs["layer_norm"] = True  # NaP's norms are part of the networks (sb3_plastic.callbacks.nap)
         bound.arguments["policy_kwargs"] = policy_kwargs
         self.isometry_config = config
         #: the isometry convention of this model (:data:`sb3_plastic.isometry.ISOMETRY_FORMAT`), saved in the zip
@@ -171,12 +192,13 @@ class PlasticAlgorithmMixin:
         """SB3's ``load`` (same signature); intervention keywords (``replacement_rate=``, ``fire_at=``, ...) given here
         replace the saved ones. Isometry keywords cannot change after the networks and optimizer are built.
 
-        A zip saved by the SB3 / sb3-contrib class itself (``PPO.save`` read by ``PlasticPPO.load``: its policy is one
-        of SB3's policy aliases) loads with plasticity off, ``isometry_mode="off", optimizer="adam"`` and SB3's
-        activations (:func:`sb3_zip_objects`): the same networks and optimizer state, and training continues exactly
-        as ``PPO.load`` would continue it. Interventions (callbacks, or intervention keywords given here) can act on
-        it; to continue an SB3 model with the isometry penalty on, build the plastic model with the keywords and
-        call ``set_parameters(path)`` (the optimizer state is mapped onto AdamO's groups).
+        A zip saved by the SB3 / sb3-contrib class itself (``PPO.save`` read by ``PlasticPPO.load``) loads with
+        plasticity off, ``isometry_mode="off", optimizer="adam"`` and SB3's activations (:func:`sb3_zip_objects`;
+        one of SB3's alias classes becomes the plastic class of the alias, a user's own policy class stays as saved):
+        the same networks and optimizer state, and training continues exactly as ``PPO.load`` would continue it.
+        Interventions (callbacks, or intervention keywords given here) can act on it; to continue an SB3 model with
+        the isometry penalty on, build the plastic model with the keywords and call ``set_parameters(path)`` (the
+        optimizer state is mapped onto AdamO's groups, or restarted with a warning when it cannot be).
 
         A plastic zip saved before issue #27 (no ``isometry_format`` in its data: the isometry penalty without the
         1/2) loads in today's convention with the same effective penalty: its ``isometry_coef`` doubled in the saved
@@ -184,8 +206,9 @@ class PlasticAlgorithmMixin:
         (:func:`upgrade_isometry_data`, :func:`sb3_plastic.optim.upgrade_isometry_groups`), ``isometry_rect_scale``
         and ``isometry_normalize`` off.
 
-        :raises ValueError: for an isometry keyword, or an SB3 zip whose policy class is not one of the SB3
-            class's policy aliases.
+        :raises ValueError: for an isometry keyword, an SB3 zip whose policy class is not one of the SB3 class's
+            policy aliases, or a file that is not a whole model zip (SB3's "wasn't a zip-file" for a file that is not
+            a zip; a zip without SB3's ``data`` entry, e.g. a truncated file).
         """
         fixed = sorted(set(kwargs) & {*ISOMETRY_KEYS, "nap"})
         if fixed:
@@ -193,7 +216,7 @@ class PlasticAlgorithmMixin:
                 f"{fixed} are fixed when the networks and optimizer are built and cannot be changed by load(); "
                 "edit model.policy.optimizer.param_groups (e.g. 'isometry_coef') after loading instead"
             )
-        data = _saved_data(path, custom_objects)
+        data = read_data(path, custom_objects)
         foreign = sb3_zip_objects(cls, path, custom_objects, data)
         if foreign is not None:  # SB3's own zip: the plastic policy class with plasticity off
             objects, config = foreign
@@ -266,17 +289,11 @@ class PlasticAlgorithmMixin:
         write_run_info(self, callback)  # type: ignore[arg-type]
         return total_timesteps, callback
 
-    def _check_plastic_policy(self, policy: Union[str, type]) -> None:
-        if isinstance(policy, str):
-            if policy not in self.policy_aliases:
-                raise ValueError(
-                    f"Unknown policy {policy!r} for {type(self).__name__}; allowed: {sorted(self.policy_aliases)}"
-                )
-            return
-        if not (isinstance(policy, type) and issubclass(policy, PlasticPolicyMixin)):
+    def _check_plastic_policy(self, policy: str) -> None:
+        if policy not in self.policy_aliases:
             raise ValueError(
-                f"{type(self).__name__} needs a plastic policy, got {policy!r}; use one of "
-                f"{sorted(self.policy_aliases)} or a subclass of sb3_plastic.policies.PlasticPolicyMixin"
+                f"Unknown policy {policy!r} for {type(self).__name__}; allowed: {sorted(self.policy_aliases)} "
+                "or a policy class"
             )
 
 
@@ -310,50 +327,31 @@ def sb3_zip_objects(
 ) -> Optional[tuple[dict[str, Any], IsometryConfig]]:
     """What loads a zip saved by the SB3 / sb3-contrib class behind the plastic class ``cls`` as ``cls``: ``None`` for a
     plastic zip (its policy class is a :class:`~sb3_plastic.policies.PlasticPolicyMixin`), else
-    ``(custom_objects, config)``: SB3's ``custom_objects`` that put the plastic policy of the same alias
+    ``(custom_objects, config)`` with ``config`` plasticity off (``activation=None``: SB3's activations;
+    ``isometry_mode="off"``, ``optimizer="adam"``), so the networks and the optimizer are SB3's, bit for bit. For a
+    policy class of one of the SB3 class's aliases, ``custom_objects`` put the plastic policy of the same alias
     (``cls.policy_aliases``) in place of SB3's and add the plastic keywords of ``config`` to the saved
-    ``policy_kwargs``, with ``config`` plasticity off (``activation=None``: SB3's activations;
-    ``isometry_mode="off"``, ``optimizer="adam"``), so the networks and the optimizer are SB3's, bit for bit.
+    ``policy_kwargs``; a user's own policy class (also the one of a plastic model trained with plasticity off) is
+    kept as saved (``custom_objects`` empty, :mod:`sb3_plastic.common.user_policy`).
 
     Reads only the zip's ``data`` entry (the parameters are read once, by SB3's ``load``), or takes it as ``data``.
 
-    :raises ValueError: when the saved policy class is not one of the SB3 class's policy aliases (a user's own
-        policy class): build the plastic model and call ``set_parameters(path)`` instead.
+    :raises ValueError: for a file that is not a whole model zip (:func:`sb3_plastic.common.model_zip.read_data_text`).
     """
-    data = _saved_data(path, custom_objects) if data is None else data
+    data = read_data(path, custom_objects) if data is None else data
     policy_class = data.get("policy_class")
     if isinstance(policy_class, type) and issubclass(policy_class, PlasticPolicyMixin):
         return None
-    base = next(c for c in cls.__mro__[1:] if issubclass(c, BaseAlgorithm) and not issubclass(c, PlasticAlgorithmMixin))
-    alias = next((name for name, known in base.policy_aliases.items() if known is policy_class), None)
-    if alias is None or alias not in cls.policy_aliases:
-        raise ValueError(
-            f"{cls.__name__}.load: the zip's policy class {policy_class!r} is not one of {base.__name__}'s policy aliases "
-            f"{sorted(base.policy_aliases)}, so it has no plastic counterpart; build the {cls.__name__} with the policy "
-            f"you want and call set_parameters({str(path)!r}) to load the saved parameters into it"
-        )
     config = IsometryConfig(
         activation=None, isometry_coef=cls.default_isometry_coef, isometry_mode="off", optimizer="adam"
     )
+    alias = plastic_alias_class(cls, policy_class) if isinstance(policy_class, type) else None
+    if alias is None:
+        saved = data.get("isometry_config")  # a plastic model's own zip (a user's class, plasticity off)
+        return {}, saved if isinstance(saved, IsometryConfig) else config
     policy_kwargs = dict(data.get("policy_kwargs") or {})
     policy_kwargs.update(config.to_kwargs())
     return {"policy_class": cls.policy_aliases[alias], "policy_kwargs": policy_kwargs}, config
-
-
-def _saved_data(path: Any, custom_objects: Optional[dict[str, Any]]) -> dict[str, Any]:
-    """The ``data`` entry of an SB3 zip (a path or an open binary file, whose position is restored), deserialised as
-    SB3's ``load`` does."""
-    if isinstance(path, io.IOBase):
-        position = path.tell()
-        try:
-            with zipfile.ZipFile(path) as archive:
-                text = archive.read("data").decode()
-        finally:
-            path.seek(position)
-    else:
-        with open_path(path, "r", verbose=0, suffix="zip") as file, zipfile.ZipFile(file) as archive:
-            text = archive.read("data").decode()
-    return json_to_data(text, custom_objects=custom_objects)
 
 
 def _default(function: Any, name: str) -> Any:
