@@ -146,7 +146,7 @@ def test_qrdqn_user_optimizer_choices():
     # ... and with the penalty on it keeps its own update (and epsilon) with AdamO's isometry step on top (issue #12)
     plastic = PlasticQRDQN("MlpPolicy", "CartPole-v1", policy_kwargs=dict(optimizer_class=th.optim.Adam))
     assert isinstance(plastic.policy.optimizer, th.optim.Adam) and not isinstance(plastic.policy.optimizer, AdamO)
-    assert [g["isometry_coef"] for g in plastic.policy.optimizer.param_groups] == [0.01, 0.0]
+    assert [g["isometry_coef"] for g in plastic.policy.optimizer.param_groups] == [0.02, 0.0]
     assert plastic.policy.optimizer.param_groups[0]["eps"] == 1e-8
     # sb3-contrib's own class of the alias means the alias (issue #31; it was refused)
     assert type(PlasticQRDQN(QRDQN.policy_aliases["MlpPolicy"], "CartPole-v1").policy) is PlasticQRDQN.policy_aliases[
