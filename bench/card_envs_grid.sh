@@ -23,7 +23,10 @@ run "$w" $MI --methods ppo --seeds 0 --fresh all
 METHODS="ppo_snp ppo_fire_switch ppo_adam_equal_betas ppo_cbp_dohare ppo_l2_init ppo_nap ppo_spectral"
 for m in $METHODS; do run "$w" $MI --methods "$m" --seeds 0 --fresh sample; done
 for s in 1 2 3 4; do for m in $METHODS; do run "$w" $MI --methods "$m" --seeds $s --fresh sample; done; done
-# 3. (after issue #27 lands: the authors' convention) ReLU + AdamO and MaxMin + AdamO; (after #30) head reset:
-#    for s in 0 1 2 3 4; do for m in plastic_relu plastic_maxmin ppo_head_reset; do run ...; done; done
+# 3. ReLU + AdamO and MaxMin + AdamO in the authors' convention (issue #27; lambda 0.2 = MethodParams' default, the
+#    old convention's 0.1; the MinAtar CNN has no tall layer, so rect_scale changes nothing), and head reset at every
+#    switch (LayerReset, issue #30)
+LATE="plastic_relu plastic_maxmin ppo_head_reset"
+for s in 0 1 2 3 4; do for m in $LATE; do run "$w" $MI --methods "$m" --seeds $s --fresh sample; done; done
 # 4. C-MinAtar's plain Double DQN at C-CHAIN's protocol, 3 seeds (~12 CPU-hours a seed, checkpointed)
 for s in 0 1 2; do run "$w" --setting cminatar --methods dqn --seeds $s --fresh sample; done
