@@ -41,6 +41,9 @@ issue #15; on a DQN / SAC setting the ``ppo`` prefix reads ``dqn`` / ``sac``: ``
                     ``--spectral-coef``)
 ``ppo_nap``         the plastic algorithm with ``nap=True`` (Normalize-and-Project, Lyle et al., 2024), ReLU,
                     isometry penalty off, Adam: the plain agent with layer norms and the projection
+``ppo_head_reset``  :class:`~sb3_plastic.callbacks.LayerReset` of both output heads at every task change (Nikishin
+                    et al., 2022; issue #29's control); ``ppo_policy_head_reset`` / ``ppo_value_head_reset`` one head
+                    (DQN: the Q head)
 ==================  =======================================================================================
 
 The isometry paper's baselines (issue #15) are not in the default list: add them with ``--methods`` (e.g.
@@ -285,6 +288,15 @@ DEFAULT_METHODS = tuple(
 )
 #: methods whose interventions act only at task changes or at the continual run's midpoint: off in a fresh agent
 TASK_CHANGE_METHODS = ("ppo_snp", "ppo_fire", "ppo_fire_switch")
+
+#: Head reset at every task switch (issue #29's control; :class:`~sb3_plastic.callbacks.LayerReset`, Nikishin et al.,
+#: 2022), on request: ``ppo_head_reset`` both heads, ``ppo_policy_head_reset`` the action head, ``ppo_value_head_reset``
+#: the value head (on a DQN setting each is the Q head). They act only at task changes: their fresh agent is the plain
+#: one. Each maps to the ``layers`` of its LayerReset.
+HEAD_RESET_METHODS = {"ppo_head_reset": "heads", "ppo_policy_head_reset": "policy_head",
+                      "ppo_value_head_reset": "value_head"}
+METHODS = METHODS + tuple(HEAD_RESET_METHODS)
+TASK_CHANGE_METHODS = TASK_CHANGE_METHODS + tuple(HEAD_RESET_METHODS)
 
 
 def method_name(method: str, algo: str) -> str:
@@ -669,6 +681,10 @@ def build_model(method: str, setting: Setting, params: MethodParams, seed: int, 
         fire = dict(head_scale=params.fire_head_scale, iterations=params.fire_iterations or None)
         trigger = dict(at=0.5) if canonical == "ppo_fire" else dict(at=None, on_task_change=True)
         callbacks.append(FIRE(**trigger, **fire))
+    elif canonical in HEAD_RESET_METHODS:
+        from sb3_plastic import LayerReset
+
+        callbacks.append(LayerReset(HEAD_RESET_METHODS[canonical], on_task_change=True))
     return model, callbacks
 
 

@@ -82,7 +82,7 @@ from stable_baselines3.common.env_util import make_atari_env, make_vec_env
 from stable_baselines3.common.vec_env import VecEnv, VecFrameStack
 
 from sb3_plastic import FIRE, ContinualBackprop, PlasticDQN, PlasticityMonitor, PlasticPPO, PlasticSAC, ReDo
-from sb3_plastic.callbacks import L2Init, SpectralRegularisation
+from sb3_plastic.callbacks import L2Init, LayerReset, SpectralRegularisation
 from sb3_plastic.callbacks.monitor import DEFAULT_EVERY
 from sb3_plastic.common.hooks import OutermostStepHooks
 from sb3_plastic.common.surgery import find_networks
@@ -288,6 +288,14 @@ def monitor_event(ctx: Context) -> BaseCallback:
     return PlasticityMonitor(every=NEVER, max_overhead=None)
 
 
+def layer_reset_event(ctx: Context) -> BaseCallback:
+    return LayerReset("heads", every=NEVER)
+
+
+def trigger_layer_reset(cb: BaseCallback) -> None:
+    cb._act(["bench"])  # type: ignore[attr-defined]  # the reset, its optimizer-state drop and target copy
+
+
 def trigger_fire(cb: BaseCallback) -> None:
     cb._fire(["bench"])  # type: ignore[attr-defined]  # the surgery the callback performs when a trigger is due
 
@@ -381,6 +389,16 @@ register(Entry(
     steps=PPO_STEPS,
     target=0.01,
 ))
+register(Entry(
+    name="ppo-cnn-layer-reset",
+    description="one LayerReset of both heads (fresh SB3 init, Adam state dropped) on PPO CnnPolicy / the time of a "
+    "1M-step PPO run at PPO's fps in this run, Breakout (a head reset at every task switch of a 1M-step task)",
+    baseline=ppo_atari(PPO),
+    event=Event(layer_reset_event, trigger_layer_reset, every=1_000_000, report="fraction", label="one head reset"),
+    steps=PPO_STEPS,
+    target=0.01,
+    in_quick=False,
+))
 
 # rl-zoo3's CartPole DQN hyperparameters (learning_starts lowered: the warm-up passes it).
 DQN_CARTPOLE = dict(
@@ -456,6 +474,15 @@ register(Entry(
     candidate_callback=dqn_mlp_monitor,
     steps=DQN_MLP_STEPS,
     target=0.95,
+    in_quick=False,
+))
+register(Entry(
+    name="dqn-mlp-layer-reset",
+    description="one LayerReset of the Q head on DQN MlpPolicy [256,256] every 20 000 gradient steps (Nikishin et al.'s "
+    "SPR period), projected from DQN's fps in this run, CartPole-v1",
+    baseline=dqn_cartpole(DQN),
+    event=Event(layer_reset_event, trigger_layer_reset, every=20_000, unit="gradient", label="one head reset"),
+    steps=DQN_MLP_STEPS,
     in_quick=False,
 ))
 

@@ -34,7 +34,10 @@ The isometry paper's baselines (issue #15) have search spaces of their own, used
 above (:data:`BASELINE_SPACES`, :func:`plastic_sampler_for` with ``method=``): ``"l2_init"`` samples
 ``l2_init_coef`` log-uniform in [1e-6, 1e-1] (Kumar et al., 2023, sweep 1e-5 ... 1e-2), ``"spectral"`` samples
 ``spectral_coef`` log-uniform in [1e-6, 1e-1] (Lewandowski et al., 2024, sweep a similar decade range),
-``"nap"`` turns Normalize-and-Project on and samples ``nap_project`` (``"normalized"`` / ``"all"``). To compare
+``"nap"`` turns Normalize-and-Project on and samples ``nap_project`` (``"normalized"`` / ``"all"``), ``"layer_reset"``
+samples what :class:`~sb3_plastic.callbacks.LayerReset` resets (``layer_reset_layers``: ``"heads"``, ``"policy_head"``,
+``"value_head"``, ``"critic"``) and its period ``layer_reset_every`` (integer, log-uniform in [1e4, 1e6] timesteps;
+Nikishin et al., 2022 reset every 2e4 updates with SPR and 2e5 with SAC). To compare
 against the plain baseline, set ``isometry_mode: "off"`` and ``optimizer: adam`` in the yaml (otherwise AdamO's
 default penalty stays on), and register the sampler before running rl_zoo3::
 
@@ -69,8 +72,13 @@ L2_INIT_COEF_RANGE = (1e-6, 1e-1)
 SPECTRAL_COEF_RANGE = (1e-6, 1e-1)
 #: ``nap_project`` choices.
 NAP_PROJECT_CHOICES = ("normalized", "all")
+#: ``layer_reset_layers`` choices (the roles of :data:`sb3_plastic.callbacks.layer_reset.LAYER_ROLES` but ``"all"``).
+LAYER_RESET_CHOICES = ("heads", "policy_head", "value_head", "critic")
+#: Search range of ``layer_reset_every`` (integer timesteps, log-uniform).
+LAYER_RESET_EVERY_RANGE = (10_000, 1_000_000)
 #: The optuna parameters of the baselines' spaces (:data:`BASELINE_SPACES`).
-BASELINE_PARAMS: tuple[str, ...] = ("l2_init_coef", "spectral_coef", "nap_project")
+BASELINE_PARAMS: tuple[str, ...] = ("l2_init_coef", "spectral_coef", "nap_project", "layer_reset_layers",
+                                    "layer_reset_every")
 #: ``activation`` choices of on-policy samplers (rl_zoo3's tanh / relu, plus MaxMin).
 ON_POLICY_ACTIVATIONS = ("tanh", "relu", "maxmin")
 #: ``activation`` choices of off-policy samplers (rl_zoo3 keeps SB3's ReLU there; MaxMin added).
@@ -106,11 +114,20 @@ def sample_nap_params(trial: optuna.Trial) -> dict[str, Any]:
     return {"nap": True, "nap_project": trial.suggest_categorical("nap_project", list(NAP_PROJECT_CHOICES))}
 
 
+def sample_layer_reset_params(trial: optuna.Trial) -> dict[str, Any]:
+    """Layer reset's space: ``layer_reset_layers`` and ``layer_reset_every`` (:class:`~sb3_plastic.callbacks.LayerReset`)."""
+    return {
+        "layer_reset_layers": trial.suggest_categorical("layer_reset_layers", list(LAYER_RESET_CHOICES)),
+        "layer_reset_every": trial.suggest_int("layer_reset_every", *LAYER_RESET_EVERY_RANGE, log=True),
+    }
+
+
 #: method -> its search space, used in place of :func:`sample_plastic_params` (see the module docstring).
 BASELINE_SPACES: dict[str, Callable[[optuna.Trial], dict[str, Any]]] = {
     "l2_init": sample_l2_init_params,
     "spectral": sample_spectral_params,
     "nap": sample_nap_params,
+    "layer_reset": sample_layer_reset_params,
 }
 
 

@@ -29,6 +29,11 @@ def test_baseline_sampler_builds_the_model_and_round_trips(method, base, cls, en
         assert configs["l2_init"].l2_init_coef == trial.params["l2_init_coef"] > 0
     elif method == "spectral":
         assert configs["spectral"].spectral_coef == trial.params["spectral_coef"] > 0
+    elif method == "layer_reset":
+        config = configs["layer_reset"]
+        assert config.layer_reset_layers == trial.params["layer_reset_layers"]
+        assert config.layer_reset_every == trial.params["layer_reset_every"] >= 10_000
+        assert [type(c).__name__ for c in model.intervention_callbacks()] == ["LayerReset"]
     else:
         assert configs["nap"].nap and configs["nap"].nap_project == trial.params["nap_project"]
         assert model.policy.plastic_layer_norm

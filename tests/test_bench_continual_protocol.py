@@ -410,3 +410,21 @@ def test_fresh_agent_of_task_0_reads_what_the_continual_run_reads_on_task_0(cont
     assert fresh["timesteps"] > setting.task_timesteps  # the overshoot happened
     for key in ("mean_reward", "end_reward", "end_return", "end_episodes"):
         assert fresh[key] == [cont[key][0]], key
+
+
+def test_head_reset_methods_reset_their_heads_at_switches_and_reuse_plain_fresh_agents(continual, tmp_path):
+    """The head-reset controls (issue #29) are LayerReset at every task change; their fresh agent is plain PPO's."""
+    from sb3_plastic import LayerReset
+
+    setting = _tiny_bandit(continual)
+    params = continual.MethodParams()
+    for method, layers in (("ppo_head_reset", "heads"), ("ppo_policy_head_reset", "policy_head"),
+                           ("ppo_value_head_reset", "value_head")):
+        assert method in continual.TASK_CHANGE_METHODS and method not in continual.DEFAULT_METHODS
+        _, callbacks = continual.build_model(method, setting, params, 0, "cpu", None)
+        (callback,) = callbacks
+        assert isinstance(callback, LayerReset) and callback.layers == layers and callback.on_task_change
+        assert continual.build_model(method, setting, params, 0, "cpu", None, fresh_task=1)[1] == []
+    assert "dqn_head_reset" in continual.ALL_METHOD_NAMES  # on a DQN setting: the Q head
+    record = continual.run_one("ppo_head_reset", 1, setting, params, str(tmp_path), "cpu", 1)
+    assert record["task"] == [0, 1]

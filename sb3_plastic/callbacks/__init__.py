@@ -2,6 +2,8 @@
 
 They work on PPO, A2C, DQN, SAC, TD3 and sb3-contrib's QR-DQN and TQC, plain or plastic:
 
+* :class:`LayerReset`: re-initialise the last layers / the heads periodically or at task changes (Nikishin et al.,
+  2022).
 * :class:`FIRE`: orthogonalise the weights (polar factor by Newton–Schulz) at a midpoint / task switch.
 * :class:`ContinualBackprop`: generate-and-test replacement of low-utility hidden units.
 * :class:`ReDo`: recycle dormant units.
@@ -21,6 +23,7 @@ from sb3_plastic.callbacks.base import PlasticCallback
 from sb3_plastic.callbacks.cbp import ContinualBackprop, ContinualBackpropConfig, GenerateAndTest
 from sb3_plastic.callbacks.continual_eval import ContinualEvalCallback, continual_eval_callback_class
 from sb3_plastic.callbacks.fire import FIRE, FIREConfig, fire_, newton_schulz_polar
+from sb3_plastic.callbacks.layer_reset import LayerReset, LayerResetConfig
 from sb3_plastic.callbacks.monitor import PlasticityMonitor
 from sb3_plastic.callbacks.nap import NaPConfig, NormalizeAndProject, insert_layer_norms_
 from sb3_plastic.callbacks.redo import ReDo, ReDoConfig, dormant_units
@@ -42,6 +45,8 @@ __all__ = [
     "GenerateAndTest",
     "L2Init",
     "L2InitConfig",
+    "LayerReset",
+    "LayerResetConfig",
     "NaPConfig",
     "NormalizeAndProject",
     "PlasticCallback",

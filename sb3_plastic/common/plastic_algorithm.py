@@ -27,6 +27,7 @@ def intervention_config_classes() -> dict[str, type]:
     """The intervention configs whose fields are top-level keywords of every plastic algorithm."""
     from sb3_plastic.callbacks.cbp import ContinualBackpropConfig
     from sb3_plastic.callbacks.fire import FIREConfig
+    from sb3_plastic.callbacks.layer_reset import LayerResetConfig
     from sb3_plastic.callbacks.nap import NaPConfig
     from sb3_plastic.callbacks.redo import ReDoConfig
     from sb3_plastic.callbacks.regularisers import L2InitConfig, SpectralRegularisationConfig
@@ -40,6 +41,7 @@ def intervention_config_classes() -> dict[str, type]:
         "l2_init": L2InitConfig,
         "spectral": SpectralRegularisationConfig,
         "nap": NaPConfig,
+        "layer_reset": LayerResetConfig,
     }
 
 
@@ -74,7 +76,8 @@ class PlasticAlgorithmMixin:
         :class:`~sb3_plastic.callbacks.L2InitConfig` (``l2_init_coef``),
         :class:`~sb3_plastic.callbacks.SpectralRegularisationConfig` (``spectral_coef``, ...) and
         :class:`~sb3_plastic.callbacks.NaPConfig` (``nap``, ``nap_project``; ``nap=True`` also builds the networks
-        with layer norms). An enabled intervention
+        with layer norms) and :class:`~sb3_plastic.callbacks.LayerResetConfig` (``layer_reset_layers``,
+        ``layer_reset_on_task_change``, ...). An enabled intervention
         is added to the callbacks of every ``learn()`` call; it is the same class users can pass as a
         callback themselves.
     """
@@ -342,6 +345,7 @@ def plastic_keyword_docs(isometry_coef_default: float = PlasticAlgorithmMixin.de
         "l2_init": "L2-init (regenerative regularisation)",
         "spectral": "Spectral regularisation",
         "nap": "Normalize-and-Project",
+        "layer_reset": "Layer reset (primacy bias)",
     }
     groups: dict[str, tuple[type, Optional[dict[str, Any]]]] = {"Isometry": (IsometryConfig, isometry_defaults)}
     for key, config_cls in intervention_config_classes().items():

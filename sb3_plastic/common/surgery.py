@@ -672,16 +672,22 @@ def _names_with_prefix(module: nn.Module, prefix: str) -> dict[int, str]:
     return {id(m): f"{prefix}.{name}" if name else prefix for name, m in module.named_modules()}
 
 
-def sync_target(spec: NetworkSpec) -> None:
+def sync_target(spec: NetworkSpec, tensors: Optional[Iterable[th.Tensor]] = None) -> None:
     """Hard-copy the online network into its target (no-op without a target).
 
     ``load_state_dict`` copies values in place, so the target keeps its Parameter objects and the
     polyak updates of SB3 (which zip parameter lists) stay valid.
+
+    :param spec: the network.
+    :param tensors: ``None`` (the whole network) or the online parameters / buffers to copy (the rest of the target
+        keeps its values, e.g. its Polyak lag).
     """
     if spec.target is not None:
-        own = spec.module.state_dict()
+        own = spec.module.state_dict(keep_vars=True)
         target_keys = spec.target.state_dict().keys()
-        spec.target.load_state_dict({k: v for k, v in own.items() if k in target_keys}, strict=False)
+        wanted = None if tensors is None else {id(t) for t in tensors}
+        chosen = {k: v.detach() for k, v in own.items() if k in target_keys and (wanted is None or id(v) in wanted)}
+        spec.target.load_state_dict(chosen, strict=False)
 
 
 class PlasticStateStore:
