@@ -44,6 +44,7 @@ issue #15; on a DQN / SAC setting the ``ppo`` prefix reads ``dqn`` / ``sac``: ``
 ``ppo_head_reset``  :class:`~sb3_plastic.callbacks.LayerReset` of both output heads at every task change (Nikishin
                     et al., 2022; issue #29's control); ``ppo_policy_head_reset`` / ``ppo_value_head_reset`` one head
                     (DQN: the Q head)
+``ppo_cchain``      :class:`~sb3_plastic.callbacks.ChurnReduction` (C-CHAIN, Tang et al., 2025) at the reference settings
 ==================  =======================================================================================
 
 The isometry paper's baselines (issue #15) are not in the default list: add them with ``--methods`` (e.g.
@@ -297,6 +298,11 @@ HEAD_RESET_METHODS = {"ppo_head_reset": "heads", "ppo_policy_head_reset": "polic
                       "ppo_value_head_reset": "value_head"}
 METHODS = METHODS + tuple(HEAD_RESET_METHODS)
 TASK_CHANGE_METHODS = TASK_CHANGE_METHODS + tuple(HEAD_RESET_METHODS)
+
+#: The field's methods (issue #30), on request: ``ppo_cchain`` C-CHAIN (:class:`~sb3_plastic.callbacks.ChurnReduction`,
+#: Tang et al., 2025) at its reference settings for the agent. They act within a task: their fresh agents run them.
+FIELD_METHODS = ("ppo_cchain",)
+METHODS = METHODS + FIELD_METHODS
 
 
 def method_name(method: str, algo: str) -> str:
@@ -681,6 +687,10 @@ def build_model(method: str, setting: Setting, params: MethodParams, seed: int, 
         fire = dict(head_scale=params.fire_head_scale, iterations=params.fire_iterations or None)
         trigger = dict(at=0.5) if canonical == "ppo_fire" else dict(at=None, on_task_change=True)
         callbacks.append(FIRE(**trigger, **fire))
+    elif canonical == "ppo_cchain":
+        from sb3_plastic import ChurnReduction
+
+        callbacks.append(ChurnReduction())
     elif canonical in HEAD_RESET_METHODS:
         from sb3_plastic import LayerReset
 

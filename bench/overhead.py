@@ -82,7 +82,7 @@ from stable_baselines3.common.env_util import make_atari_env, make_vec_env
 from stable_baselines3.common.vec_env import VecEnv, VecFrameStack
 
 from sb3_plastic import FIRE, ContinualBackprop, PlasticDQN, PlasticityMonitor, PlasticPPO, PlasticSAC, ReDo
-from sb3_plastic.callbacks import L2Init, LayerReset, SpectralRegularisation
+from sb3_plastic.callbacks import ChurnReduction, L2Init, LayerReset, SpectralRegularisation
 from sb3_plastic.callbacks.monitor import DEFAULT_EVERY
 from sb3_plastic.common.hooks import OutermostStepHooks
 from sb3_plastic.common.surgery import find_networks
@@ -399,6 +399,16 @@ register(Entry(
     target=0.01,
     in_quick=False,
 ))
+register(Entry(
+    name="ppo-cnn-cchain",
+    description="PPO CnnPolicy + ChurnReduction (C-CHAIN's policy churn on a second minibatch, a copy of the policy per "
+    "update) vs PPO CnnPolicy, Breakout",
+    baseline=ppo_atari(PPO),
+    candidate=ppo_atari(PPO),
+    candidate_callback=with_callback(ChurnReduction),
+    steps=PPO_STEPS,
+    in_quick=False,
+))
 
 # rl-zoo3's CartPole DQN hyperparameters (learning_starts lowered: the warm-up passes it).
 DQN_CARTPOLE = dict(
@@ -482,6 +492,16 @@ register(Entry(
     "SPR period), projected from DQN's fps in this run, CartPole-v1",
     baseline=dqn_cartpole(DQN),
     event=Event(layer_reset_event, trigger_layer_reset, every=20_000, unit="gradient", label="one head reset"),
+    steps=DQN_MLP_STEPS,
+    in_quick=False,
+))
+register(Entry(
+    name="dqn-mlp-cchain",
+    description="DQN MlpPolicy [256,256] + ChurnReduction (C-CHAIN: an extra forward / backward on a second replay "
+    "batch and a copy of the network per update) vs DQN, CartPole-v1",
+    baseline=dqn_cartpole(DQN),
+    candidate=dqn_cartpole(DQN),
+    candidate_callback=with_callback(ChurnReduction),
     steps=DQN_MLP_STEPS,
     in_quick=False,
 ))

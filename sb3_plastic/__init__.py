@@ -3,6 +3,7 @@
 from sb3_plastic.activations import MaxMin, get_activation
 from sb3_plastic.callbacks import (
     FIRE,
+    ChurnReduction,
     ContinualBackprop,
     ContinualEvalCallback,
     L2Init,
@@ -32,6 +33,7 @@ __version__ = "0.1.0"
 __all__ = [
     "FIRE",
     "AdamO",
+    "ChurnReduction",
     "ContinualBackprop",
     "ContinualEvalCallback",
     "IsometryConfig",

@@ -37,7 +37,10 @@ above (:data:`BASELINE_SPACES`, :func:`plastic_sampler_for` with ``method=``): `
 ``"nap"`` turns Normalize-and-Project on and samples ``nap_project`` (``"normalized"`` / ``"all"``), ``"layer_reset"``
 samples what :class:`~sb3_plastic.callbacks.LayerReset` resets (``layer_reset_layers``: ``"heads"``, ``"policy_head"``,
 ``"value_head"``, ``"critic"``) and its period ``layer_reset_every`` (integer, log-uniform in [1e4, 1e6] timesteps;
-Nikishin et al., 2022 reset every 2e4 updates with SPR and 2e5 with SAC). To compare
+Nikishin et al., 2022 reset every 2e4 updates with SPR and 2e5 with SAC), ``"churn_reduction"`` turns C-CHAIN on
+(:class:`~sb3_plastic.callbacks.ChurnReduction`) and samples its target relative scale ``churn_reduction_target_scale``
+log-uniform in [1e-3, 1e5] (the references' values differ by agent: 1e4 for discrete PPO, 0.05 for continuous PPO,
+0.01 for DQN; enqueue the one of your agent). To compare
 against the plain baseline, set ``isometry_mode: "off"`` and ``optimizer: adam`` in the yaml (otherwise AdamO's
 default penalty stays on), and register the sampler before running rl_zoo3::
 
@@ -76,9 +79,11 @@ NAP_PROJECT_CHOICES = ("normalized", "all")
 LAYER_RESET_CHOICES = ("heads", "policy_head", "value_head", "critic")
 #: Search range of ``layer_reset_every`` (integer timesteps, log-uniform).
 LAYER_RESET_EVERY_RANGE = (10_000, 1_000_000)
+#: Search range of ``churn_reduction_target_scale`` (log-uniform).
+CHURN_TARGET_SCALE_RANGE = (1e-3, 1e5)
 #: The optuna parameters of the baselines' spaces (:data:`BASELINE_SPACES`).
 BASELINE_PARAMS: tuple[str, ...] = ("l2_init_coef", "spectral_coef", "nap_project", "layer_reset_layers",
-                                    "layer_reset_every")
+                                    "layer_reset_every", "churn_reduction_target_scale")
 #: ``activation`` choices of on-policy samplers (rl_zoo3's tanh / relu, plus MaxMin).
 ON_POLICY_ACTIVATIONS = ("tanh", "relu", "maxmin")
 #: ``activation`` choices of off-policy samplers (rl_zoo3 keeps SB3's ReLU there; MaxMin added).
@@ -122,12 +127,20 @@ def sample_layer_reset_params(trial: optuna.Trial) -> dict[str, Any]:
     }
 
 
+def sample_churn_reduction_params(trial: optuna.Trial) -> dict[str, Any]:
+    """C-CHAIN's space: ``churn_reduction=True`` and ``churn_reduction_target_scale``
+    (:class:`~sb3_plastic.callbacks.ChurnReduction`)."""
+    scale = trial.suggest_float("churn_reduction_target_scale", *CHURN_TARGET_SCALE_RANGE, log=True)
+    return {"churn_reduction": True, "churn_reduction_target_scale": scale}
+
+
 #: method -> its search space, used in place of :func:`sample_plastic_params` (see the module docstring).
 BASELINE_SPACES: dict[str, Callable[[optuna.Trial], dict[str, Any]]] = {
     "l2_init": sample_l2_init_params,
     "spectral": sample_spectral_params,
     "nap": sample_nap_params,
     "layer_reset": sample_layer_reset_params,
+    "churn_reduction": sample_churn_reduction_params,
 }
 
 
@@ -215,6 +228,8 @@ def make_plastic_converter(base_converter: Converter, base_samples_activation: b
         plastic = {key: params.pop(key) for key in (*PLASTIC_PARAMS, *BASELINE_PARAMS) if key in params}
         if "nap_project" in plastic:
             plastic["nap"] = True
+        if "churn_reduction_target_scale" in plastic:
+            plastic["churn_reduction"] = True
         activation = params.pop("activation", None)
         if activation is not None and base_samples_activation:
             params["activation_fn"] = activation if activation in ("tanh", "relu") else "relu"

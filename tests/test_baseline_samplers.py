@@ -29,6 +29,9 @@ def test_baseline_sampler_builds_the_model_and_round_trips(method, base, cls, en
         assert configs["l2_init"].l2_init_coef == trial.params["l2_init_coef"] > 0
     elif method == "spectral":
         assert configs["spectral"].spectral_coef == trial.params["spectral_coef"] > 0
+    elif method == "churn_reduction":
+        config = configs["churn_reduction"]
+        assert config.churn_reduction and config.churn_reduction_target_scale == trial.params["churn_reduction_target_scale"]
     elif method == "layer_reset":
         config = configs["layer_reset"]
         assert config.layer_reset_layers == trial.params["layer_reset_layers"]

@@ -428,3 +428,15 @@ def test_head_reset_methods_reset_their_heads_at_switches_and_reuse_plain_fresh_
     assert "dqn_head_reset" in continual.ALL_METHOD_NAMES  # on a DQN setting: the Q head
     record = continual.run_one("ppo_head_reset", 1, setting, params, str(tmp_path), "cpu", 1)
     assert record["task"] == [0, 1]
+
+
+def test_field_methods_build_their_callbacks_and_keep_them_in_fresh_agents(continual):
+    """The field's methods of issue #30 act within a task: their fresh agents run them too."""
+    from sb3_plastic import ChurnReduction
+
+    setting = _tiny_bandit(continual)
+    params = continual.MethodParams()
+    assert "ppo_cchain" in continual.METHODS and "ppo_cchain" not in continual.TASK_CHANGE_METHODS
+    for fresh_task in (None, 1):
+        _, callbacks = continual.build_model("ppo_cchain", setting, params, 0, "cpu", None, fresh_task=fresh_task)
+        assert [type(c) for c in callbacks] == [ChurnReduction]

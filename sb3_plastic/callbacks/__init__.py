@@ -4,6 +4,7 @@ They work on PPO, A2C, DQN, SAC, TD3 and sb3-contrib's QR-DQN and TQC, plain or 
 
 * :class:`LayerReset`: re-initialise the last layers / the heads periodically or at task changes (Nikishin et al.,
   2022).
+* :class:`ChurnReduction`: C-CHAIN, keep the outputs on other data close to the previous update's (Tang et al., 2025).
 * :class:`FIRE`: orthogonalise the weights (polar factor by Newton–Schulz) at a midpoint / task switch.
 * :class:`ContinualBackprop`: generate-and-test replacement of low-utility hidden units.
 * :class:`ReDo`: recycle dormant units.
@@ -21,6 +22,7 @@ Each has a config dataclass whose fields are the top-level keywords of the plast
 
 from sb3_plastic.callbacks.base import PlasticCallback
 from sb3_plastic.callbacks.cbp import ContinualBackprop, ContinualBackpropConfig, GenerateAndTest
+from sb3_plastic.callbacks.churn_reduction import ChurnReduction, ChurnReductionConfig
 from sb3_plastic.callbacks.continual_eval import ContinualEvalCallback, continual_eval_callback_class
 from sb3_plastic.callbacks.fire import FIRE, FIREConfig, fire_, newton_schulz_polar
 from sb3_plastic.callbacks.layer_reset import LayerReset, LayerResetConfig
@@ -38,6 +40,8 @@ from sb3_plastic.callbacks.shrink_perturb import ShrinkPerturb, ShrinkPerturbCon
 
 __all__ = [
     "FIRE",
+    "ChurnReduction",
+    "ChurnReductionConfig",
     "ContinualBackprop",
     "ContinualBackpropConfig",
     "ContinualEvalCallback",

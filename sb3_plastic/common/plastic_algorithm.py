@@ -26,6 +26,7 @@ from sb3_plastic.policies import PlasticPolicyMixin
 def intervention_config_classes() -> dict[str, type]:
     """The intervention configs whose fields are top-level keywords of every plastic algorithm."""
     from sb3_plastic.callbacks.cbp import ContinualBackpropConfig
+    from sb3_plastic.callbacks.churn_reduction import ChurnReductionConfig
     from sb3_plastic.callbacks.fire import FIREConfig
     from sb3_plastic.callbacks.layer_reset import LayerResetConfig
     from sb3_plastic.callbacks.nap import NaPConfig
@@ -42,6 +43,7 @@ def intervention_config_classes() -> dict[str, type]:
         "spectral": SpectralRegularisationConfig,
         "nap": NaPConfig,
         "layer_reset": LayerResetConfig,
+        "churn_reduction": ChurnReductionConfig,
     }
 
 
@@ -77,7 +79,8 @@ class PlasticAlgorithmMixin:
         :class:`~sb3_plastic.callbacks.SpectralRegularisationConfig` (``spectral_coef``, ...) and
         :class:`~sb3_plastic.callbacks.NaPConfig` (``nap``, ``nap_project``; ``nap=True`` also builds the networks
         with layer norms) and :class:`~sb3_plastic.callbacks.LayerResetConfig` (``layer_reset_layers``,
-        ``layer_reset_on_task_change``, ...). An enabled intervention
+        ``layer_reset_on_task_change``, ...), :class:`~sb3_plastic.callbacks.ChurnReductionConfig` (``churn_reduction``,
+        ``churn_reduction_coef``, ...). An enabled intervention
         is added to the callbacks of every ``learn()`` call; it is the same class users can pass as a
         callback themselves.
     """
@@ -346,6 +349,7 @@ def plastic_keyword_docs(isometry_coef_default: float = PlasticAlgorithmMixin.de
         "spectral": "Spectral regularisation",
         "nap": "Normalize-and-Project",
         "layer_reset": "Layer reset (primacy bias)",
+        "churn_reduction": "C-CHAIN (churn reduction)",
     }
     groups: dict[str, tuple[type, Optional[dict[str, Any]]]] = {"Isometry": (IsometryConfig, isometry_defaults)}
     for key, config_cls in intervention_config_classes().items():
