@@ -45,6 +45,7 @@ issue #15; on a DQN / SAC setting the ``ppo`` prefix reads ``dqn`` / ``sac``: ``
                     et al., 2022; issue #29's control); ``ppo_policy_head_reset`` / ``ppo_value_head_reset`` one head
                     (DQN: the Q head)
 ``ppo_cchain``      :class:`~sb3_plastic.callbacks.ChurnReduction` (C-CHAIN, Tang et al., 2025) at the reference settings
+``ppo_trac``        the plain agent's network, TRAC around Adam (``optimizer="trac"``, Muppidi et al., 2024)
 ==================  =======================================================================================
 
 The isometry paper's baselines (issue #15) are not in the default list: add them with ``--methods`` (e.g.
@@ -300,8 +301,9 @@ METHODS = METHODS + tuple(HEAD_RESET_METHODS)
 TASK_CHANGE_METHODS = TASK_CHANGE_METHODS + tuple(HEAD_RESET_METHODS)
 
 #: The field's methods (issue #30), on request: ``ppo_cchain`` C-CHAIN (:class:`~sb3_plastic.callbacks.ChurnReduction`,
-#: Tang et al., 2025) at its reference settings for the agent. They act within a task: their fresh agents run them.
-FIELD_METHODS = ("ppo_cchain",)
+#: Tang et al., 2025) at its reference settings for the agent; ``ppo_trac`` the plain agent's network with TRAC around
+#: its Adam (``optimizer="trac"``, Muppidi et al., 2024). They act within a task: their fresh agents run them.
+FIELD_METHODS = ("ppo_cchain", "ppo_trac")
 METHODS = METHODS + FIELD_METHODS
 
 
@@ -657,6 +659,9 @@ def build_model(method: str, setting: Setting, params: MethodParams, seed: int, 
             **common,
         )
         return model, callbacks
+    if canonical == "ppo_trac":
+        trac = dict(activation="relu", isometry_mode="off", optimizer="trac")
+        return plastic_cls(setting.policy, env, policy_kwargs=dict(net_arch=net_arch), **trac, **common), callbacks
     if canonical == "ppo_nap":
         nap = dict(activation="relu", isometry_mode="off", optimizer="adam", nap=True)
         return plastic_cls(setting.policy, env, policy_kwargs=dict(net_arch=net_arch), **nap, **common), callbacks

@@ -400,6 +400,14 @@ register(Entry(
     in_quick=False,
 ))
 register(Entry(
+    name="ppo-cnn-trac",
+    description="PlasticPPO CnnPolicy relu, optimizer='trac' (TRAC around Adam), isometry off vs PPO CnnPolicy, Breakout",
+    baseline=ppo_atari(PPO),
+    candidate=ppo_atari(PlasticPPO, activation="relu", isometry_mode="off", optimizer="trac"),
+    steps=PPO_STEPS,
+    in_quick=False,
+))
+register(Entry(
     name="ppo-cnn-cchain",
     description="PPO CnnPolicy + ChurnReduction (C-CHAIN's policy churn on a second minibatch, a copy of the policy per "
     "update) vs PPO CnnPolicy, Breakout",
@@ -492,6 +500,15 @@ register(Entry(
     "SPR period), projected from DQN's fps in this run, CartPole-v1",
     baseline=dqn_cartpole(DQN),
     event=Event(layer_reset_event, trigger_layer_reset, every=20_000, unit="gradient", label="one head reset"),
+    steps=DQN_MLP_STEPS,
+    in_quick=False,
+))
+register(Entry(
+    name="dqn-mlp-trac",
+    description="PlasticDQN MlpPolicy [256,256] relu, optimizer='trac' (TRAC around Adam), isometry off vs DQN, "
+    "CartPole-v1",
+    baseline=dqn_cartpole(DQN),
+    candidate=dqn_cartpole(PlasticDQN, activation="relu", isometry_mode="off", optimizer="trac"),
     steps=DQN_MLP_STEPS,
     in_quick=False,
 ))

@@ -149,6 +149,21 @@ class PlasticPolicyMixin:
                 f"isometry_interval='auto' is resolved from the algorithm's batch_size by the plastic algorithms; "
                 f"{type(self).__name__} built directly needs an int >= 1 (1: the exact AdamO step)"
             )
+        if config.optimizer == "trac":  # TRAC (Muppidi et al., 2024) around the base optimizer, as its reference
+            from sb3_plastic.trac import trac_class
+
+            base = user_class if user_class is not None else AdamO if use_adamo else th.optim.Adam
+            if use_adamo:
+                base = with_isometry_step(base)
+                user_opt_kwargs.update(
+                    isometry_coef=float(config.isometry_coef),
+                    isometry_scale=float(config.isometry_scale),
+                    isometry_mode="coupled",
+                    isometry_interval=int(config.isometry_interval),
+                )
+            kwargs["optimizer_class"] = trac_class(base)
+            kwargs["optimizer_kwargs"] = user_opt_kwargs
+            return kwargs
         if user_class is not None and not use_adamo:
             return kwargs  # plasticity off: the user's optimizer exactly as SB3 would build it
         if use_adamo:

@@ -40,7 +40,8 @@ samples what :class:`~sb3_plastic.callbacks.LayerReset` resets (``layer_reset_la
 Nikishin et al., 2022 reset every 2e4 updates with SPR and 2e5 with SAC), ``"churn_reduction"`` turns C-CHAIN on
 (:class:`~sb3_plastic.callbacks.ChurnReduction`) and samples its target relative scale ``churn_reduction_target_scale``
 log-uniform in [1e-3, 1e5] (the references' values differ by agent: 1e4 for discrete PPO, 0.05 for continuous PPO,
-0.01 for DQN; enqueue the one of your agent). To compare
+0.01 for DQN; enqueue the one of your agent), ``"trac"`` switches the optimizer to TRAC (``optimizer="trac"``,
+``isometry_mode="off"``; parameter-free: nothing of its own is sampled, the base space's learning rate stays). To compare
 against the plain baseline, set ``isometry_mode: "off"`` and ``optimizer: adam`` in the yaml (otherwise AdamO's
 default penalty stays on), and register the sampler before running rl_zoo3::
 
@@ -83,7 +84,7 @@ LAYER_RESET_EVERY_RANGE = (10_000, 1_000_000)
 CHURN_TARGET_SCALE_RANGE = (1e-3, 1e5)
 #: The optuna parameters of the baselines' spaces (:data:`BASELINE_SPACES`).
 BASELINE_PARAMS: tuple[str, ...] = ("l2_init_coef", "spectral_coef", "nap_project", "layer_reset_layers",
-                                    "layer_reset_every", "churn_reduction_target_scale")
+                                    "layer_reset_every", "churn_reduction_target_scale", "optimizer")
 #: ``activation`` choices of on-policy samplers (rl_zoo3's tanh / relu, plus MaxMin).
 ON_POLICY_ACTIVATIONS = ("tanh", "relu", "maxmin")
 #: ``activation`` choices of off-policy samplers (rl_zoo3 keeps SB3's ReLU there; MaxMin added).
@@ -134,6 +135,12 @@ def sample_churn_reduction_params(trial: optuna.Trial) -> dict[str, Any]:
     return {"churn_reduction": True, "churn_reduction_target_scale": scale}
 
 
+def sample_trac_params(trial: optuna.Trial) -> dict[str, Any]:
+    """TRAC's space: ``optimizer="trac"`` (recorded as a one-choice categorical, so ``--trial-id`` restores it) with the
+    isometry penalty off (:mod:`sb3_plastic.trac`)."""
+    return {"optimizer": trial.suggest_categorical("optimizer", ["trac"]), "isometry_mode": "off"}
+
+
 #: method -> its search space, used in place of :func:`sample_plastic_params` (see the module docstring).
 BASELINE_SPACES: dict[str, Callable[[optuna.Trial], dict[str, Any]]] = {
     "l2_init": sample_l2_init_params,
@@ -141,6 +148,7 @@ BASELINE_SPACES: dict[str, Callable[[optuna.Trial], dict[str, Any]]] = {
     "nap": sample_nap_params,
     "layer_reset": sample_layer_reset_params,
     "churn_reduction": sample_churn_reduction_params,
+    "trac": sample_trac_params,
 }
 
 
@@ -230,6 +238,8 @@ def make_plastic_converter(base_converter: Converter, base_samples_activation: b
             plastic["nap"] = True
         if "churn_reduction_target_scale" in plastic:
             plastic["churn_reduction"] = True
+        if plastic.get("optimizer") == "trac":
+            plastic["isometry_mode"] = "off"
         activation = params.pop("activation", None)
         if activation is not None and base_samples_activation:
             params["activation_fn"] = activation if activation in ("tanh", "relu") else "relu"

@@ -23,12 +23,16 @@ def test_baseline_sampler_builds_the_model_and_round_trips(method, base, cls, en
     params = sampler(trial, n_actions, 1, {"using_her_replay_buffer": False, "her_kwargs": {}})
     assert "isometry_coef" not in params and "replacement_rate" not in params  # the baseline's space only
     extra = {"buffer_size": 100} if base != "ppo" else {}
-    model = cls("MlpPolicy", env, isometry_mode="off", optimizer="adam", **extra, **params)
+    fixed = {"isometry_mode": "off", "optimizer": "adam", **params}
+    model = cls("MlpPolicy", env, **extra, **fixed)
     configs = model.intervention_configs
     if method == "l2_init":
         assert configs["l2_init"].l2_init_coef == trial.params["l2_init_coef"] > 0
     elif method == "spectral":
         assert configs["spectral"].spectral_coef == trial.params["spectral_coef"] > 0
+    elif method == "trac":
+        optimizer = model.policy.optimizer if base != "sac" else model.critic.optimizer
+        assert model.isometry_config.optimizer == "trac" and type(optimizer).__name__ == "TRACAdam"
     elif method == "churn_reduction":
         config = configs["churn_reduction"]
         assert config.churn_reduction and config.churn_reduction_target_scale == trial.params["churn_reduction_target_scale"]
