@@ -44,6 +44,7 @@ issue #15; on a DQN / SAC setting the ``ppo`` prefix reads ``dqn`` / ``sac``: ``
 ``ppo_head_reset``  :class:`~sb3_plastic.callbacks.LayerReset` of both output heads at every task change (Nikishin
                     et al., 2022; issue #29's control); ``ppo_policy_head_reset`` / ``ppo_value_head_reset`` one head
                     (DQN: the Q head)
+``ppo_injection``   :class:`~sb3_plastic.callbacks.PlasticityInjection` of a 2-layer head at every task change
 ``ppo_cchain``      :class:`~sb3_plastic.callbacks.ChurnReduction` (C-CHAIN, Tang et al., 2025) at the reference settings
 ``ppo_trac``        the plain agent's network, TRAC around Adam (``optimizer="trac"``, Muppidi et al., 2024)
 ==================  =======================================================================================
@@ -297,8 +298,10 @@ TASK_CHANGE_METHODS = ("ppo_snp", "ppo_fire", "ppo_fire_switch")
 #: one. Each maps to the ``layers`` of its LayerReset.
 HEAD_RESET_METHODS = {"ppo_head_reset": "heads", "ppo_policy_head_reset": "policy_head",
                       "ppo_value_head_reset": "value_head"}
-METHODS = METHODS + tuple(HEAD_RESET_METHODS)
-TASK_CHANGE_METHODS = TASK_CHANGE_METHODS + tuple(HEAD_RESET_METHODS)
+METHODS = METHODS + tuple(HEAD_RESET_METHODS) + ("ppo_injection",)
+#: ``ppo_injection``: :class:`~sb3_plastic.callbacks.PlasticityInjection` (Nikishin et al., 2023) of a 2-layer head at
+#: every task change (the paper injects once; every switch is the continual use), on request.
+TASK_CHANGE_METHODS = TASK_CHANGE_METHODS + tuple(HEAD_RESET_METHODS) + ("ppo_injection",)
 
 #: The field's methods (issue #30), on request: ``ppo_cchain`` C-CHAIN (:class:`~sb3_plastic.callbacks.ChurnReduction`,
 #: Tang et al., 2025) at its reference settings for the agent; ``ppo_trac`` the plain agent's network with TRAC around
@@ -696,6 +699,10 @@ def build_model(method: str, setting: Setting, params: MethodParams, seed: int, 
         from sb3_plastic import ChurnReduction
 
         callbacks.append(ChurnReduction())
+    elif canonical == "ppo_injection":
+        from sb3_plastic import PlasticityInjection
+
+        callbacks.append(PlasticityInjection(layers=2, at=None, on_task_change=True))
     elif canonical in HEAD_RESET_METHODS:
         from sb3_plastic import LayerReset
 

@@ -82,7 +82,7 @@ from stable_baselines3.common.env_util import make_atari_env, make_vec_env
 from stable_baselines3.common.vec_env import VecEnv, VecFrameStack
 
 from sb3_plastic import FIRE, ContinualBackprop, PlasticDQN, PlasticityMonitor, PlasticPPO, PlasticSAC, ReDo
-from sb3_plastic.callbacks import ChurnReduction, L2Init, LayerReset, SpectralRegularisation
+from sb3_plastic.callbacks import ChurnReduction, L2Init, LayerReset, PlasticityInjection, SpectralRegularisation
 from sb3_plastic.callbacks.monitor import DEFAULT_EVERY
 from sb3_plastic.common.hooks import OutermostStepHooks
 from sb3_plastic.common.surgery import find_networks
@@ -296,6 +296,14 @@ def trigger_layer_reset(cb: BaseCallback) -> None:
     cb._act(["bench"])  # type: ignore[attr-defined]  # the reset, its optimizer-state drop and target copy
 
 
+def injection_event(ctx: Context) -> BaseCallback:
+    return PlasticityInjection(at=NEVER)
+
+
+def trigger_injection(cb: BaseCallback) -> None:
+    cb._act(["bench"])  # type: ignore[attr-defined]  # one injection (new head, frozen twin, optimizer group, target)
+
+
 def trigger_fire(cb: BaseCallback) -> None:
     cb._fire(["bench"])  # type: ignore[attr-defined]  # the surgery the callback performs when a trigger is due
 
@@ -395,6 +403,17 @@ register(Entry(
     "1M-step PPO run at PPO's fps in this run, Breakout (a head reset at every task switch of a 1M-step task)",
     baseline=ppo_atari(PPO),
     event=Event(layer_reset_event, trigger_layer_reset, every=1_000_000, report="fraction", label="one head reset"),
+    steps=PPO_STEPS,
+    target=0.01,
+    in_quick=False,
+))
+register(Entry(
+    name="ppo-cnn-injection",
+    description="one PlasticityInjection (a new 2-layer head per output: Nature CNN's 512-unit layer + the head) on PPO "
+    "CnnPolicy / the time of a 1M-step PPO run at PPO's fps in this run, Breakout (not counted: every later forward "
+    "runs the new head and its frozen twin as well)",
+    baseline=ppo_atari(PPO),
+    event=Event(injection_event, trigger_injection, every=1_000_000, report="fraction", label="one injection"),
     steps=PPO_STEPS,
     target=0.01,
     in_quick=False,

@@ -41,7 +41,10 @@ Nikishin et al., 2022 reset every 2e4 updates with SPR and 2e5 with SAC), ``"chu
 (:class:`~sb3_plastic.callbacks.ChurnReduction`) and samples its target relative scale ``churn_reduction_target_scale``
 log-uniform in [1e-3, 1e5] (the references' values differ by agent: 1e4 for discrete PPO, 0.05 for continuous PPO,
 0.01 for DQN; enqueue the one of your agent), ``"trac"`` switches the optimizer to TRAC (``optimizer="trac"``,
-``isometry_mode="off"``; parameter-free: nothing of its own is sampled, the base space's learning rate stays). To compare
+``isometry_mode="off"``; parameter-free: nothing of its own is sampled, the base space's learning rate stays),
+``"plasticity_injection"`` injects once (:class:`~sb3_plastic.callbacks.PlasticityInjection`) at a sampled fraction
+``plasticity_injection_at`` of the run (uniform in [0.1, 0.9]; the paper's 0.5 in the middle) into a head of
+``plasticity_injection_layers`` 2 or 3 layers. To compare
 against the plain baseline, set ``isometry_mode: "off"`` and ``optimizer: adam`` in the yaml (otherwise AdamO's
 default penalty stays on), and register the sampler before running rl_zoo3::
 
@@ -84,7 +87,8 @@ LAYER_RESET_EVERY_RANGE = (10_000, 1_000_000)
 CHURN_TARGET_SCALE_RANGE = (1e-3, 1e5)
 #: The optuna parameters of the baselines' spaces (:data:`BASELINE_SPACES`).
 BASELINE_PARAMS: tuple[str, ...] = ("l2_init_coef", "spectral_coef", "nap_project", "layer_reset_layers",
-                                    "layer_reset_every", "churn_reduction_target_scale", "optimizer")
+                                    "layer_reset_every", "churn_reduction_target_scale", "optimizer",
+                                    "plasticity_injection_at", "plasticity_injection_layers")
 #: ``activation`` choices of on-policy samplers (rl_zoo3's tanh / relu, plus MaxMin).
 ON_POLICY_ACTIVATIONS = ("tanh", "relu", "maxmin")
 #: ``activation`` choices of off-policy samplers (rl_zoo3 keeps SB3's ReLU there; MaxMin added).
@@ -141,6 +145,14 @@ def sample_trac_params(trial: optuna.Trial) -> dict[str, Any]:
     return {"optimizer": trial.suggest_categorical("optimizer", ["trac"]), "isometry_mode": "off"}
 
 
+def sample_plasticity_injection_params(trial: optuna.Trial) -> dict[str, Any]:
+    """Plasticity injection's space: ``plasticity_injection_at`` and ``plasticity_injection_layers``."""
+    return {
+        "plasticity_injection_at": trial.suggest_float("plasticity_injection_at", 0.1, 0.9),
+        "plasticity_injection_layers": trial.suggest_categorical("plasticity_injection_layers", [2, 3]),
+    }
+
+
 #: method -> its search space, used in place of :func:`sample_plastic_params` (see the module docstring).
 BASELINE_SPACES: dict[str, Callable[[optuna.Trial], dict[str, Any]]] = {
     "l2_init": sample_l2_init_params,
@@ -149,6 +161,7 @@ BASELINE_SPACES: dict[str, Callable[[optuna.Trial], dict[str, Any]]] = {
     "layer_reset": sample_layer_reset_params,
     "churn_reduction": sample_churn_reduction_params,
     "trac": sample_trac_params,
+    "plasticity_injection": sample_plasticity_injection_params,
 }
 
 

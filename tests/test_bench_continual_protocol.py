@@ -426,6 +426,11 @@ def test_head_reset_methods_reset_their_heads_at_switches_and_reuse_plain_fresh_
         assert isinstance(callback, LayerReset) and callback.layers == layers and callback.on_task_change
         assert continual.build_model(method, setting, params, 0, "cpu", None, fresh_task=1)[1] == []
     assert "dqn_head_reset" in continual.ALL_METHOD_NAMES  # on a DQN setting: the Q head
+    from sb3_plastic import PlasticityInjection
+
+    (injection,) = continual.build_model("ppo_injection", setting, params, 0, "cpu", None)[1]
+    assert isinstance(injection, PlasticityInjection) and injection.on_task_change and injection.at is None
+    assert continual.build_model("ppo_injection", setting, params, 0, "cpu", None, fresh_task=1)[1] == []
     record = continual.run_one("ppo_head_reset", 1, setting, params, str(tmp_path), "cpu", 1)
     assert record["task"] == [0, 1]
 

@@ -334,6 +334,8 @@ class ChurnReduction(PlasticCallback):
     # ------------------------------------------------------------------ the regulariser
     def _remember_network(self, optimizer: th.optim.Optimizer) -> None:
         assert self._shadow is not None and self._network is not None
+        if sum(1 for _ in self._shadow.parameters()) != sum(1 for _ in self._network.parameters()):
+            self._shadow = frozen_copy(self._network)  # the structure changed (a plasticity injection added a head)
         copy_into_(self._shadow, self._network)
         self._has_previous = True
 

@@ -455,10 +455,21 @@ def norms_fed_by(spec: NetworkSpec, layers: Iterable[nn.Module]) -> list[nn.Modu
 
 
 def layers_of(module: Optional[nn.Module]) -> list[nn.Module]:
-    """Linear / Conv2d layers of ``module`` in registration order."""
-    if module is None:
-        return []
-    return [m for m in module.modules() if isinstance(m, LAYER_TYPES)]
+    """Linear / Conv2d layers of ``module`` in registration order (each once). The modules a layer holds as its own
+    children (the new heads :class:`~sb3_plastic.callbacks.PlasticityInjection` attaches to an output layer) are not
+    layers of the sequence."""
+    found: dict[int, nn.Module] = {}
+
+    def walk(m: nn.Module) -> None:
+        if isinstance(m, LAYER_TYPES):
+            found.setdefault(id(m), m)
+            return
+        for child in m.children():
+            walk(child)
+
+    if module is not None:
+        walk(module)
+    return list(found.values())
 
 
 def _extractor_paths(
