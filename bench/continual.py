@@ -47,6 +47,7 @@ issue #15; on a DQN / SAC setting the ``ppo`` prefix reads ``dqn`` / ``sac``: ``
 ``ppo_injection``   :class:`~sb3_plastic.callbacks.PlasticityInjection` of a 2-layer head at every task change
 ``ppo_cchain``      :class:`~sb3_plastic.callbacks.ChurnReduction` (C-CHAIN, Tang et al., 2025) at the reference settings
 ``ppo_trac``        the plain agent's network, TRAC around Adam (``optimizer="trac"``, Muppidi et al., 2024)
+``ppo_parseval``    :class:`~sb3_plastic.callbacks.ParsevalRegularisation` (Chung et al., 2024; ``--parseval-coef``)
 ==================  =======================================================================================
 
 The isometry paper's baselines (issue #15) are not in the default list: add them with ``--methods`` (e.g.
@@ -305,8 +306,10 @@ TASK_CHANGE_METHODS = TASK_CHANGE_METHODS + tuple(HEAD_RESET_METHODS) + ("ppo_in
 
 #: The field's methods (issue #30), on request: ``ppo_cchain`` C-CHAIN (:class:`~sb3_plastic.callbacks.ChurnReduction`,
 #: Tang et al., 2025) at its reference settings for the agent; ``ppo_trac`` the plain agent's network with TRAC around
-#: its Adam (``optimizer="trac"``, Muppidi et al., 2024). They act within a task: their fresh agents run them.
-FIELD_METHODS = ("ppo_cchain", "ppo_trac")
+#: its Adam (``optimizer="trac"``, Muppidi et al., 2024); ``ppo_parseval``
+#: :class:`~sb3_plastic.callbacks.ParsevalRegularisation` (Chung et al., 2024) at ``--parseval-coef``. They act within a
+#: task: their fresh agents run them.
+FIELD_METHODS = ("ppo_cchain", "ppo_trac", "ppo_parseval")
 METHODS = METHODS + FIELD_METHODS
 
 
@@ -344,6 +347,7 @@ class MethodParams:
         ``k`` for ``k`` Newton–Schulz steps (10: the reference implementation).
     :param isometry_interval: ``isometry_interval`` of the plastic methods: an int ``k`` or ``"auto"``
         (``"1"``: the exact per-update AdamO step, the library default).
+    :param parseval_coef: ``lambda`` of ``ppo_parseval`` (Plasticine's 1e-3).
     """
 
     l2: float = 1e-3
@@ -357,6 +361,7 @@ class MethodParams:
     fire_head_scale: str = "init"
     fire_iterations: int = 0
     isometry_interval: str = "1"
+    parseval_coef: float = 1e-3
 
 
 #: Continual Backprop at Dohare's RL settings (``ppo_cbp_dohare``; his Slippery Ant PPO runs)
@@ -695,6 +700,10 @@ def build_model(method: str, setting: Setting, params: MethodParams, seed: int, 
         fire = dict(head_scale=params.fire_head_scale, iterations=params.fire_iterations or None)
         trigger = dict(at=0.5) if canonical == "ppo_fire" else dict(at=None, on_task_change=True)
         callbacks.append(FIRE(**trigger, **fire))
+    elif canonical == "ppo_parseval":
+        from sb3_plastic import ParsevalRegularisation
+
+        callbacks.append(ParsevalRegularisation(params.parseval_coef))
     elif canonical == "ppo_cchain":
         from sb3_plastic import ChurnReduction
 

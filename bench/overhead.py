@@ -82,7 +82,14 @@ from stable_baselines3.common.env_util import make_atari_env, make_vec_env
 from stable_baselines3.common.vec_env import VecEnv, VecFrameStack
 
 from sb3_plastic import FIRE, ContinualBackprop, PlasticDQN, PlasticityMonitor, PlasticPPO, PlasticSAC, ReDo
-from sb3_plastic.callbacks import ChurnReduction, L2Init, LayerReset, PlasticityInjection, SpectralRegularisation
+from sb3_plastic.callbacks import (
+    ChurnReduction,
+    L2Init,
+    LayerReset,
+    ParsevalRegularisation,
+    PlasticityInjection,
+    SpectralRegularisation,
+)
 from sb3_plastic.callbacks.monitor import DEFAULT_EVERY
 from sb3_plastic.common.hooks import OutermostStepHooks
 from sb3_plastic.common.surgery import find_networks
@@ -542,9 +549,9 @@ register(Entry(
     in_quick=False,
 ))
 
-# The isometry paper's baselines (issue #15): the two penalties as callbacks on plain DQN (their gradient joins the
-# task gradient in backward(): post-accumulate-grad hooks), NaP as PlasticDQN(nap=True) with the penalty off and
-# Adam (layer norms in the network + the projection after each step) against plain DQN.
+# The isometry paper's baselines (issue #15) and Parseval regularisation (issue #30): the penalties as callbacks on plain
+# DQN (their gradient joins the task gradient in backward(): post-accumulate-grad hooks), NaP as PlasticDQN(nap=True)
+# with the penalty off and Adam (layer norms in the network + the projection after each step) against plain DQN.
 BASELINE_COEF = 1e-3
 
 for _prefix, _make, _algo, _plastic, _steps, _net, _env in (
@@ -552,7 +559,8 @@ for _prefix, _make, _algo, _plastic, _steps, _net, _env in (
     ("ppo-cnn", ppo_atari, PPO, PlasticPPO, PPO_STEPS, "CnnPolicy", "Breakout"),
 ):
     _vs = f"vs {_algo.__name__} {_net}, {_env}"
-    for _short, _callback in (("l2init", L2Init), ("spectral", SpectralRegularisation)):
+    for _short, _callback in (("l2init", L2Init), ("spectral", SpectralRegularisation),
+                              ("parseval", ParsevalRegularisation)):
         register(Entry(
             name=f"{_prefix}-{_short}",
             description=f"{_algo.__name__} {_net} + {_callback.__name__}({BASELINE_COEF}) {_vs}",

@@ -44,7 +44,8 @@ log-uniform in [1e-3, 1e5] (the references' values differ by agent: 1e4 for disc
 ``isometry_mode="off"``; parameter-free: nothing of its own is sampled, the base space's learning rate stays),
 ``"plasticity_injection"`` injects once (:class:`~sb3_plastic.callbacks.PlasticityInjection`) at a sampled fraction
 ``plasticity_injection_at`` of the run (uniform in [0.1, 0.9]; the paper's 0.5 in the middle) into a head of
-``plasticity_injection_layers`` 2 or 3 layers. To compare
+``plasticity_injection_layers`` 2 or 3 layers, ``"parseval"`` samples ``parseval_coef`` log-uniform in [1e-5, 1e-1]
+(:class:`~sb3_plastic.callbacks.ParsevalRegularisation`; Plasticine's value 1e-3 in the middle). To compare
 against the plain baseline, set ``isometry_mode: "off"`` and ``optimizer: adam`` in the yaml (otherwise AdamO's
 default penalty stays on), and register the sampler before running rl_zoo3::
 
@@ -88,7 +89,7 @@ CHURN_TARGET_SCALE_RANGE = (1e-3, 1e5)
 #: The optuna parameters of the baselines' spaces (:data:`BASELINE_SPACES`).
 BASELINE_PARAMS: tuple[str, ...] = ("l2_init_coef", "spectral_coef", "nap_project", "layer_reset_layers",
                                     "layer_reset_every", "churn_reduction_target_scale", "optimizer",
-                                    "plasticity_injection_at", "plasticity_injection_layers")
+                                    "plasticity_injection_at", "plasticity_injection_layers", "parseval_coef")
 #: ``activation`` choices of on-policy samplers (rl_zoo3's tanh / relu, plus MaxMin).
 ON_POLICY_ACTIVATIONS = ("tanh", "relu", "maxmin")
 #: ``activation`` choices of off-policy samplers (rl_zoo3 keeps SB3's ReLU there; MaxMin added).
@@ -153,6 +154,11 @@ def sample_plasticity_injection_params(trial: optuna.Trial) -> dict[str, Any]:
     }
 
 
+def sample_parseval_params(trial: optuna.Trial) -> dict[str, Any]:
+    """Parseval regularisation's space: ``parseval_coef``."""
+    return {"parseval_coef": trial.suggest_float("parseval_coef", 1e-5, 1e-1, log=True)}
+
+
 #: method -> its search space, used in place of :func:`sample_plastic_params` (see the module docstring).
 BASELINE_SPACES: dict[str, Callable[[optuna.Trial], dict[str, Any]]] = {
     "l2_init": sample_l2_init_params,
@@ -162,6 +168,7 @@ BASELINE_SPACES: dict[str, Callable[[optuna.Trial], dict[str, Any]]] = {
     "churn_reduction": sample_churn_reduction_params,
     "trac": sample_trac_params,
     "plasticity_injection": sample_plasticity_injection_params,
+    "parseval": sample_parseval_params,
 }
 
 

@@ -30,6 +30,8 @@ def test_baseline_sampler_builds_the_model_and_round_trips(method, base, cls, en
         assert configs["l2_init"].l2_init_coef == trial.params["l2_init_coef"] > 0
     elif method == "spectral":
         assert configs["spectral"].spectral_coef == trial.params["spectral_coef"] > 0
+    elif method == "parseval":
+        assert configs["parseval"].parseval_coef == trial.params["parseval_coef"] > 0
     elif method == "plasticity_injection":
         config = configs["plasticity_injection"]
         assert config.plasticity_injection_at == trial.params["plasticity_injection_at"]

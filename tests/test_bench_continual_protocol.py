@@ -445,6 +445,8 @@ def test_field_methods_build_their_callbacks_and_keep_them_in_fresh_agents(conti
     for fresh_task in (None, 1):
         _, callbacks = continual.build_model("ppo_cchain", setting, params, 0, "cpu", None, fresh_task=fresh_task)
         assert [type(c) for c in callbacks] == [ChurnReduction]
+        _, callbacks = continual.build_model("ppo_parseval", setting, params, 0, "cpu", None, fresh_task=fresh_task)
+        assert [(type(c).__name__, c.coef) for c in callbacks] == [("ParsevalRegularisation", params.parseval_coef)]
         model, callbacks = continual.build_model("ppo_trac", setting, params, 0, "cpu", None, fresh_task=fresh_task)
         assert type(model.policy.optimizer).__name__ == "TRACAdam" and callbacks == []
         plain, _ = continual.build_model("ppo", setting, params, 0, "cpu", None, fresh_task=fresh_task)

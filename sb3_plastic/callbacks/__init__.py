@@ -6,6 +6,7 @@ They work on PPO, A2C, DQN, SAC, TD3 and sb3-contrib's QR-DQN and TQC, plain or 
   2022).
 * :class:`ChurnReduction`: C-CHAIN, keep the outputs on other data close to the previous update's (Tang et al., 2025).
 * :class:`PlasticityInjection`: freeze the head, add a new one minus its frozen copy (Nikishin et al., 2023).
+* :class:`ParsevalRegularisation`: keep every hidden weight matrix a Parseval frame (Chung et al., 2024).
 * :class:`FIRE`: orthogonalise the weights (polar factor by Newton–Schulz) at a midpoint / task switch.
 * :class:`ContinualBackprop`: generate-and-test replacement of low-utility hidden units.
 * :class:`ReDo`: recycle dormant units.
@@ -29,6 +30,7 @@ from sb3_plastic.callbacks.fire import FIRE, FIREConfig, fire_, newton_schulz_po
 from sb3_plastic.callbacks.layer_reset import LayerReset, LayerResetConfig
 from sb3_plastic.callbacks.monitor import PlasticityMonitor
 from sb3_plastic.callbacks.nap import NaPConfig, NormalizeAndProject, insert_layer_norms_
+from sb3_plastic.callbacks.parseval import ParsevalConfig, ParsevalRegularisation
 from sb3_plastic.callbacks.plasticity_injection import PlasticityInjection, PlasticityInjectionConfig, load_injected
 from sb3_plastic.callbacks.redo import ReDo, ReDoConfig, dormant_units
 from sb3_plastic.callbacks.regularisers import (
@@ -55,6 +57,8 @@ __all__ = [
     "LayerResetConfig",
     "NaPConfig",
     "NormalizeAndProject",
+    "ParsevalConfig",
+    "ParsevalRegularisation",
     "PlasticCallback",
     "PlasticityInjection",
     "PlasticityInjectionConfig",

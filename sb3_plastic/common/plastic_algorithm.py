@@ -30,6 +30,7 @@ def intervention_config_classes() -> dict[str, type]:
     from sb3_plastic.callbacks.fire import FIREConfig
     from sb3_plastic.callbacks.layer_reset import LayerResetConfig
     from sb3_plastic.callbacks.nap import NaPConfig
+    from sb3_plastic.callbacks.parseval import ParsevalConfig
     from sb3_plastic.callbacks.plasticity_injection import PlasticityInjectionConfig
     from sb3_plastic.callbacks.redo import ReDoConfig
     from sb3_plastic.callbacks.regularisers import L2InitConfig, SpectralRegularisationConfig
@@ -46,6 +47,7 @@ def intervention_config_classes() -> dict[str, type]:
         "layer_reset": LayerResetConfig,
         "churn_reduction": ChurnReductionConfig,
         "plasticity_injection": PlasticityInjectionConfig,
+        "parseval": ParsevalConfig,
     }
 
 
@@ -83,7 +85,8 @@ class PlasticAlgorithmMixin:
         with layer norms) and :class:`~sb3_plastic.callbacks.LayerResetConfig` (``layer_reset_layers``,
         ``layer_reset_on_task_change``, ...), :class:`~sb3_plastic.callbacks.ChurnReductionConfig` (``churn_reduction``,
         ``churn_reduction_coef``, ...), :class:`~sb3_plastic.callbacks.PlasticityInjectionConfig`
-        (``plasticity_injection_at``, ...). An enabled intervention
+        (``plasticity_injection_at``, ...), :class:`~sb3_plastic.callbacks.ParsevalConfig` (``parseval_coef``, ...).
+        An enabled intervention
         is added to the callbacks of every ``learn()`` call; it is the same class users can pass as a
         callback themselves.
     """
@@ -363,6 +366,7 @@ def plastic_keyword_docs(isometry_coef_default: float = PlasticAlgorithmMixin.de
         "layer_reset": "Layer reset (primacy bias)",
         "churn_reduction": "C-CHAIN (churn reduction)",
         "plasticity_injection": "Plasticity injection",
+        "parseval": "Parseval regularisation",
     }
     groups: dict[str, tuple[type, Optional[dict[str, Any]]]] = {"Isometry": (IsometryConfig, isometry_defaults)}
     for key, config_cls in intervention_config_classes().items():
