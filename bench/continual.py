@@ -48,6 +48,8 @@ issue #15; on a DQN / SAC setting the ``ppo`` prefix reads ``dqn`` / ``sac``: ``
 ``ppo_cchain``      :class:`~sb3_plastic.callbacks.ChurnReduction` (C-CHAIN, Tang et al., 2025) at the reference settings
 ``ppo_trac``        the plain agent's network, TRAC around Adam (``optimizer="trac"``, Muppidi et al., 2024)
 ``ppo_parseval``    :class:`~sb3_plastic.callbacks.ParsevalRegularisation` (Chung et al., 2024; ``--parseval-coef``)
+``ppo_crelu``       the plain agent with CReLU (Abbas et al., 2023; half the units per layer, the same feature widths)
+``ppo_fourier``     the plain agent with deep Fourier features (Lewandowski et al., 2024; as ``ppo_crelu``)
 ==================  =======================================================================================
 
 The isometry paper's baselines (issue #15) are not in the default list: add them with ``--methods`` (e.g.
@@ -307,9 +309,10 @@ TASK_CHANGE_METHODS = TASK_CHANGE_METHODS + tuple(HEAD_RESET_METHODS) + ("ppo_in
 #: The field's methods (issue #30), on request: ``ppo_cchain`` C-CHAIN (:class:`~sb3_plastic.callbacks.ChurnReduction`,
 #: Tang et al., 2025) at its reference settings for the agent; ``ppo_trac`` the plain agent's network with TRAC around
 #: its Adam (``optimizer="trac"``, Muppidi et al., 2024); ``ppo_parseval``
-#: :class:`~sb3_plastic.callbacks.ParsevalRegularisation` (Chung et al., 2024) at ``--parseval-coef``. They act within a
-#: task: their fresh agents run them.
-FIELD_METHODS = ("ppo_cchain", "ppo_trac", "ppo_parseval")
+#: :class:`~sb3_plastic.callbacks.ParsevalRegularisation` (Chung et al., 2024) at ``--parseval-coef``; ``ppo_crelu`` /
+#: ``ppo_fourier`` the plain agent's network with CReLU (Abbas et al., 2023) / deep Fourier features (Lewandowski et al.,
+#: 2024) in place of ReLU (half the units per layer). They act within a task: their fresh agents run them.
+FIELD_METHODS = ("ppo_cchain", "ppo_trac", "ppo_parseval", "ppo_crelu", "ppo_fourier")
 METHODS = METHODS + FIELD_METHODS
 
 
@@ -667,9 +670,11 @@ def build_model(method: str, setting: Setting, params: MethodParams, seed: int, 
             **common,
         )
         return model, callbacks
-    if canonical == "ppo_trac":
-        trac = dict(activation="relu", isometry_mode="off", optimizer="trac")
-        return plastic_cls(setting.policy, env, policy_kwargs=dict(net_arch=net_arch), **trac, **common), callbacks
+    if canonical in ("ppo_trac", "ppo_crelu", "ppo_fourier"):
+        activation = {"ppo_crelu": "crelu", "ppo_fourier": "fourier"}.get(canonical, "relu")
+        optimizer = "trac" if canonical == "ppo_trac" else "adam"
+        field = dict(activation=activation, isometry_mode="off", optimizer=optimizer)
+        return plastic_cls(setting.policy, env, policy_kwargs=dict(net_arch=net_arch), **field, **common), callbacks
     if canonical == "ppo_nap":
         nap = dict(activation="relu", isometry_mode="off", optimizer="adam", nap=True)
         return plastic_cls(setting.policy, env, policy_kwargs=dict(net_arch=net_arch), **nap, **common), callbacks

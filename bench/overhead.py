@@ -425,6 +425,16 @@ register(Entry(
     target=0.01,
     in_quick=False,
 ))
+for _act in ("crelu", "fourier"):
+    register(Entry(
+        name=f"ppo-cnn-{_act}",
+        description=f"PlasticPPO CnnPolicy activation={_act!r} (half the units per layer, twice the features after each "
+        "activation), isometry off, Adam vs PPO CnnPolicy (ReLU), Breakout",
+        baseline=ppo_atari(PPO),
+        candidate=ppo_atari(PlasticPPO, activation=_act, isometry_mode="off", optimizer="adam"),
+        steps=PPO_STEPS,
+        in_quick=False,
+    ))
 register(Entry(
     name="ppo-cnn-trac",
     description="PlasticPPO CnnPolicy relu, optimizer='trac' (TRAC around Adam), isometry off vs PPO CnnPolicy, Breakout",

@@ -47,7 +47,10 @@ class IsometryConfig:
     """Plastic network and optimizer settings.
 
     :param activation: hidden activation of every hidden layer (CNN and MLP): ``"relu"``, ``"maxmin"``
-        (GroupSort-2, isometric with orthogonal layers) or ``"tanh"``. ``None`` (the default) is SB3's own
+        (GroupSort-2, isometric with orthogonal layers), ``"tanh"``, ``"crelu"`` (CReLU, Abbas et al., 2023) or
+        ``"fourier"`` (deep Fourier features, Lewandowski et al., 2024); the last two output two features per unit and
+        their layers keep half the units, the widths of ``net_arch`` being the activation's output widths
+        (:func:`sb3_plastic.networks.halve_for_doubling_`). ``None`` (the default) is SB3's own
         activation for every part of the network: ``policy_kwargs["activation_fn"]`` if given, else the SB3 /
         sb3-contrib policy's default for the MLP (Tanh for PPO, RecurrentPPO and MaskablePPO; ReLU for DQN,
         QR-DQN, SAC, TQC and CrossQ), and ReLU in the CNN (SB3's ``NatureCNN``). So with the penalty off

@@ -25,7 +25,7 @@ from sb3_plastic.activations import get_activation
 from sb3_plastic.common.surgery import head_layers
 from sb3_plastic.config import AUTO, EQUAL_BETA, IsometryConfig
 from sb3_plastic.isometry import WEIGHT_LAYERS, orthogonal_init_
-from sb3_plastic.networks import PlasticCNN, PlasticCombinedExtractor, check_even_widths
+from sb3_plastic.networks import PlasticCNN, PlasticCombinedExtractor, check_even_widths, halve_for_doubling_
 from sb3_plastic.optim import AdamO, IsometryStepMixin, with_isometry_step
 
 _PLASTIC_EXTRACTORS = ("PlasticCNN", "PlasticMLP", "PlasticCombinedExtractor")
@@ -194,10 +194,26 @@ class PlasticPolicyMixin:
 
     def _build(self, lr_schedule: Schedule) -> None:
         super()._build(lr_schedule)  # type: ignore[misc]
+        self._plastic_halve_for_doubling()
         self._plastic_insert_layer_norms()
         if self.isometry_config.use_orthogonal_init:
             self._plastic_orthogonal_init()
         self._plastic_regroup_optimizers()
+
+    def _plastic_halve_for_doubling(self) -> None:
+        """With a width-doubling activation (``activation="crelu"`` / ``"fourier"``), every layer before one keeps half
+        its units (:func:`sb3_plastic.networks.halve_for_doubling_`); the optimizers get the new parameters in place of
+        the old ones (they hold no state yet) and the targets are synced."""
+        mapping = halve_for_doubling_(self)  # type: ignore[arg-type]
+        if not mapping:
+            return
+        for owner, attr in self.plastic_optimizers():
+            optimizer = getattr(owner, attr, None)
+            if optimizer is None:
+                continue
+            for group in optimizer.param_groups:
+                group["params"] = [mapping.get(p, p) for p in group["params"]]
+        self.sync_targets()
 
     def _plastic_insert_layer_norms(self) -> None:
         """With ``layer_norm=True`` (NaP, Lyle et al., 2024): a layer norm between every hidden layer and its

@@ -45,7 +45,9 @@ log-uniform in [1e-3, 1e5] (the references' values differ by agent: 1e4 for disc
 ``"plasticity_injection"`` injects once (:class:`~sb3_plastic.callbacks.PlasticityInjection`) at a sampled fraction
 ``plasticity_injection_at`` of the run (uniform in [0.1, 0.9]; the paper's 0.5 in the middle) into a head of
 ``plasticity_injection_layers`` 2 or 3 layers, ``"parseval"`` samples ``parseval_coef`` log-uniform in [1e-5, 1e-1]
-(:class:`~sb3_plastic.callbacks.ParsevalRegularisation`; Plasticine's value 1e-3 in the middle). To compare
+(:class:`~sb3_plastic.callbacks.ParsevalRegularisation`; Plasticine's value 1e-3 in the middle). ``"crelu"`` and
+``"fourier"`` fix the activation (the ``activation`` parameter has that one choice; :class:`~sb3_plastic.activations.CReLU`,
+:class:`~sb3_plastic.activations.Fourier`) and sample nothing else. To compare
 against the plain baseline, set ``isometry_mode: "off"`` and ``optimizer: adam`` in the yaml (otherwise AdamO's
 default penalty stays on), and register the sampler before running rl_zoo3::
 
@@ -367,19 +369,24 @@ _ON_POLICY = ("ppo", "a2c", "trpo", "ppo_lstm")
 SAMPLER_BASES: dict[str, str] = {"crossq": "sac", "ppo_mask": "ppo"}
 
 
+#: Methods that are an activation: the sampler's ``activation`` parameter has that one choice.
+ACTIVATION_METHODS: tuple[str, ...] = ("crelu", "fourier")
+
+
 def plastic_sampler_for(base_name: str, method: str | None = None) -> tuple[Sampler, Converter] | None:
     """The plastic sampler and converter for a plastic algorithm built on rl_zoo3's ``base_name``
     (``"ppo"``, ``"dqn"``, ``"sac"``, ``"qrdqn"``, ...); ``None`` when rl_zoo3 has no sampler for it.
 
     :param base_name: the rl_zoo3 algorithm the plastic one extends.
-    :param method: ``None`` (the plastic space, :func:`sample_plastic_params`) or a key of :data:`BASELINE_SPACES`
-        (``"l2_init"``, ``"spectral"``, ``"nap"``): the base space + ``activation`` + that baseline's space.
+    :param method: ``None`` (the plastic space, :func:`sample_plastic_params`), a key of :data:`BASELINE_SPACES`
+        (``"l2_init"``, ``"spectral"``, ``"nap"``, ...): the base space + ``activation`` + that baseline's space, or one of
+        :data:`ACTIVATION_METHODS`: the base space with that activation.
     :raises ValueError: for an unknown ``method``.
     """
     from rl_zoo3 import hyperparams_opt
 
-    if method is not None and method not in BASELINE_SPACES:
-        raise ValueError(f"Unknown method {method!r}; allowed: None or {sorted(BASELINE_SPACES)}")
+    if method is not None and method not in BASELINE_SPACES and method not in ACTIVATION_METHODS:
+        raise ValueError(f"Unknown method {method!r}; allowed: None or {sorted([*BASELINE_SPACES, *ACTIVATION_METHODS])}")
 
     source = SAMPLER_BASES.get(base_name, base_name)
     if not hasattr(hyperparams_opt, f"sample_{source}_params") or source not in hyperparams_opt.HYPERPARAMS_CONVERTER:
@@ -400,6 +407,8 @@ def plastic_sampler_for(base_name: str, method: str | None = None) -> tuple[Samp
     converter = make_plastic_converter(base_converter, base_samples_activation=on_policy)
     if method is not None:
         space = sample_crossq_params if base_name == "crossq" else base_sampler
+        if method in ACTIVATION_METHODS:
+            return make_plastic_sampler(space, (method,), plastic=lambda trial: {}), converter
         return make_plastic_sampler(space, activations, plastic=BASELINE_SPACES[method]), converter
     sampler = named.get(base_name) or make_plastic_sampler(base_sampler, activations)
     return sampler, converter

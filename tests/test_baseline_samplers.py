@@ -8,12 +8,12 @@ import optuna
 import pytest
 
 from sb3_plastic import PlasticDQN, PlasticPPO, PlasticSAC
-from sb3_plastic.samplers import BASELINE_SPACES, plastic_sampler_for
+from sb3_plastic.samplers import ACTIVATION_METHODS, BASELINE_SPACES, plastic_sampler_for
 
 CASES = [("ppo", PlasticPPO, "CartPole-v1"), ("dqn", PlasticDQN, "CartPole-v1"), ("sac", PlasticSAC, "Pendulum-v1")]
 
 
-@pytest.mark.parametrize("method", sorted(BASELINE_SPACES))
+@pytest.mark.parametrize("method", sorted([*BASELINE_SPACES, *ACTIVATION_METHODS]))
 @pytest.mark.parametrize("base, cls, env_id", CASES)
 def test_baseline_sampler_builds_the_model_and_round_trips(method, base, cls, env_id):
     sampler, converter = plastic_sampler_for(base, method=method)
@@ -22,6 +22,8 @@ def test_baseline_sampler_builds_the_model_and_round_trips(method, base, cls, en
     n_actions = env.action_space.shape[0] if env.action_space.shape else 0
     params = sampler(trial, n_actions, 1, {"using_her_replay_buffer": False, "her_kwargs": {}})
     assert "isometry_coef" not in params and "replacement_rate" not in params  # the baseline's space only
+    if method in ACTIVATION_METHODS:
+        assert params["activation"] == method and trial.params["activation"] == method
     extra = {"buffer_size": 100} if base != "ppo" else {}
     fixed = {"isometry_mode": "off", "optimizer": "adam", **params}
     model = cls("MlpPolicy", env, **extra, **fixed)
@@ -30,6 +32,8 @@ def test_baseline_sampler_builds_the_model_and_round_trips(method, base, cls, en
         assert configs["l2_init"].l2_init_coef == trial.params["l2_init_coef"] > 0
     elif method == "spectral":
         assert configs["spectral"].spectral_coef == trial.params["spectral_coef"] > 0
+    elif method in ACTIVATION_METHODS:
+        assert model.isometry_config.activation == method
     elif method == "parseval":
         assert configs["parseval"].parseval_coef == trial.params["parseval_coef"] > 0
     elif method == "plasticity_injection":

@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from sb3_plastic.activations import MaxMin
+from sb3_plastic.activations import CReLU, Fourier, MaxMin
 from sb3_plastic.callbacks.base import PlasticCallback, changed_fields, warn_ignored_options
 from sb3_plastic.common.hooks import OutermostStepHooks
 
@@ -66,6 +66,8 @@ NONLINEARITIES: tuple[type[nn.Module], ...] = (
     nn.Softplus,
     nn.Mish,
     MaxMin,
+    CReLU,
+    Fourier,
 )
 
 

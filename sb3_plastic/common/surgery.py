@@ -40,7 +40,7 @@ from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.preprocessing import get_flattened_obs_dim
 from torch import nn
 
-from sb3_plastic.activations import MaxMin
+from sb3_plastic.activations import MaxMin, doubles_width
 
 LAYER_TYPES: tuple[type[nn.Module], ...] = (nn.Linear, nn.Conv2d)
 #: Per-feature normalisations with running statistics that the interventions know how to reset.
@@ -105,20 +105,30 @@ class HiddenLayer:
     pre_norm: Optional[nn.Module] = None
 
     @property
+    def doubles_width(self) -> bool:
+        """Whether the activation outputs two features per unit (CReLU, Fourier features)."""
+        return doubles_width(self.activation)
+
+    @property
     def group_size(self) -> int:
-        """Features per unit: 2 under MaxMin (a sorted pair), else 1."""
-        return 2 if isinstance(self.activation, MaxMin) else 1
+        """Features per unit in :meth:`post_activation`'s output: 2 under MaxMin (a sorted pair) and under a
+        width-doubling activation (a unit's two outputs, made adjacent), else 1."""
+        return 2 if isinstance(self.activation, MaxMin) or self.doubles_width else 1
 
     def post_activation(self, out: th.Tensor) -> th.Tensor:
         """The units' output computed from the layer's output ``out``: ``activation(pre_norm(out))`` (each part
         only where present), the tensor ReDo scores (Sokar et al., 2023: "the activations of the neurons") and
         the diagnostics read. A normalisation in training mode is applied without updating its running
-        statistics (the network's own forward already did). Errors of the modules propagate."""
+        statistics (the network's own forward already did). A width-doubling activation's ``[f(x), g(x)]`` is
+        reordered so that each unit's two features are adjacent (:attr:`group_size`). Errors of the modules
+        propagate."""
         h = out
         if self.pre_norm is not None:
             h = norm_forward(self.pre_norm, h)
         if self.activation is not None:
             h = self.activation(h)
+            if self.doubles_width:
+                h = th.stack(h.chunk(2, dim=1), dim=2).flatten(1, 2)
         return h
 
     @property
@@ -128,7 +138,8 @@ class HiddenLayer:
 
     @property
     def n_units(self) -> int:
-        return self.n_features // self.group_size
+        """Units of the layer: its rows (output channels), a MaxMin pair counting once."""
+        return self.n_features if self.doubles_width else self.n_features // self.group_size
 
 
 @dataclass
