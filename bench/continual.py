@@ -50,6 +50,8 @@ issue #15; on a DQN / SAC setting the ``ppo`` prefix reads ``dqn`` / ``sac``: ``
 ``ppo_parseval``    :class:`~sb3_plastic.callbacks.ParsevalRegularisation` (Chung et al., 2024; ``--parseval-coef``)
 ``ppo_crelu``       the plain agent with CReLU (Abbas et al., 2023; half the units per layer, the same feature widths)
 ``ppo_fourier``     the plain agent with deep Fourier features (Lewandowski et al., 2024; as ``ppo_crelu``)
+``ppo_layernorm``   the plain agent with a layer norm before every ReLU, no projection (NaP without its projection)
+``ppo_equal_betas`` the plain agent with Adam beta1 = beta2 = 0.99 (Dohare et al., 2023)
 ==================  =======================================================================================
 
 The isometry paper's baselines (issue #15) are not in the default list: add them with ``--methods`` (e.g.
@@ -311,8 +313,12 @@ TASK_CHANGE_METHODS = TASK_CHANGE_METHODS + tuple(HEAD_RESET_METHODS) + ("ppo_in
 #: its Adam (``optimizer="trac"``, Muppidi et al., 2024); ``ppo_parseval``
 #: :class:`~sb3_plastic.callbacks.ParsevalRegularisation` (Chung et al., 2024) at ``--parseval-coef``; ``ppo_crelu`` /
 #: ``ppo_fourier`` the plain agent's network with CReLU (Abbas et al., 2023) / deep Fourier features (Lewandowski et al.,
-#: 2024) in place of ReLU (half the units per layer). They act within a task: their fresh agents run them.
-FIELD_METHODS = ("ppo_cchain", "ppo_trac", "ppo_parseval", "ppo_crelu", "ppo_fourier")
+#: 2024) in place of ReLU (half the units per layer); ``ppo_layernorm`` the plain agent with a layer norm before every
+#: ReLU and no projection (``nap=True, nap_project="none"``: NaP without its projection); ``ppo_equal_betas`` the plain
+#: agent with Adam beta1 = beta2 = 0.99 (``optimizer="adam_equal_betas"``, Dohare et al., 2023's fix of PPO's policy
+#: collapse). They act within a task: their fresh agents run them.
+FIELD_METHODS = ("ppo_cchain", "ppo_trac", "ppo_parseval", "ppo_crelu", "ppo_fourier", "ppo_layernorm",
+                 "ppo_equal_betas")
 METHODS = METHODS + FIELD_METHODS
 
 
@@ -670,10 +676,12 @@ def build_model(method: str, setting: Setting, params: MethodParams, seed: int, 
             **common,
         )
         return model, callbacks
-    if canonical in ("ppo_trac", "ppo_crelu", "ppo_fourier"):
+    if canonical in ("ppo_trac", "ppo_crelu", "ppo_fourier", "ppo_layernorm", "ppo_equal_betas"):
         activation = {"ppo_crelu": "crelu", "ppo_fourier": "fourier"}.get(canonical, "relu")
-        optimizer = "trac" if canonical == "ppo_trac" else "adam"
-        field = dict(activation=activation, isometry_mode="off", optimizer=optimizer)
+        optimizer = {"ppo_trac": "trac", "ppo_equal_betas": "adam_equal_betas"}.get(canonical, "adam")
+        field: dict[str, Any] = dict(activation=activation, isometry_mode="off", optimizer=optimizer)
+        if canonical == "ppo_layernorm":
+            field.update(nap=True, nap_project="none")
         return plastic_cls(setting.policy, env, policy_kwargs=dict(net_arch=net_arch), **field, **common), callbacks
     if canonical == "ppo_nap":
         nap = dict(activation="relu", isometry_mode="off", optimizer="adam", nap=True)

@@ -451,6 +451,11 @@ def test_field_methods_build_their_callbacks_and_keep_them_in_fresh_agents(conti
         assert type(model.policy.optimizer).__name__ == "TRACAdam" and callbacks == []
         plain, _ = continual.build_model("ppo", setting, params, 0, "cpu", None, fresh_task=fresh_task)
         assert _layers(model.policy) == _layers(plain.policy)  # the plain agent's network
+        model, callbacks = continual.build_model("ppo_layernorm", setting, params, 0, "cpu", None, fresh_task=fresh_task)
+        assert callbacks == [] and model.intervention_callbacks() == []  # the norms alone, no projection
+        assert type(model.policy.mlp_extractor.policy_net[1]).__name__ == "LayerNorm"
+        model, _ = continual.build_model("ppo_equal_betas", setting, params, 0, "cpu", None, fresh_task=fresh_task)
+        assert model.policy.optimizer.param_groups[0]["betas"] == (0.99, 0.99)
         for method, act in (("ppo_crelu", "CReLU"), ("ppo_fourier", "Fourier")):
             model, callbacks = continual.build_model(method, setting, params, 0, "cpu", None, fresh_task=fresh_task)
             assert callbacks == [] and type(model.policy.mlp_extractor.policy_net[1]).__name__ == act
