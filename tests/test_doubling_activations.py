@@ -80,3 +80,13 @@ def test_odd_widths_and_unit_replacement_are_refused_diagnostics_pair_the_featur
     paired = hidden.post_activation(out)
     assert paired.shape == (3, 64) and th.equal(paired[:, 0::2], out.clamp(min=0)) and np.allclose(
         paired[:, 1::2].numpy(), (-out).clamp(min=0).numpy())
+
+
+def test_save_load_rebuilds_the_halved_network(tmp_path):
+    model = PlasticPPO("MlpPolicy", "CartPole-v1", activation="fourier", isometry_mode="off", optimizer="adam", **FAST)
+    model.learn(32)
+    model.save(tmp_path / "m.zip")
+    loaded = PlasticPPO.load(tmp_path / "m.zip")
+    a, b = model.policy.state_dict(), loaded.policy.state_dict()
+    assert a.keys() == b.keys() and all(th.equal(a[k], b[k]) for k in a)
+    assert loaded.policy.mlp_extractor.policy_net[0].out_features == 32
