@@ -45,6 +45,16 @@ issue #15; on a DQN / SAC setting the ``ppo`` prefix reads ``dqn`` / ``sac``: ``
                     isometry penalty off, Adam: the plain agent with layer norms and the projection
 ``plastic_*_rect``  ``plastic_relu`` / ``plastic_maxmin`` with ``isometry_rect_scale=True`` (issue #27)
 ``plastic_relu_s2`` ``plastic_relu`` with ``isometry_scale=2`` (``plastic_relu_s2_rect``: and rect_scale)
+``ppo_head_reset``  :class:`~sb3_plastic.callbacks.LayerReset` of both output heads at every task change (Nikishin
+                    et al., 2022; issue #29's control); ``ppo_policy_head_reset`` / ``ppo_value_head_reset`` one head
+                    (DQN: the Q head)
+``ppo_injection``   :class:`~sb3_plastic.callbacks.PlasticityInjection` of a 2-layer head at every task change
+``ppo_cchain``      :class:`~sb3_plastic.callbacks.ChurnReduction` (C-CHAIN, Tang et al., 2025) at the reference settings
+``ppo_trac``        the plain agent's network, TRAC around Adam (``optimizer="trac"``, Muppidi et al., 2024)
+``ppo_parseval``    :class:`~sb3_plastic.callbacks.ParsevalRegularisation` (Chung et al., 2024; ``--parseval-coef``)
+``ppo_crelu``       the plain agent with CReLU (Abbas et al., 2023; half the units per layer, the same feature widths)
+``ppo_fourier``     the plain agent with deep Fourier features (Lewandowski et al., 2024; as ``ppo_crelu``)
+``ppo_layernorm``   the plain agent with a layer norm before every ReLU, no projection (NaP without its projection)
 ==================  =======================================================================================
 
 The isometry paper's baselines (issue #15) are not in the default list: add them with ``--methods`` (e.g.
@@ -343,6 +353,28 @@ DEFAULT_METHODS = tuple(
 #: methods whose interventions act only at task changes or at the continual run's midpoint: off in a fresh agent
 TASK_CHANGE_METHODS = ("ppo_snp", "ppo_fire", "ppo_fire_switch")
 
+#: Head reset at every task switch (issue #29's control; :class:`~sb3_plastic.callbacks.LayerReset`, Nikishin et al.,
+#: 2022), on request: ``ppo_head_reset`` both heads, ``ppo_policy_head_reset`` the action head, ``ppo_value_head_reset``
+#: the value head (on a DQN setting each is the Q head). They act only at task changes: their fresh agent is the plain
+#: one. Each maps to the ``layers`` of its LayerReset.
+HEAD_RESET_METHODS = {"ppo_head_reset": "heads", "ppo_policy_head_reset": "policy_head",
+                      "ppo_value_head_reset": "value_head"}
+METHODS = METHODS + tuple(HEAD_RESET_METHODS) + ("ppo_injection",)
+#: ``ppo_injection``: :class:`~sb3_plastic.callbacks.PlasticityInjection` (Nikishin et al., 2023) of a 2-layer head at
+#: every task change (the paper injects once; every switch is the continual use), on request.
+TASK_CHANGE_METHODS = TASK_CHANGE_METHODS + tuple(HEAD_RESET_METHODS) + ("ppo_injection",)
+
+#: The field's methods (issue #30), on request: ``ppo_cchain`` C-CHAIN (:class:`~sb3_plastic.callbacks.ChurnReduction`,
+#: Tang et al., 2025) at its reference settings for the agent; ``ppo_trac`` the plain agent's network with TRAC around
+#: its Adam (``optimizer="trac"``, Muppidi et al., 2024); ``ppo_parseval``
+#: :class:`~sb3_plastic.callbacks.ParsevalRegularisation` (Chung et al., 2024) at ``--parseval-coef``; ``ppo_crelu`` /
+#: ``ppo_fourier`` the plain agent's network with CReLU (Abbas et al., 2023) / deep Fourier features (Lewandowski et al.,
+#: 2024) in place of ReLU (half the units per layer); ``ppo_layernorm`` the plain agent with a layer norm before every
+#: ReLU and no projection (``nap=True, nap_project="none"``: NaP without its projection); Adam beta1 = beta2 = 0.99 is
+#: ``ppo_adam_equal_betas`` above. They act within a task: their fresh agents run them.
+FIELD_METHODS = ("ppo_cchain", "ppo_trac", "ppo_parseval", "ppo_crelu", "ppo_fourier", "ppo_layernorm")
+METHODS = METHODS + FIELD_METHODS
+
 
 def method_name(method: str, algo: str) -> str:
     """The name of ``method`` (a :data:`METHODS` entry) on a setting of ``algo``: ``ppo_l2`` -> ``dqn_l2``."""
@@ -379,6 +411,7 @@ class MethodParams:
         ``k`` for ``k`` Newton–Schulz steps (10: the reference implementation).
     :param isometry_interval: ``isometry_interval`` of the plastic methods: an int ``k`` or ``"auto"``
         (``"1"``: the exact per-update AdamO step, the library default).
+    :param parseval_coef: ``lambda`` of ``ppo_parseval`` (Plasticine's 1e-3).
     """
 
     l2: float = 1e-3
@@ -392,6 +425,7 @@ class MethodParams:
     fire_head_scale: str = "init"
     fire_iterations: int = 0
     isometry_interval: str = "1"
+    parseval_coef: float = 1e-3
 
 
 #: Adam's betas of ``ppo_adam_equal_betas`` (Dohare et al., 2023, *Overcoming policy collapse in deep RL*: beta1 = beta2
@@ -754,6 +788,13 @@ def build_model(method: str, setting: Setting, params: MethodParams, seed: int, 
             **common,
         )
         return model, callbacks
+    if canonical in ("ppo_trac", "ppo_crelu", "ppo_fourier", "ppo_layernorm"):
+        activation = {"ppo_crelu": "crelu", "ppo_fourier": "fourier"}.get(canonical, "relu")
+        optimizer = "trac" if canonical == "ppo_trac" else "adam"
+        field: dict[str, Any] = dict(activation=activation, isometry_mode="off", optimizer=optimizer)
+        if canonical == "ppo_layernorm":
+            field.update(nap=True, nap_project="none")
+        return plastic_cls(setting.policy, env, policy_kwargs=dict(net_arch=net_arch), **field, **common), callbacks
     if canonical == "ppo_nap":
         nap = dict(activation="relu", isometry_mode="off", optimizer="adam", nap=True)
         return plastic_cls(setting.policy, env, policy_kwargs=dict(net_arch=net_arch), **nap, **common), callbacks
@@ -786,6 +827,22 @@ def build_model(method: str, setting: Setting, params: MethodParams, seed: int, 
         fire = dict(head_scale=params.fire_head_scale, iterations=params.fire_iterations or None)
         trigger = dict(at=0.5) if canonical == "ppo_fire" else dict(at=None, on_task_change=True)
         callbacks.append(FIRE(**trigger, **fire))
+    elif canonical == "ppo_parseval":
+        from sb3_plastic import ParsevalRegularisation
+
+        callbacks.append(ParsevalRegularisation(params.parseval_coef))
+    elif canonical == "ppo_cchain":
+        from sb3_plastic import ChurnReduction
+
+        callbacks.append(ChurnReduction())
+    elif canonical == "ppo_injection":
+        from sb3_plastic import PlasticityInjection
+
+        callbacks.append(PlasticityInjection(layers=2, at=None, on_task_change=True))
+    elif canonical in HEAD_RESET_METHODS:
+        from sb3_plastic import LayerReset
+
+        callbacks.append(LayerReset(HEAD_RESET_METHODS[canonical], on_task_change=True))
     return model, callbacks
 
 

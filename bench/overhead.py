@@ -82,7 +82,14 @@ from stable_baselines3.common.env_util import make_atari_env, make_vec_env
 from stable_baselines3.common.vec_env import VecEnv, VecFrameStack
 
 from sb3_plastic import FIRE, ContinualBackprop, PlasticDQN, PlasticityMonitor, PlasticPPO, PlasticSAC, ReDo
-from sb3_plastic.callbacks import L2Init, SpectralRegularisation
+from sb3_plastic.callbacks import (
+    ChurnReduction,
+    L2Init,
+    LayerReset,
+    ParsevalRegularisation,
+    PlasticityInjection,
+    SpectralRegularisation,
+)
 from sb3_plastic.callbacks.monitor import DEFAULT_EVERY
 from sb3_plastic.common.hooks import OutermostStepHooks
 from sb3_plastic.common.surgery import find_networks
@@ -288,6 +295,22 @@ def monitor_event(ctx: Context) -> BaseCallback:
     return PlasticityMonitor(every=NEVER, max_overhead=None)
 
 
+def layer_reset_event(ctx: Context) -> BaseCallback:
+    return LayerReset("heads", every=NEVER)
+
+
+def trigger_layer_reset(cb: BaseCallback) -> None:
+    cb._act(["bench"])  # type: ignore[attr-defined]  # the reset, its optimizer-state drop and target copy
+
+
+def injection_event(ctx: Context) -> BaseCallback:
+    return PlasticityInjection(at=NEVER)
+
+
+def trigger_injection(cb: BaseCallback) -> None:
+    cb._act(["bench"])  # type: ignore[attr-defined]  # one injection (new head, frozen twin, optimizer group, target)
+
+
 def trigger_fire(cb: BaseCallback) -> None:
     cb._fire(["bench"])  # type: ignore[attr-defined]  # the surgery the callback performs when a trigger is due
 
@@ -381,6 +404,55 @@ register(Entry(
     steps=PPO_STEPS,
     target=0.01,
 ))
+register(Entry(
+    name="ppo-cnn-layer-reset",
+    description="one LayerReset of both heads (fresh SB3 init, Adam state dropped) on PPO CnnPolicy / the time of a "
+    "1M-step PPO run at PPO's fps in this run, Breakout (a head reset at every task switch of a 1M-step task)",
+    baseline=ppo_atari(PPO),
+    event=Event(layer_reset_event, trigger_layer_reset, every=1_000_000, report="fraction", label="one head reset"),
+    steps=PPO_STEPS,
+    target=0.01,
+    in_quick=False,
+))
+register(Entry(
+    name="ppo-cnn-injection",
+    description="one PlasticityInjection (a new 2-layer head per output: Nature CNN's 512-unit layer + the head) on PPO "
+    "CnnPolicy / the time of a 1M-step PPO run at PPO's fps in this run, Breakout (not counted: every later forward "
+    "runs the new head and its frozen twin as well)",
+    baseline=ppo_atari(PPO),
+    event=Event(injection_event, trigger_injection, every=1_000_000, report="fraction", label="one injection"),
+    steps=PPO_STEPS,
+    target=0.01,
+    in_quick=False,
+))
+for _act in ("crelu", "fourier"):
+    register(Entry(
+        name=f"ppo-cnn-{_act}",
+        description=f"PlasticPPO CnnPolicy activation={_act!r} (half the units per layer, twice the features after each "
+        "activation), isometry off, Adam vs PPO CnnPolicy (ReLU), Breakout",
+        baseline=ppo_atari(PPO),
+        candidate=ppo_atari(PlasticPPO, activation=_act, isometry_mode="off", optimizer="adam"),
+        steps=PPO_STEPS,
+        in_quick=False,
+    ))
+register(Entry(
+    name="ppo-cnn-trac",
+    description="PlasticPPO CnnPolicy relu, optimizer='trac' (TRAC around Adam), isometry off vs PPO CnnPolicy, Breakout",
+    baseline=ppo_atari(PPO),
+    candidate=ppo_atari(PlasticPPO, activation="relu", isometry_mode="off", optimizer="trac"),
+    steps=PPO_STEPS,
+    in_quick=False,
+))
+register(Entry(
+    name="ppo-cnn-cchain",
+    description="PPO CnnPolicy + ChurnReduction (C-CHAIN's policy churn on a second minibatch, a copy of the policy per "
+    "update) vs PPO CnnPolicy, Breakout",
+    baseline=ppo_atari(PPO),
+    candidate=ppo_atari(PPO),
+    candidate_callback=with_callback(ChurnReduction),
+    steps=PPO_STEPS,
+    in_quick=False,
+))
 
 # rl-zoo3's CartPole DQN hyperparameters (learning_starts lowered: the warm-up passes it).
 DQN_CARTPOLE = dict(
@@ -458,10 +530,38 @@ register(Entry(
     target=0.95,
     in_quick=False,
 ))
+register(Entry(
+    name="dqn-mlp-layer-reset",
+    description="one LayerReset of the Q head on DQN MlpPolicy [256,256] every 20 000 gradient steps (Nikishin et al.'s "
+    "SPR period), projected from DQN's fps in this run, CartPole-v1",
+    baseline=dqn_cartpole(DQN),
+    event=Event(layer_reset_event, trigger_layer_reset, every=20_000, unit="gradient", label="one head reset"),
+    steps=DQN_MLP_STEPS,
+    in_quick=False,
+))
+register(Entry(
+    name="dqn-mlp-trac",
+    description="PlasticDQN MlpPolicy [256,256] relu, optimizer='trac' (TRAC around Adam), isometry off vs DQN, "
+    "CartPole-v1",
+    baseline=dqn_cartpole(DQN),
+    candidate=dqn_cartpole(PlasticDQN, activation="relu", isometry_mode="off", optimizer="trac"),
+    steps=DQN_MLP_STEPS,
+    in_quick=False,
+))
+register(Entry(
+    name="dqn-mlp-cchain",
+    description="DQN MlpPolicy [256,256] + ChurnReduction (C-CHAIN: an extra forward / backward on a second replay "
+    "batch and a copy of the network per update) vs DQN, CartPole-v1",
+    baseline=dqn_cartpole(DQN),
+    candidate=dqn_cartpole(DQN),
+    candidate_callback=with_callback(ChurnReduction),
+    steps=DQN_MLP_STEPS,
+    in_quick=False,
+))
 
-# The isometry paper's baselines (issue #15): the two penalties as callbacks on plain DQN (their gradient joins the
-# task gradient in backward(): post-accumulate-grad hooks), NaP as PlasticDQN(nap=True) with the penalty off and
-# Adam (layer norms in the network + the projection after each step) against plain DQN.
+# The isometry paper's baselines (issue #15) and Parseval regularisation (issue #30): the penalties as callbacks on plain
+# DQN (their gradient joins the task gradient in backward(): post-accumulate-grad hooks), NaP as PlasticDQN(nap=True)
+# with the penalty off and Adam (layer norms in the network + the projection after each step) against plain DQN.
 BASELINE_COEF = 1e-3
 
 for _prefix, _make, _algo, _plastic, _steps, _net, _env in (
@@ -469,7 +569,8 @@ for _prefix, _make, _algo, _plastic, _steps, _net, _env in (
     ("ppo-cnn", ppo_atari, PPO, PlasticPPO, PPO_STEPS, "CnnPolicy", "Breakout"),
 ):
     _vs = f"vs {_algo.__name__} {_net}, {_env}"
-    for _short, _callback in (("l2init", L2Init), ("spectral", SpectralRegularisation)):
+    for _short, _callback in (("l2init", L2Init), ("spectral", SpectralRegularisation),
+                              ("parseval", ParsevalRegularisation)):
         register(Entry(
             name=f"{_prefix}-{_short}",
             description=f"{_algo.__name__} {_net} + {_callback.__name__}({BASELINE_COEF}) {_vs}",

@@ -131,12 +131,52 @@ class MaxMin(nn.Module):
         return "groups_of=2"
 
 
-ACTIVATIONS.update({"relu": nn.ReLU, "tanh": nn.Tanh, "maxmin": MaxMin})
+class CReLU(nn.Module):
+    """Concatenated ReLU (Shang et al., 2016; for continual RL Abbas, Zhao, Modayil, White & Machado, CoLLAs 2023,
+    "Loss of Plasticity in Continual Deep Reinforcement Learning"): ``x -> [relu(x), relu(-x)]`` along dimension 1 (the
+    features of ``(N, F)``, the channels of ``(N, C, H, W)``), as Plasticine's ``CReLU4Linear`` / ``CReLU4Conv2d``.
+    Each unit keeps a gradient for either sign of its input, so no unit can die.
+
+    The output has twice the input's width (:attr:`doubles_width`). In the plastic networks the configured widths are
+    the activation's *output* widths: each layer computes half of them (a layer of width ``w`` has ``w / 2`` units and
+    feeds ``w`` features to the next layer), so every layer reads as many inputs as in the ReLU network of the same
+    ``net_arch``; see :func:`sb3_plastic.networks.halve_for_doubling_` for the parameter counts.
+    """
+
+    #: the output has twice as many features as the input
+    doubles_width = True
+
+    def forward(self, x: th.Tensor) -> th.Tensor:
+        return th.cat((th.relu(x), th.relu(-x)), dim=1)
+
+
+class Fourier(nn.Module):
+    """Deep Fourier features (Lewandowski, Schuurmans & Machado, 2024, "Plastic Learning with Deep Fourier Features",
+    arXiv 2410.20634): ``x -> [sin(x), cos(x)]`` along dimension 1, as Plasticine's ``DFFLayer4Linear`` /
+    ``DFFLayer4Conv2d`` (which writes ``cos(-x)``, the same). A sine / cosine pair of one pre-activation is locally
+    linear in one of its two outputs wherever the other saturates, which is how the paper argues the network stays
+    trainable. Doubles the width like :class:`CReLU`, with the same width convention.
+    """
+
+    #: the output has twice as many features as the input
+    doubles_width = True
+
+    def forward(self, x: th.Tensor) -> th.Tensor:
+        return th.cat((th.sin(x), th.cos(x)), dim=1)
+
+
+def doubles_width(activation: Union[type[nn.Module], nn.Module, None]) -> bool:
+    """Whether an activation (class or module) outputs twice the features it reads (:class:`CReLU`, :class:`Fourier`)."""
+    return bool(getattr(activation, "doubles_width", False))
+
+
+ACTIVATIONS.update({"relu": nn.ReLU, "tanh": nn.Tanh, "maxmin": MaxMin, "crelu": CReLU, "fourier": Fourier})
 ActivationName = str
 
 
 def get_activation(name: Union[str, type[nn.Module]]) -> type[nn.Module]:
-    """Resolve an activation name (``"relu"``, ``"maxmin"``, ``"tanh"``) to its ``nn.Module`` class.
+    """Resolve an activation name (``"relu"``, ``"maxmin"``, ``"tanh"``, ``"crelu"``, ``"fourier"``) to its ``nn.Module``
+    class.
 
     A class is returned unchanged, so SB3-style ``activation_fn=nn.ReLU`` keeps working.
 

@@ -16,7 +16,7 @@ from sb3_plastic.activations import ACTIVATIONS
 from sb3_plastic.optim import coupled_interval_message
 
 ISOMETRY_MODES = ("decoupled", "coupled", "off")
-OPTIMIZERS = ("adamo", "adam", "adam_equal_betas")
+OPTIMIZERS = ("adamo", "adam", "adam_equal_betas", "trac")
 LAYER_SELECTIONS = ("hidden", "all")
 #: beta1 = beta2 used by ``optimizer="adam_equal_betas"`` unless ``optimizer_kwargs["betas"]`` says otherwise
 #: (Dohare et al., 2024 use (0.99, 0.99) for PPO on Slippery Ant).
@@ -47,7 +47,10 @@ class IsometryConfig:
     """Plastic network and optimizer settings.
 
     :param activation: hidden activation of every hidden layer (CNN and MLP): ``"relu"``, ``"maxmin"``
-        (GroupSort-2, isometric with orthogonal layers) or ``"tanh"``. ``None`` (the default) is SB3's own
+        (GroupSort-2, isometric with orthogonal layers), ``"tanh"``, ``"crelu"`` (CReLU, Abbas et al., 2023) or
+        ``"fourier"`` (deep Fourier features, Lewandowski et al., 2024); the last two output two features per unit and
+        their layers keep half the units, the widths of ``net_arch`` being the activation's output widths
+        (:func:`sb3_plastic.networks.halve_for_doubling_`). ``None`` (the default) is SB3's own
         activation for every part of the network: ``policy_kwargs["activation_fn"]`` if given, else the SB3 /
         sb3-contrib policy's default for the MLP (Tanh for PPO, RecurrentPPO and MaskablePPO; ReLU for DQN,
         QR-DQN, SAC, TQC and CrossQ), and ReLU in the CNN (SB3's ``NatureCNN``). So with the penalty off
@@ -130,14 +133,17 @@ class IsometryConfig:
         keeps the isometry step's share of ``train()`` about the same whatever the batch size. With
         ``isometry_mode="coupled"`` only 1 is allowed (``ValueError``): coupled mode is plain Adam on
         ``loss + lambda R`` at every update, and an interval would feed Adam's second moment a ``k``-times spike.
-    :param optimizer: ``"adamo"`` (:class:`sb3_plastic.AdamO`), ``"adam"`` (``torch.optim.Adam``, as SB3) or
-        ``"adam_equal_betas"`` (Adam with beta1 = beta2 = 0.99, Dohare et al. 2024). With ``"adam"`` and
-        ``"adam_equal_betas"`` the penalty can only be ``"coupled"`` or ``"off"``. A ``policy_kwargs["optimizer_class"]``
-        (``AdamW``, SB3's ``RMSpropTFLike``, ``SGD``, ...) takes Adam's place with its own ``optimizer_kwargs``:
+    :param optimizer: ``"adamo"`` (:class:`sb3_plastic.AdamO`), ``"adam"`` (``torch.optim.Adam``, as SB3),
+        ``"adam_equal_betas"`` (Adam with beta1 = beta2 = 0.99, Dohare et al. 2024) or ``"trac"`` (TRAC, Muppidi et al.,
+        2024, :mod:`sb3_plastic.trac`: the parameter-free scale of Adam's displacement from the initial parameters;
+        TRAC's own settings ``trac_betas``, ``trac_s_prev``, ``trac_eps`` go in ``optimizer_kwargs``). With ``"adam"``,
+        ``"adam_equal_betas"`` and ``"trac"`` the penalty can only be ``"coupled"`` or ``"off"``. A
+        ``policy_kwargs["optimizer_class"]`` (``AdamW``, SB3's ``RMSpropTFLike``, ``SGD``, ...) takes Adam's place with
+        its own ``optimizer_kwargs``:
         with ``"adamo"`` it gets AdamO's decoupled isometry step on top of its own update, with ``"coupled"`` the
         penalty gradient is added to the gradient it sees (:func:`sb3_plastic.optim.with_isometry_step`), with
         ``optimizer="adam", isometry_mode="off"`` it is used exactly as SB3 builds it; ``"adam_equal_betas"``
-        builds Adam itself and refuses one (``ValueError``).
+        builds Adam itself and refuses one (``ValueError``); ``"trac"`` wraps it (TRAC's base optimizer).
     :param orthogonal_init: orthogonal initialisation of hidden layers with gain ``sqrt(isometry_scale)``
         (heads: SB3's gains for PPO, 1 otherwise). ``None``: on for MaxMin, off otherwise (SB3's own init).
     """

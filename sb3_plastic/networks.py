@@ -23,7 +23,7 @@ from stable_baselines3.common.preprocessing import get_flattened_obs_dim, is_ima
 from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
 from torch import nn
 
-from sb3_plastic.activations import MaxMin, get_activation
+from sb3_plastic.activations import MaxMin, doubles_width, get_activation
 
 CNN_ARCHS = ("auto", "nature", "minatar")
 #: "auto" picks the Nature CNN when both spatial sizes are at least this large (its 8x8/4, 4x4/2, 3x3/1
@@ -83,11 +83,75 @@ def check_cnn_space(observation_space: gym.Space, normalized_image: bool) -> Non
 
 
 def check_even_widths(activation: type[nn.Module], widths: dict[str, int]) -> None:
-    """MaxMin pairs features, so every width it acts on must be even: fail early with the culprit."""
-    if activation is MaxMin:
+    """MaxMin pairs features and CReLU / Fourier features produce two per unit, so every width they act on must be
+    even: fail early with the culprit."""
+    if activation is MaxMin or doubles_width(activation):
         odd = {name: width for name, width in widths.items() if width % 2}
         if odd:
-            raise ValueError(f"activation='maxmin' needs even layer widths, got odd {odd}")
+            name = "maxmin" if activation is MaxMin else activation.__name__.lower()
+            raise ValueError(f"activation={name!r} needs even layer widths, got odd {odd}")
+
+
+@th.no_grad()
+def halve_for_doubling_(module: nn.Module) -> dict[nn.Parameter, nn.Parameter]:
+    """Give every Linear / Conv2d that is followed, in its ``nn.Sequential``, by a width-doubling activation
+    (:func:`~sb3_plastic.activations.doubles_width`: CReLU, Fourier) half of its output units, in place: a layer built
+    for width ``w`` keeps its first ``w / 2`` output rows (and biases), and the activation turns them back into ``w``
+    features, so the readers of the layer keep their input width. The kept rows are a sample of the same initialiser
+    (PyTorch's default: the same distribution, the fan-in being unchanged; SB3's orthogonal init: orthonormal rows of a
+    wide layer stay orthonormal).
+
+    This is how CReLU networks are kept comparable to ReLU networks (Abbas et al., 2023 halve the units of the CReLU
+    layers so that the networks keep their size): the same input / output widths everywhere, half the hidden units, and
+    for a hidden layer reading ``n`` features into ``w`` outputs ``n * w / 2`` weights instead of ``n * w``: PPO's
+    ``[64, 64]`` policy and value MLPs on CartPole have 9 155 parameters with ReLU and 4 675 with CReLU or Fourier
+    features (the heads read the same 64 features in both). Plasticine keeps every layer's units and doubles its
+    readers' inputs instead (more parameters than ReLU).
+
+    :return: ``old parameter -> new parameter`` (the caller maps optimizers and target networks).
+    """
+    mapping: dict[nn.Parameter, nn.Parameter] = {}
+    for parent in module.modules():
+        if not isinstance(parent, nn.Sequential):
+            continue
+        children = list(parent)
+        for index, layer in enumerate(children[:-1]):
+            following = children[index + 1]
+            if isinstance(following, nn.LayerNorm):  # NaP's norm between the layer and its activation
+                following = children[index + 2] if index + 2 < len(children) else None
+            if not isinstance(layer, (nn.Linear, nn.Conv2d)) or not doubles_width(following):
+                continue
+            if getattr(layer, "_plastic_halved", False):  # built with half its units already (PlasticCNN, PlasticMLP)
+                continue
+            width = layer.weight.shape[0]
+            if width % 2:
+                raise ValueError(f"{type(following).__name__} needs an even width, {type(layer).__name__} has {width}")
+            half = width // 2
+            old_weight, old_bias = layer.weight, layer.bias
+            layer.weight = nn.Parameter(old_weight[:half].clone())
+            mapping[old_weight] = layer.weight
+            if old_bias is not None:
+                layer.bias = nn.Parameter(old_bias[:half].clone())
+                mapping[old_bias] = layer.bias
+            if isinstance(layer, nn.Linear):
+                layer.out_features = half
+            else:
+                layer.out_channels = half
+            layer._plastic_halved = True
+    return mapping
+
+
+def _units(width: int, activation: type[nn.Module]) -> int:
+    """The units a layer of ``width`` output features has before ``activation``: half of them for a width-doubling
+    activation (:func:`halve_for_doubling_`)."""
+    return width // 2 if doubles_width(activation) else width
+
+
+def _layer(layer: nn.Module, activation: type[nn.Module]) -> nn.Module:
+    """Mark a layer built with :func:`_units` (so :func:`halve_for_doubling_` leaves it alone)."""
+    if doubles_width(activation):
+        layer._plastic_halved = True
+    return layer
 
 
 class PlasticCNN(BaseFeaturesExtractor):
@@ -148,17 +212,18 @@ class PlasticCNN(BaseFeaturesExtractor):
         if arch == "nature":
             check_even_widths(act, {"conv1": 32, "conv2": 64, "conv3": 64, "features_dim": features_dim})
             self.cnn = nn.Sequential(
-                nn.Conv2d(n_in, 32, kernel_size=8, stride=4, padding=0),
+                _layer(nn.Conv2d(n_in, _units(32, act), kernel_size=8, stride=4, padding=0), act),
                 act(),
-                nn.Conv2d(32, 64, kernel_size=4, stride=2, padding=0),
+                _layer(nn.Conv2d(32, _units(64, act), kernel_size=4, stride=2, padding=0), act),
                 act(),
-                nn.Conv2d(64, 64, kernel_size=3, stride=1, padding=0),
+                _layer(nn.Conv2d(64, _units(64, act), kernel_size=3, stride=1, padding=0), act),
                 act(),
                 nn.Flatten(),
             )
         else:
             check_even_widths(act, {"conv1": 16, "features_dim": features_dim})
-            self.cnn = nn.Sequential(nn.Conv2d(n_in, 16, kernel_size=3, stride=1, padding=0), act(), nn.Flatten())
+            conv = _layer(nn.Conv2d(n_in, _units(16, act), kernel_size=3, stride=1, padding=0), act)
+            self.cnn = nn.Sequential(conv, act(), nn.Flatten())
         with th.no_grad():
             sample = th.as_tensor(observation_space.sample()[None]).float()
             try:
@@ -168,7 +233,7 @@ class PlasticCNN(BaseFeaturesExtractor):
                     f"observation of shape {shape} (channels-first {tuple(chw)}) is too small for arch={arch!r}; "
                     f"the Nature CNN needs H, W >= {NATURE_MIN_SIZE}, the MinAtar CNN H, W >= 3"
                 ) from exc
-        self.linear = nn.Sequential(nn.Linear(n_flatten, features_dim), act())
+        self.linear = nn.Sequential(_layer(nn.Linear(n_flatten, _units(features_dim, act)), act), act())
 
     def _channels_first(self, x: th.Tensor) -> th.Tensor:
         return x.permute(0, 3, 1, 2) if self.channels_last else x
@@ -199,7 +264,7 @@ class PlasticMLP(BaseFeaturesExtractor):
         layers: list[nn.Module] = [nn.Flatten()]
         width = get_flattened_obs_dim(observation_space)
         for w in net_arch:
-            layers += [nn.Linear(width, int(w)), act()]
+            layers += [_layer(nn.Linear(width, _units(int(w), act)), act), act()]
             width = int(w)
         self.mlp = nn.Sequential(*layers)
 

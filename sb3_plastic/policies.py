@@ -27,7 +27,7 @@ from sb3_plastic.activations import get_activation
 from sb3_plastic.common.surgery import head_layers
 from sb3_plastic.config import AUTO, EQUAL_BETA, IsometryConfig
 from sb3_plastic.isometry import WEIGHT_LAYERS, orthogonal_init_
-from sb3_plastic.networks import PlasticCNN, PlasticCombinedExtractor, check_even_widths
+from sb3_plastic.networks import PlasticCNN, PlasticCombinedExtractor, check_even_widths, halve_for_doubling_
 from sb3_plastic.optim import AdamO, IsometryStepMixin, with_isometry_step
 
 _PLASTIC_EXTRACTORS = ("PlasticCNN", "PlasticMLP", "PlasticCombinedExtractor")
@@ -159,6 +159,21 @@ class PlasticPolicyMixin:
                 f"isometry_interval='auto' is resolved from the algorithm's batch_size by the plastic algorithms; "
                 f"{type(self).__name__} built directly needs an int >= 1 (1: the exact AdamO step)"
             )
+        if config.optimizer == "trac":  # TRAC (Muppidi et al., 2024) around the base optimizer, as its reference
+            from sb3_plastic.trac import trac_class
+
+            base = user_class if user_class is not None else AdamO if use_adamo else th.optim.Adam
+            if use_adamo:
+                base = with_isometry_step(base)
+                user_opt_kwargs.update(
+                    isometry_coef=float(config.isometry_coef),
+                    isometry_scale=float(config.isometry_scale),
+                    isometry_mode="coupled",
+                    isometry_interval=int(config.isometry_interval),
+                )
+            kwargs["optimizer_class"] = trac_class(base)
+            kwargs["optimizer_kwargs"] = user_opt_kwargs
+            return kwargs
         if user_class is not None and not use_adamo:
             return kwargs  # plasticity off: the user's optimizer exactly as SB3 would build it
         if use_adamo:
@@ -191,10 +206,26 @@ class PlasticPolicyMixin:
 
     def _build(self, lr_schedule: Schedule) -> None:
         super()._build(lr_schedule)  # type: ignore[misc]
+        self._plastic_halve_for_doubling()
         self._plastic_insert_layer_norms()
         if self.isometry_config.use_orthogonal_init:
             self._plastic_orthogonal_init()
         self._plastic_regroup_optimizers()
+
+    def _plastic_halve_for_doubling(self) -> None:
+        """With a width-doubling activation (``activation="crelu"`` / ``"fourier"``), every layer before one keeps half
+        its units (:func:`sb3_plastic.networks.halve_for_doubling_`); the optimizers get the new parameters in place of
+        the old ones (they hold no state yet) and the targets are synced."""
+        mapping = halve_for_doubling_(self)  # type: ignore[arg-type]
+        if not mapping:
+            return
+        for owner, attr in self.plastic_optimizers():
+            optimizer = getattr(owner, attr, None)
+            if optimizer is None:
+                continue
+            for group in optimizer.param_groups:
+                group["params"] = [mapping.get(p, p) for p in group["params"]]
+        self.sync_targets()
 
     def _plastic_insert_layer_norms(self) -> None:
         """With ``layer_norm=True`` (NaP, Lyle et al., 2024): a layer norm between every hidden layer and its

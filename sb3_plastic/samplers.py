@@ -35,7 +35,20 @@ The isometry paper's baselines (issue #15) have search spaces of their own, used
 above (:data:`BASELINE_SPACES`, :func:`plastic_sampler_for` with ``method=``): ``"l2_init"`` samples
 ``l2_init_coef`` log-uniform in [1e-6, 1e-1] (Kumar et al., 2023, sweep 1e-5 ... 1e-2), ``"spectral"`` samples
 ``spectral_coef`` log-uniform in [1e-6, 1e-1] (Lewandowski et al., 2024, sweep a similar decade range),
-``"nap"`` turns Normalize-and-Project on and samples ``nap_project`` (``"normalized"`` / ``"all"``). To compare
+``"nap"`` turns Normalize-and-Project on and samples ``nap_project`` (``"normalized"`` / ``"all"``), ``"layer_reset"``
+samples what :class:`~sb3_plastic.callbacks.LayerReset` resets (``layer_reset_layers``: ``"heads"``, ``"policy_head"``,
+``"value_head"``, ``"critic"``) and its period ``layer_reset_every`` (integer, log-uniform in [1e4, 1e6] timesteps;
+Nikishin et al., 2022 reset every 2e4 updates with SPR and 2e5 with SAC), ``"churn_reduction"`` turns C-CHAIN on
+(:class:`~sb3_plastic.callbacks.ChurnReduction`) and samples its target relative scale ``churn_reduction_target_scale``
+log-uniform in [1e-3, 1e5] (the references' values differ by agent: 1e4 for discrete PPO, 0.05 for continuous PPO,
+0.01 for DQN; enqueue the one of your agent), ``"trac"`` switches the optimizer to TRAC (``optimizer="trac"``,
+``isometry_mode="off"``; parameter-free: nothing of its own is sampled, the base space's learning rate stays),
+``"plasticity_injection"`` injects once (:class:`~sb3_plastic.callbacks.PlasticityInjection`) at a sampled fraction
+``plasticity_injection_at`` of the run (uniform in [0.1, 0.9]; the paper's 0.5 in the middle) into a head of
+``plasticity_injection_layers`` 2 or 3 layers, ``"parseval"`` samples ``parseval_coef`` log-uniform in [1e-5, 1e-1]
+(:class:`~sb3_plastic.callbacks.ParsevalRegularisation`; Plasticine's value 1e-3 in the middle). ``"crelu"`` and
+``"fourier"`` fix the activation (the ``activation`` parameter has that one choice; :class:`~sb3_plastic.activations.CReLU`,
+:class:`~sb3_plastic.activations.Fourier`) and sample nothing else. To compare
 against the plain baseline, set ``isometry_mode: "off"`` and ``optimizer: adam`` in the yaml (otherwise AdamO's
 default penalty stays on), and register the sampler before running rl_zoo3::
 
@@ -70,8 +83,16 @@ L2_INIT_COEF_RANGE = (1e-6, 1e-1)
 SPECTRAL_COEF_RANGE = (1e-6, 1e-1)
 #: ``nap_project`` choices.
 NAP_PROJECT_CHOICES = ("normalized", "all")
+#: ``layer_reset_layers`` choices (the roles of :data:`sb3_plastic.callbacks.layer_reset.LAYER_ROLES` but ``"all"``).
+LAYER_RESET_CHOICES = ("heads", "policy_head", "value_head", "critic")
+#: Search range of ``layer_reset_every`` (integer timesteps, log-uniform).
+LAYER_RESET_EVERY_RANGE = (10_000, 1_000_000)
+#: Search range of ``churn_reduction_target_scale`` (log-uniform).
+CHURN_TARGET_SCALE_RANGE = (1e-3, 1e5)
 #: The optuna parameters of the baselines' spaces (:data:`BASELINE_SPACES`).
-BASELINE_PARAMS: tuple[str, ...] = ("l2_init_coef", "spectral_coef", "nap_project")
+BASELINE_PARAMS: tuple[str, ...] = ("l2_init_coef", "spectral_coef", "nap_project", "layer_reset_layers",
+                                    "layer_reset_every", "churn_reduction_target_scale", "optimizer",
+                                    "plasticity_injection_at", "plasticity_injection_layers", "parseval_coef")
 #: ``activation`` choices of on-policy samplers (rl_zoo3's tanh / relu, plus MaxMin).
 ON_POLICY_ACTIVATIONS = ("tanh", "relu", "maxmin")
 #: ``activation`` choices of off-policy samplers (rl_zoo3 keeps SB3's ReLU there; MaxMin added).
@@ -107,11 +128,50 @@ def sample_nap_params(trial: optuna.Trial) -> dict[str, Any]:
     return {"nap": True, "nap_project": trial.suggest_categorical("nap_project", list(NAP_PROJECT_CHOICES))}
 
 
+def sample_layer_reset_params(trial: optuna.Trial) -> dict[str, Any]:
+    """Layer reset's space: ``layer_reset_layers`` and ``layer_reset_every`` (:class:`~sb3_plastic.callbacks.LayerReset`)."""
+    return {
+        "layer_reset_layers": trial.suggest_categorical("layer_reset_layers", list(LAYER_RESET_CHOICES)),
+        "layer_reset_every": trial.suggest_int("layer_reset_every", *LAYER_RESET_EVERY_RANGE, log=True),
+    }
+
+
+def sample_churn_reduction_params(trial: optuna.Trial) -> dict[str, Any]:
+    """C-CHAIN's space: ``churn_reduction=True`` and ``churn_reduction_target_scale``
+    (:class:`~sb3_plastic.callbacks.ChurnReduction`)."""
+    scale = trial.suggest_float("churn_reduction_target_scale", *CHURN_TARGET_SCALE_RANGE, log=True)
+    return {"churn_reduction": True, "churn_reduction_target_scale": scale}
+
+
+def sample_trac_params(trial: optuna.Trial) -> dict[str, Any]:
+    """TRAC's space: ``optimizer="trac"`` (recorded as a one-choice categorical, so ``--trial-id`` restores it) with the
+    isometry penalty off (:mod:`sb3_plastic.trac`)."""
+    return {"optimizer": trial.suggest_categorical("optimizer", ["trac"]), "isometry_mode": "off"}
+
+
+def sample_plasticity_injection_params(trial: optuna.Trial) -> dict[str, Any]:
+    """Plasticity injection's space: ``plasticity_injection_at`` and ``plasticity_injection_layers``."""
+    return {
+        "plasticity_injection_at": trial.suggest_float("plasticity_injection_at", 0.1, 0.9),
+        "plasticity_injection_layers": trial.suggest_categorical("plasticity_injection_layers", [2, 3]),
+    }
+
+
+def sample_parseval_params(trial: optuna.Trial) -> dict[str, Any]:
+    """Parseval regularisation's space: ``parseval_coef``."""
+    return {"parseval_coef": trial.suggest_float("parseval_coef", 1e-5, 1e-1, log=True)}
+
+
 #: method -> its search space, used in place of :func:`sample_plastic_params` (see the module docstring).
 BASELINE_SPACES: dict[str, Callable[[optuna.Trial], dict[str, Any]]] = {
     "l2_init": sample_l2_init_params,
     "spectral": sample_spectral_params,
     "nap": sample_nap_params,
+    "layer_reset": sample_layer_reset_params,
+    "churn_reduction": sample_churn_reduction_params,
+    "trac": sample_trac_params,
+    "plasticity_injection": sample_plasticity_injection_params,
+    "parseval": sample_parseval_params,
 }
 
 
@@ -199,6 +259,10 @@ def make_plastic_converter(base_converter: Converter, base_samples_activation: b
         plastic = {key: params.pop(key) for key in (*PLASTIC_PARAMS, *BASELINE_PARAMS) if key in params}
         if "nap_project" in plastic:
             plastic["nap"] = True
+        if "churn_reduction_target_scale" in plastic:
+            plastic["churn_reduction"] = True
+        if plastic.get("optimizer") == "trac":
+            plastic["isometry_mode"] = "off"
         activation = params.pop("activation", None)
         if activation is not None and base_samples_activation:
             params["activation_fn"] = activation if activation in ("tanh", "relu") else "relu"
@@ -306,19 +370,24 @@ _ON_POLICY = ("ppo", "a2c", "trpo", "ppo_lstm")
 SAMPLER_BASES: dict[str, str] = {"crossq": "sac", "ppo_mask": "ppo"}
 
 
+#: Methods that are an activation: the sampler's ``activation`` parameter has that one choice.
+ACTIVATION_METHODS: tuple[str, ...] = ("crelu", "fourier")
+
+
 def plastic_sampler_for(base_name: str, method: str | None = None) -> tuple[Sampler, Converter] | None:
     """The plastic sampler and converter for a plastic algorithm built on rl_zoo3's ``base_name``
     (``"ppo"``, ``"dqn"``, ``"sac"``, ``"qrdqn"``, ...); ``None`` when rl_zoo3 has no sampler for it.
 
     :param base_name: the rl_zoo3 algorithm the plastic one extends.
-    :param method: ``None`` (the plastic space, :func:`sample_plastic_params`) or a key of :data:`BASELINE_SPACES`
-        (``"l2_init"``, ``"spectral"``, ``"nap"``): the base space + ``activation`` + that baseline's space.
+    :param method: ``None`` (the plastic space, :func:`sample_plastic_params`), a key of :data:`BASELINE_SPACES`
+        (``"l2_init"``, ``"spectral"``, ``"nap"``, ...): the base space + ``activation`` + that baseline's space, or one of
+        :data:`ACTIVATION_METHODS`: the base space with that activation.
     :raises ValueError: for an unknown ``method``.
     """
     from rl_zoo3 import hyperparams_opt
 
-    if method is not None and method not in BASELINE_SPACES:
-        raise ValueError(f"Unknown method {method!r}; allowed: None or {sorted(BASELINE_SPACES)}")
+    if method is not None and method not in BASELINE_SPACES and method not in ACTIVATION_METHODS:
+        raise ValueError(f"Unknown method {method!r}; allowed: None or {sorted([*BASELINE_SPACES, *ACTIVATION_METHODS])}")
 
     source = SAMPLER_BASES.get(base_name, base_name)
     if not hasattr(hyperparams_opt, f"sample_{source}_params") or source not in hyperparams_opt.HYPERPARAMS_CONVERTER:
@@ -339,6 +408,8 @@ def plastic_sampler_for(base_name: str, method: str | None = None) -> tuple[Samp
     converter = make_plastic_converter(base_converter, base_samples_activation=on_policy)
     if method is not None:
         space = sample_crossq_params if base_name == "crossq" else base_sampler
+        if method in ACTIVATION_METHODS:
+            return make_plastic_sampler(space, (method,), plastic=lambda trial: {}), converter
         return make_plastic_sampler(space, activations, plastic=BASELINE_SPACES[method]), converter
     sampler = named.get(base_name) or make_plastic_sampler(base_sampler, activations)
     return sampler, converter

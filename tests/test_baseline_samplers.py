@@ -8,12 +8,12 @@ import optuna
 import pytest
 
 from sb3_plastic import PlasticDQN, PlasticPPO, PlasticSAC
-from sb3_plastic.samplers import BASELINE_SPACES, plastic_sampler_for
+from sb3_plastic.samplers import ACTIVATION_METHODS, BASELINE_SPACES, plastic_sampler_for
 
 CASES = [("ppo", PlasticPPO, "CartPole-v1"), ("dqn", PlasticDQN, "CartPole-v1"), ("sac", PlasticSAC, "Pendulum-v1")]
 
 
-@pytest.mark.parametrize("method", sorted(BASELINE_SPACES))
+@pytest.mark.parametrize("method", sorted([*BASELINE_SPACES, *ACTIVATION_METHODS]))
 @pytest.mark.parametrize("base, cls, env_id", CASES)
 def test_baseline_sampler_builds_the_model_and_round_trips(method, base, cls, env_id):
     sampler, converter = plastic_sampler_for(base, method=method)
@@ -22,13 +22,35 @@ def test_baseline_sampler_builds_the_model_and_round_trips(method, base, cls, en
     n_actions = env.action_space.shape[0] if env.action_space.shape else 0
     params = sampler(trial, n_actions, 1, {"using_her_replay_buffer": False, "her_kwargs": {}})
     assert "isometry_coef" not in params and "replacement_rate" not in params  # the baseline's space only
+    if method in ACTIVATION_METHODS:
+        assert params["activation"] == method and trial.params["activation"] == method
     extra = {"buffer_size": 100} if base != "ppo" else {}
-    model = cls("MlpPolicy", env, isometry_mode="off", optimizer="adam", **extra, **params)
+    fixed = {"isometry_mode": "off", "optimizer": "adam", **params}
+    model = cls("MlpPolicy", env, **extra, **fixed)
     configs = model.intervention_configs
     if method == "l2_init":
         assert configs["l2_init"].l2_init_coef == trial.params["l2_init_coef"] > 0
     elif method == "spectral":
         assert configs["spectral"].spectral_coef == trial.params["spectral_coef"] > 0
+    elif method in ACTIVATION_METHODS:
+        assert model.isometry_config.activation == method
+    elif method == "parseval":
+        assert configs["parseval"].parseval_coef == trial.params["parseval_coef"] > 0
+    elif method == "plasticity_injection":
+        config = configs["plasticity_injection"]
+        assert config.plasticity_injection_at == trial.params["plasticity_injection_at"]
+        assert config.plasticity_injection_layers == trial.params["plasticity_injection_layers"]
+    elif method == "trac":
+        optimizer = model.policy.optimizer if base != "sac" else model.critic.optimizer
+        assert model.isometry_config.optimizer == "trac" and type(optimizer).__name__ == "TRACAdam"
+    elif method == "churn_reduction":
+        config = configs["churn_reduction"]
+        assert config.churn_reduction and config.churn_reduction_target_scale == trial.params["churn_reduction_target_scale"]
+    elif method == "layer_reset":
+        config = configs["layer_reset"]
+        assert config.layer_reset_layers == trial.params["layer_reset_layers"]
+        assert config.layer_reset_every == trial.params["layer_reset_every"] >= 10_000
+        assert [type(c).__name__ for c in model.intervention_callbacks()] == ["LayerReset"]
     else:
         assert configs["nap"].nap and configs["nap"].nap_project == trial.params["nap_project"]
         assert model.policy.plastic_layer_norm

@@ -410,3 +410,53 @@ def test_fresh_agent_of_task_0_reads_what_the_continual_run_reads_on_task_0(cont
     assert fresh["timesteps"] > setting.task_timesteps  # the overshoot happened
     for key in ("mean_reward", "end_reward", "end_return", "end_episodes"):
         assert fresh[key] == [cont[key][0]], key
+
+
+def test_head_reset_methods_reset_their_heads_at_switches_and_reuse_plain_fresh_agents(continual, tmp_path):
+    """The head-reset controls (issue #29) are LayerReset at every task change; their fresh agent is plain PPO's."""
+    from sb3_plastic import LayerReset
+
+    setting = _tiny_bandit(continual)
+    params = continual.MethodParams()
+    for method, layers in (("ppo_head_reset", "heads"), ("ppo_policy_head_reset", "policy_head"),
+                           ("ppo_value_head_reset", "value_head")):
+        assert method in continual.TASK_CHANGE_METHODS and method not in continual.DEFAULT_METHODS
+        _, callbacks = continual.build_model(method, setting, params, 0, "cpu", None)
+        (callback,) = callbacks
+        assert isinstance(callback, LayerReset) and callback.layers == layers and callback.on_task_change
+        assert continual.build_model(method, setting, params, 0, "cpu", None, fresh_task=1)[1] == []
+    assert "dqn_head_reset" in continual.ALL_METHOD_NAMES  # on a DQN setting: the Q head
+    from sb3_plastic import PlasticityInjection
+
+    (injection,) = continual.build_model("ppo_injection", setting, params, 0, "cpu", None)[1]
+    assert isinstance(injection, PlasticityInjection) and injection.on_task_change and injection.at is None
+    assert continual.build_model("ppo_injection", setting, params, 0, "cpu", None, fresh_task=1)[1] == []
+    record = continual.run_one("ppo_head_reset", 1, setting, params, str(tmp_path), "cpu", 1)
+    assert record["task"] == [0, 1]
+
+
+def test_field_methods_build_their_callbacks_and_keep_them_in_fresh_agents(continual):
+    """The field's methods of issue #30 act within a task: their fresh agents run them too."""
+    from sb3_plastic import ChurnReduction
+
+    setting = _tiny_bandit(continual)
+    params = continual.MethodParams()
+    assert "ppo_cchain" in continual.METHODS and "ppo_cchain" not in continual.TASK_CHANGE_METHODS
+    for fresh_task in (None, 1):
+        _, callbacks = continual.build_model("ppo_cchain", setting, params, 0, "cpu", None, fresh_task=fresh_task)
+        assert [type(c) for c in callbacks] == [ChurnReduction]
+        _, callbacks = continual.build_model("ppo_parseval", setting, params, 0, "cpu", None, fresh_task=fresh_task)
+        assert [(type(c).__name__, c.coef) for c in callbacks] == [("ParsevalRegularisation", params.parseval_coef)]
+        model, callbacks = continual.build_model("ppo_trac", setting, params, 0, "cpu", None, fresh_task=fresh_task)
+        assert type(model.policy.optimizer).__name__ == "TRACAdam" and callbacks == []
+        plain, _ = continual.build_model("ppo", setting, params, 0, "cpu", None, fresh_task=fresh_task)
+        assert _layers(model.policy) == _layers(plain.policy)  # the plain agent's network
+        model, callbacks = continual.build_model("ppo_layernorm", setting, params, 0, "cpu", None, fresh_task=fresh_task)
+        assert callbacks == [] and model.intervention_callbacks() == []  # the norms alone, no projection
+        assert type(model.policy.mlp_extractor.policy_net[1]).__name__ == "LayerNorm"
+        model, _ = continual.build_model("ppo_adam_equal_betas", setting, params, 0, "cpu", None, fresh_task=fresh_task)
+        assert model.policy.optimizer.param_groups[0]["betas"] == (0.99, 0.99)
+        for method, act in (("ppo_crelu", "CReLU"), ("ppo_fourier", "Fourier")):
+            model, callbacks = continual.build_model(method, setting, params, 0, "cpu", None, fresh_task=fresh_task)
+            assert callbacks == [] and type(model.policy.mlp_extractor.policy_net[1]).__name__ == act
+            assert model.policy.mlp_extractor.policy_net[0].out_features == setting.net_arch[0] // 2

@@ -218,3 +218,22 @@ def test_units_of_a_normalised_layer_are_read_after_the_activation():
     for h_spec, ref in zip(hidden, want):
         th.testing.assert_close(gnt._stored[h_spec.name], ref)
     gnt.detach()
+
+
+def test_nap_without_projection_is_the_layer_norms_alone():
+    """nap_project='none': the networks get NaP's layer norms and nothing else (no callback, norms grow freely); the
+    projected back under nap_project='normalized', free under 'none'."""
+    kwargs = dict(activation="relu", isometry_mode="off", optimizer="adam", n_steps=64, batch_size=32, n_epochs=2,
+                  seed=0, nap=True, learning_rate=0.01)
+    alone = PlasticPPO("MlpPolicy", "CartPole-v1", nap_project="none", **kwargs)
+    assert alone.intervention_callbacks() == []
+    assert [type(m).__name__ for m in alone.policy.mlp_extractor.policy_net] == ["Linear", "LayerNorm", "ReLU"] * 2
+    layer = alone.policy.mlp_extractor.policy_net[3]
+    before = float(th.cat([layer.weight.flatten(), layer.bias]).detach().norm())
+    alone.learn(256)
+    after = float(th.cat([layer.weight.flatten(), layer.bias]).detach().norm())
+    projected = PlasticPPO("MlpPolicy", "CartPole-v1", nap_project="normalized", **kwargs)
+    projected.learn(256)
+    p_layer = projected.policy.mlp_extractor.policy_net[3]
+    assert abs(float(th.cat([p_layer.weight.flatten(), p_layer.bias]).detach().norm()) - before) < 1e-4  # projected
+    assert abs(after - before) > 1e-3  # not projected: the norm moved

@@ -5,10 +5,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import warnings
+import zlib
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import numpy as np
+import torch as th
 from stable_baselines3.common.callbacks import BaseCallback, CallbackList
 
 from sb3_plastic.common.surgery import NetworkSpec, find_networks, model_state
@@ -213,3 +215,82 @@ class PlasticCallback(BaseCallback):
     def gradient_steps(self) -> int:
         """Gradient updates done so far by the model (SB3's ``_n_updates``; PPO counts epochs)."""
         return int(getattr(self.model, "_n_updates", 0))
+
+
+def private_seed(model_seed: Optional[int], key: str) -> int:
+    """The seed of a callback's private generator (:class:`PrivateRNGMixin`): derived (``numpy.random.SeedSequence``)
+    from the model's ``seed`` (``torch.initial_seed()`` when the model has none) and the callback's state key, so it
+    differs from the stream SB3 seeds torch with and between two callbacks on one model."""
+    base = int(th.initial_seed() if model_seed is None else model_seed) % 2**63
+    return int(np.random.SeedSequence([base, zlib.crc32(key.encode())]).generate_state(1)[0])
+
+
+class PrivateRNGMixin:
+    """Private random numbers for a :class:`PlasticCallback` that draws (a fresh initialisation, noise): one
+    ``torch.Generator`` per device, seeded by :func:`private_seed` from the model's ``seed`` and the callback's state
+    key, never torch's global generator, so the run's action sampling and every other draw stay those of the
+    same-seed run without the callback. Initialisers that draw with ``torch.nn.init`` (the global generator) run
+    inside :meth:`_private_global_rng`, which sets the global state from the private generator and reads it back
+    after (the global state is unchanged afterwards). The generators' states are kept in ``self.state["rng"]``
+    (``seed`` and ``states`` per device, saved with the model), so a resumed run continues the same stream; a state
+    saved on another device type cannot be used there and that device's generator restarts from the seed.
+
+    Call :meth:`_bind_private_rng` at training start (after the state is bound). Used by
+    :class:`~sb3_plastic.callbacks.ShrinkPerturb`, :class:`~sb3_plastic.callbacks.LayerReset` and
+    :class:`~sb3_plastic.callbacks.PlasticityInjection`.
+    """
+
+    model: Any
+    state: dict[str, Any]
+    state_key: str
+
+    def _bind_private_rng(self) -> None:
+        """Create ``self.state["rng"]`` if absent and forget the generators built so far (a loaded model brings its
+        own states)."""
+        if not isinstance(self.state.get("rng"), dict):
+            seed = private_seed(getattr(self.model, "seed", None), self.state_key)
+            self.state["rng"] = {"seed": seed, "states": {}}
+        self._generators: dict[str, th.Generator] = {}
+
+    def generator(self, device: Union[str, th.device]) -> th.Generator:
+        """The private generator of ``device``, restored from ``self.state["rng"]``."""
+        device = th.device(device)
+        key = str(device)
+        generators = self.__dict__.setdefault("_generators", {})
+        gen = generators.get(key)
+        if gen is None:
+            rng = self.state.get("rng")
+            if not isinstance(rng, dict):
+                rng = self.state["rng"] = {"seed": private_seed(getattr(self.model, "seed", None), self.state_key)}
+            gen = th.Generator(device=device)
+            saved = rng.setdefault("states", {}).get(key)
+            try:
+                if saved is None:
+                    raise ValueError
+                gen.set_state(saved.cpu())
+            except (ValueError, RuntimeError, TypeError):
+                gen.manual_seed(int(rng["seed"]))
+            generators[key] = gen
+        return gen
+
+    def _store_generator(self, device: th.device) -> None:
+        self.state["rng"]["states"][str(device)] = self._generators[str(device)].get_state()
+
+    @contextlib.contextmanager
+    def _private_global_rng(self, device: th.device) -> Iterator[None]:
+        """Run the block with torch's global generators (CPU, and ``device`` if it is a CUDA device) set from the
+        private ones, whose states advance by what the block drew; the global states are restored afterwards."""
+        cpu = th.device("cpu")
+        cuda = device if device.type == "cuda" else None
+        if cuda is not None and cuda.index is None:
+            cuda = th.device("cuda", th.cuda.current_device())
+        with th.random.fork_rng(devices=[] if cuda is None else [cuda.index]):
+            th.random.set_rng_state(self.generator(cpu).get_state())
+            if cuda is not None:
+                th.cuda.set_rng_state(self.generator(cuda).get_state(), cuda)
+            yield
+            self.generator(cpu).set_state(th.random.get_rng_state())
+            self._store_generator(cpu)
+            if cuda is not None:
+                self.generator(cuda).set_state(th.cuda.get_rng_state(cuda))
+                self._store_generator(cuda)

@@ -194,6 +194,9 @@ def layer_problem(spec: UnitLayer) -> Optional[str]:
         return recurrent_units_problem(spec)
     if not isinstance(spec.layer, (nn.Linear, nn.Conv2d)):
         return f"layer {spec.name!r} is a {type(spec.layer).__name__}; expected Linear or Conv2d"
+    if spec.doubles_width:
+        return (f"layer {spec.name!r} feeds a width-doubling activation ({type(spec.activation).__name__}): a unit's "
+                "outgoing weights are two column sets, which unit replacement does not handle")
     if spec.n_features % spec.group_size:
         return f"layer {spec.name!r} has {spec.n_features} features, not a multiple of {spec.group_size}"
     for consumer in spec.consumers:

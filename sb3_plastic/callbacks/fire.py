@@ -90,20 +90,25 @@ normalisation) is left alone.
 from __future__ import annotations
 
 import math
-import numbers
 import time
-import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 import torch as th
-from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from torch import nn
 
-from sb3_plastic.callbacks.base import PlasticCallback, TaskChangeWatch, changed_fields, warn_ignored_options, warn_unreachable
+from sb3_plastic.callbacks.base import changed_fields, warn_ignored_options
 from sb3_plastic.callbacks.redo import layer_init_scheme
-from sb3_plastic.callbacks.schedule import expected_end_timesteps
+from sb3_plastic.callbacks.triggers import (
+    UNSET,
+    TriggeredIntervention,
+    check_at,
+    check_bool,
+    check_every,
+    check_int_at_least,
+    is_int,
+)
 from sb3_plastic.common.surgery import norms_fed_by, reset_norm_, sync_target
 from sb3_plastic.isometry import as_blocks, deviation_from_isometry
 from sb3_plastic.optim import reset_optimizer_state
@@ -119,9 +124,6 @@ FIRE_HEAD_SCALES = ("init", "reference")
 NS_COEFFICIENTS = (1.5, -0.5)
 #: Newton–Schulz steps of the reference implementation (``iterations=REFERENCE_ITERATIONS`` reproduces it).
 REFERENCE_ITERATIONS = 10
-
-_UNSET: Any = object()
-
 
 # ----------------------------------------------------------------------------------------------------------
 # The orthogonalisation
@@ -331,37 +333,11 @@ def fire_weights(layer: nn.Module) -> list[tuple[nn.Parameter, int]]:
 # ----------------------------------------------------------------------------------------------------------
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _check_int_at_least(name: str, value: Any, low: int) -> None:
-    if not _is_int(value) or value < low:
-        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-
-
-def _check_at(name: str, value: Any) -> None:
-    if value is None:
-        return
-    if _is_int(value):
-        if value < 1:
-            raise ValueError(
-                f"{name} must be a float fraction in (0, 1) of the learn() call or an int timestep >= 1, got {value!r}"
-            )
-        return
-    if isinstance(value, numbers.Real) and not isinstance(value, bool):
-        if math.isfinite(value) and 0.0 < value < 1.0:
-            return
-        raise ValueError(
-            f"{name}={value!r} is outside (0, 1): a float {name} is a fraction of the learn() call's total_timesteps "
-            f"(exclusive bounds); use an int for an absolute num_timesteps"
-        )
-    raise ValueError(f"{name} must be a float fraction in (0, 1), an int timestep >= 1 or None, got {value!r}")
-
-
-def _check_every(name: str, value: Any) -> None:
-    if value is not None:
-        _check_int_at_least(name, value, 1)
+_is_int = is_int
+_check_int_at_least = check_int_at_least
+_check_at = check_at
+_check_every = check_every
+_check_bool = check_bool
 
 
 def _check_layers(name: str, value: Any) -> None:
@@ -382,17 +358,12 @@ def _check_head_scale(name: str, value: Any) -> None:
         raise ValueError(f"Unknown {name} {value!r}; allowed: {list(FIRE_HEAD_SCALES)}")
 
 
-def _check_bool(name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} must be True or False, got {value!r}")
-
-
 # ----------------------------------------------------------------------------------------------------------
 # The callback
 # ----------------------------------------------------------------------------------------------------------
 
 
-class FIRE(PlasticCallback):
+class FIRE(TriggeredIntervention):
     """FIRE as an SB3 callback (ICLR 2026, arXiv 2602.08040): orthogonalise the weights at chosen moments.
 
     When it fires, every selected Linear / Conv2d weight of every online network (PPO/A2C: the policy;
@@ -474,9 +445,13 @@ class FIRE(PlasticCallback):
     :raises ValueError: for a bad trigger, ``iterations``, ``layers`` or ``head_scale``, or when no trigger is set.
     """
 
+    title = "FIRE"
+    keyword_prefix = "fire"
+    action = "fire"
+
     def __init__(
         self,
-        at: Optional[Union[float, int]] = _UNSET,
+        at: Optional[Union[float, int]] = UNSET,
         every: Optional[int] = None,
         on_task_change: bool = False,
         iterations: Optional[int] = None,
@@ -485,170 +460,30 @@ class FIRE(PlasticCallback):
         name: Optional[str] = None,
         verbose: int = 0,
     ) -> None:
-        super().__init__(name=name, verbose=verbose)
-        if at is _UNSET:
+        if at is UNSET:
             at = 0.5 if every is None and not on_task_change else None
-        _check_at("at", at)
-        _check_every("every", every)
-        _check_bool("on_task_change", on_task_change)
         _check_iterations("iterations", iterations)
         _check_layers("layers", layers)
         _check_head_scale("head_scale", head_scale)
-        if at is None and every is None and not on_task_change:
-            raise ValueError("FIRE needs a trigger: set at (fraction in (0, 1) or int timestep), every, or on_task_change")
-        self.at = at
-        self.every = every
-        self.on_task_change = on_task_change
+        super().__init__(at=at, every=every, on_task_change=on_task_change, name=name, verbose=verbose)
         self.iterations = iterations
         self.layers = layers
         self.head_scale = head_scale
-        self._on_policy = False
-        self._task_watch = TaskChangeWatch("FIRE on_task_change=True (fire_on_task_change)", "fire")
-        self._at_skipped = False
 
     # -- state -------------------------------------------------------------------------------------------
 
     @property
     def fire_count(self) -> int:
         """Fires performed on this model so far (persistent)."""
-        return int(self.state.get("count", 0))
+        return self.event_count
 
     @property
     def fired_at(self) -> list[int]:
         """``num_timesteps`` at each fire (persistent)."""
-        return list(self.state.get("timesteps", []))
+        return self.event_timesteps
 
-    def _init_state(self) -> None:
-        s = self.state
-        s.setdefault("count", 0)
-        s.setdefault("timesteps", [])
-        s.setdefault("reasons", [])
-        s.setdefault("run", 0)
-        s.setdefault("at_spec", None)
-        s.setdefault("at_point", None)
-        s.setdefault("at_done", False)
-        s.setdefault("every_spec", None)
-        s.setdefault("every_done", 0)
-        s.setdefault("task_ids", None)
-        s.setdefault("pending", [])
-
-    def _plan_run(self) -> None:
-        """Fix the trigger points of this run (see the class docstring for the semantics)."""
-        s = self.state
-        now = int(self.model.num_timesteps)
-        self._at_skipped = False  # an int ``at`` already passed when this run's plan is made
-        new_run = now == 0 or s["run"] == 0
-        if new_run:
-            s["run"] += 1
-        # a string: SB3's save stores the model's attributes as JSON when it can (tuples come back as lists)
-        at_key = None if self.at is None else f"{'int' if _is_int(self.at) else 'float'}:{self.at!r}"
-        if new_run or s["at_spec"] != at_key:
-            s["at_spec"] = at_key
-            s["at_done"] = False
-            if self.at is None:
-                s["at_point"] = None
-            elif _is_int(self.at):
-                s["at_point"] = int(self.at)
-                s["at_done"] = now >= int(self.at) and now > 0
-                self._at_skipped = s["at_done"]
-            else:
-                # _total_timesteps is the absolute end of this learn() call (SB3 adds num_timesteps to it
-                # when reset_num_timesteps=False)
-                span = int(self.model._total_timesteps) - now
-                s["at_point"] = now + max(1, round(float(self.at) * span))
-            if self.verbose >= 1 and s["at_point"] is not None and not s["at_done"]:
-                meaning = (
-                    f"a fraction of the run that starts at num_timesteps {now} and ends at {int(self.model._total_timesteps)} "
-                    "(this learn() call's total_timesteps); with learn() in chunks it falls inside the first chunk"
-                    if not _is_int(self.at)
-                    else "an absolute num_timesteps"
-                )
-                print(f"FIRE at={self.at!r} planned at num_timesteps {s['at_point']} ({meaning})")
-        if new_run or s["every_spec"] != self.every:
-            s["every_spec"] = self.every
-            s["every_done"] = now // self.every if self.every else 0
-
-    def _init_callback(self) -> None:
-        super()._init_callback()
-        self._init_state()
-
-    def _on_training_start(self) -> None:
-        super()._on_training_start()
-        self._init_state()
-        self._on_policy = isinstance(self.model, OnPolicyAlgorithm)
-        self._plan_run()
-        self._warn_unreachable()
-        self._task_watch.start()
-
-    def _warn_unreachable(self) -> None:
-        """Warn when a trigger set for this call cannot fire in it (``at`` past the call's end or already
-        passed, ``every`` longer than the call): such a FIRE would otherwise do nothing and say nothing."""
-        s = self.state
-        start = int(self.model.num_timesteps)
-        end = expected_end_timesteps(self.model)
-        span = f"this learn() call runs num_timesteps {start} -> {end}"
-        if s["at_point"] is not None and not s["at_done"] and s["at_point"] > end:
-            warnings.warn(
-                f"FIRE at={self.at!r} (fire_at) is due at num_timesteps {s['at_point']}, beyond the end of this run: "
-                f"{span}, so it does not fire in this call (only in a later learn(..., reset_num_timesteps=False))",
-                stacklevel=2,
-            )
-        elif self._at_skipped:
-            warnings.warn(
-                f"FIRE at={self.at!r} (fire_at) has already passed: {span}; an int at is an absolute num_timesteps "
-                f"(use a float in (0, 1) for a fraction of the call), so it does not fire in this run",
-                stacklevel=2,
-            )
-        if self.every:
-            due = (s["every_done"] + 1) * self.every
-            warn_unreachable(
-                f"FIRE every={self.every} (fire_every)", due, start, end, f"the next multiple of {self.every} is {due}", "fire"
-            )
-
-    # -- triggers ----------------------------------------------------------------------------------------
-
-    def _due(self) -> list[str]:
-        s = self.state
-        now = int(self.model.num_timesteps)
-        reasons: list[str] = []
-        if s["at_point"] is not None and not s["at_done"] and now >= s["at_point"]:
-            s["at_done"] = True
-            reasons.append(f"at={self.at}")
-        if self.every:
-            k = now // self.every
-            if k > s["every_done"]:
-                s["every_done"] = k
-                reasons.append(f"every={self.every}")
-        if self.on_task_change:
-            changed = self._task_changed()
-            if changed:
-                reasons.append("task_change")
-        return reasons
-
-    def _task_changed(self) -> bool:
-        return self._task_watch.changed(self.locals.get("infos"), self.state)
-
-    def _on_step(self) -> bool:
-        reasons = self._due()
-        if reasons:
-            if self._on_policy:
-                self.state["pending"].extend(r for r in reasons if r not in self.state["pending"])
-            else:
-                self._fire(reasons)
-        return True
-
-    def _on_rollout_start(self) -> None:
-        if self.state["pending"]:
-            self._fire(list(self.state["pending"]))
-
-    def _on_rollout_end(self) -> None:
-        if self.on_task_change:
-            steps = int(self.model.num_timesteps) - int(getattr(self.model, "_num_timesteps_at_start", 0))
-            self._task_watch.warn_if_blind(steps)
-
-    def _on_training_end(self) -> None:
-        if self.state["pending"]:
-            self._fire(list(self.state["pending"]))
+    def _act(self, reasons: list[str]) -> None:
+        self._fire(reasons)
 
     # -- the surgery -------------------------------------------------------------------------------------
 
@@ -701,19 +536,15 @@ class FIRE(PlasticCallback):
         seconds = time.perf_counter() - start
         dfi_after = sum(deviation_from_isometry(w, blocks=b) for w, b in weights)
 
-        s = self.state
         now = int(self.model.num_timesteps)
-        s["count"] += 1
-        s["timesteps"].append(now)
-        s["reasons"].append("+".join(reasons))
-        s["pending"] = []
+        count = self._count_event(reasons)
         self.record("fire/dfi_before", dfi_before)
         self.record("fire/dfi_after", dfi_after)
         self.record("fire/seconds", seconds)
-        self.record("fire/count", s["count"])
+        self.record("fire/count", count)
         if self.verbose >= 1:
             print(
-                f"FIRE #{s['count']} at num_timesteps={now} ({'+'.join(reasons)}): {len(layers)} layers, "
+                f"FIRE #{count} at num_timesteps={now} ({'+'.join(reasons)}): {len(layers)} layers, "
                 f"DfI {dfi_before:.4g} -> {dfi_after:.4g}, {seconds * 1e3:.1f} ms"
             )
 

@@ -66,7 +66,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from sb3_plastic.activations import MaxMin
+from sb3_plastic.activations import CReLU, Fourier, MaxMin
 from sb3_plastic.callbacks.base import PlasticCallback, changed_fields, warn_ignored_options
 from sb3_plastic.common.hooks import OutermostStepHooks
 
@@ -84,6 +84,8 @@ NONLINEARITIES: tuple[type[nn.Module], ...] = (
     nn.Softplus,
     nn.Mish,
     MaxMin,
+    CReLU,
+    Fourier,
 )
 
 
@@ -379,9 +381,13 @@ def nap_learning_rate_schedule(initial: float, final_fraction: float = 0.0, n_ta
     return schedule
 
 
-def _check_project(name: str, value: Any) -> None:
-    if value not in PROJECT_CHOICES:
-        raise ValueError(f"Unknown {name} {value!r}; allowed: {list(PROJECT_CHOICES)}")
+def _check_project(name: str, value: Any, choices: tuple[str, ...] = PROJECT_CHOICES) -> None:
+    if value not in choices:
+        raise ValueError(f"Unknown {name} {value!r}; allowed: {list(choices)}")
+
+
+#: ``nap_project`` of the keyword form: the callback's choices, or ``"none"`` (the layer norms alone).
+CONFIG_PROJECT_CHOICES = (*PROJECT_CHOICES, "none")
 
 
 @dataclass
@@ -392,8 +398,10 @@ class NaPConfig:
         networks (built with the networks, :func:`insert_layer_norms_`) and, after every optimizer step, each
         normalised layer's ``[W, b]`` projected back to its initial norm (:class:`NormalizeAndProject`). ``False``
         (the default): off.
-    :param nap_project: ``"normalized"`` (project the layers followed by a layer norm) or ``"all"`` (every
-        Linear / Conv2d layer, output heads included).
+    :param nap_project: ``"normalized"`` (project the layers followed by a layer norm), ``"all"`` (every
+        Linear / Conv2d layer, output heads included) or ``"none"``: no projection, the layer norms alone ("LayerNorm"
+        of the plasticity benchmarks, e.g. Plasticine's ``*_ln.py``; there the norms sit after the activations of its
+        residual blocks, here between each layer and its activation, where NaP puts them).
     :param nap_project_affine: also project the scale and offset of every layer norm before a positively homogeneous
         activation (ReLU, LeakyReLU, MaxMin) jointly to their initial norm (default; :mod:`sb3_plastic.callbacks.nap`
         says what and why).
@@ -410,7 +418,7 @@ class NaPConfig:
         """Raise ``ValueError`` naming the bad value and what is allowed."""
         if not isinstance(self.nap, bool):
             raise ValueError(f"nap must be True or False, got {self.nap!r}")
-        _check_project("nap_project", self.nap_project)
+        _check_project("nap_project", self.nap_project, CONFIG_PROJECT_CHOICES)
         if not isinstance(self.nap_project_affine, bool):
             raise ValueError(f"nap_project_affine must be True or False, got {self.nap_project_affine!r}")
         if not self.nap:
@@ -424,8 +432,11 @@ class NaPConfig:
         return self.nap
 
     def make_callback(self) -> Optional[NormalizeAndProject]:
-        """The :class:`NormalizeAndProject` callback for these settings, or ``None`` when NaP is off."""
-        return NormalizeAndProject(self.nap_project, self.nap_project_affine) if self.enabled else None
+        """The :class:`NormalizeAndProject` callback for these settings, or ``None`` when NaP is off or
+        ``nap_project="none"`` (the layer norms alone: they are part of the networks, nothing runs during training)."""
+        if not self.enabled or self.nap_project == "none":
+            return None
+        return NormalizeAndProject(self.nap_project, self.nap_project_affine)
 
     def to_kwargs(self) -> dict[str, Any]:
         """The fields as keyword arguments."""

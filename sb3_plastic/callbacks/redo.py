@@ -228,7 +228,8 @@ def _post_activation(hidden: HiddenLayer, out: th.Tensor) -> th.Tensor:
     except Exception as error:  # an unusual module after the layer
         problem = f"raised {type(error).__name__}: {error}"
     else:
-        if isinstance(h, th.Tensor) and h.shape == out.shape:
+        wide = (out.shape[0], out.shape[1] * 2, *out.shape[2:])
+        if isinstance(h, th.Tensor) and (h.shape == out.shape or (hidden.doubles_width and tuple(h.shape) == wide)):
             return h
         shape = tuple(getattr(h, "shape", ()))
         problem = f"returned {type(h).__name__} of shape {shape} for an input of shape {tuple(out.shape)}"
@@ -694,7 +695,11 @@ class ReDo(PlasticCallback):
             if spec.recurrent:  # score the LSTM cells first: the extractor's resets below change the LSTM's input
                 cells = [u for u in spec.recurrent_units() if recurrent_units_problem(u) is None]
                 cell_activity = recurrent_probe_activity(self.model.policy, cells, observations) if cells else []
-            for result in redo_layers_(spec.hidden_layers(), forward, self.tau, optimizers, self._init, replaced):
+            hidden = [h for h in spec.hidden_layers() if not h.doubles_width]
+            if len(hidden) < len(spec.hidden_layers()):
+                self._warn_once("doubling", f"ReDo skips the layers of {spec.name!r} before a width-doubling activation "
+                                "(CReLU, Fourier features): recycling a unit there is not defined here")
+            for result in redo_layers_(hidden, forward, self.tau, optimizers, self._init, replaced):
                 out.append((spec.name, result))
             if spec.recurrent:
                 out += [

@@ -28,13 +28,11 @@ norm's own running averages.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import warnings
-import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
 import numpy as np
 import torch as th
@@ -42,7 +40,14 @@ from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from sb3_plastic.callbacks.base import PlasticCallback, TaskChangeWatch, warn_ignored_options, warn_unreachable
+from sb3_plastic.callbacks.base import (
+    PlasticCallback,
+    PrivateRNGMixin,
+    TaskChangeWatch,
+    private_seed,
+    warn_ignored_options,
+    warn_unreachable,
+)
 from sb3_plastic.callbacks.redo import LayerInit, default_layer_init, model_layer_init
 from sb3_plastic.callbacks.schedule import expected_end_timesteps
 from sb3_plastic.common.hooks import OutermostStepHooks
@@ -297,18 +302,14 @@ _CONFIG_NAMES = {
 }
 
 
-def shrink_perturb_seed(model_seed: Optional[int], key: str) -> int:
-    """The seed of a :class:`ShrinkPerturb` callback's private generator: derived (``numpy.random.SeedSequence``)
-    from the model's ``seed`` (``torch.initial_seed()`` when the model has none) and the callback's state key, so it
-    differs from the stream SB3 seeds torch with and between two callbacks on one model."""
-    base = int(th.initial_seed() if model_seed is None else model_seed) % 2**63
-    return int(np.random.SeedSequence([base, zlib.crc32(key.encode())]).generate_state(1)[0])
+#: The seed of a :class:`ShrinkPerturb` callback's private generator (:func:`~sb3_plastic.callbacks.base.private_seed`).
+shrink_perturb_seed = private_seed
 
 
 # ---------------------------------------------------------------------------------------------------
 # The callback
 # ---------------------------------------------------------------------------------------------------
-class ShrinkPerturb(PlasticCallback):
+class ShrinkPerturb(PrivateRNGMixin, PlasticCallback):
     """Shrink & Perturb as an SB3 callback for PPO, A2C, DQN, QR-DQN, SAC, TQC, CrossQ, TD3, DDPG, RecurrentPPO
     and MaskablePPO (plastic or not).
 
@@ -409,7 +410,6 @@ class ShrinkPerturb(PlasticCallback):
         self._on_policy = False
         self._last_timesteps = 0
         self._handles: list[RemovableHandle] = []
-        self._generators: dict[str, th.Generator] = {}
         option = "ShrinkPerturb on_task_change=True (shrink_perturb_on_task_change)"
         self._task_watch = TaskChangeWatch(option, "shrink and perturb")
 
@@ -432,10 +432,7 @@ class ShrinkPerturb(PlasticCallback):
             ("noise_steps", 0),
         ):
             self.state.setdefault(key, value)
-        if not isinstance(self.state.get("rng"), dict):
-            seed = shrink_perturb_seed(getattr(self.model, "seed", None), self.state_key)
-            self.state["rng"] = {"seed": seed, "states": {}}
-        self._generators = {}  # rebuilt from self.state["rng"] (a loaded model brings its own)
+        self._bind_private_rng()
         if int(self.model.num_timesteps) == 0:
             # a new run (reset_num_timesteps=True or a fresh model): nothing of the last run's count is carried over
             self.state["steps_since_event"] = 0
@@ -470,49 +467,6 @@ class ShrinkPerturb(PlasticCallback):
             self._task_watch.warn_if_blind(steps)
         if self.mode == "continual":
             self.record(f"{self.log_prefix}/noise_steps", self.state["noise_steps"])
-
-    # ------------------------------------------------------------------ private random numbers
-    def generator(self, device: Union[str, th.device]) -> th.Generator:
-        """The private generator of ``device`` (see the class docstring), restored from ``self.state["rng"]``."""
-        device = th.device(device)
-        key = str(device)
-        gen = self._generators.get(key)
-        if gen is None:
-            rng = self.state.get("rng")
-            if not isinstance(rng, dict):
-                rng = self.state["rng"] = {"seed": shrink_perturb_seed(getattr(self.model, "seed", None), self.state_key)}
-            gen = th.Generator(device=device)
-            saved = rng.setdefault("states", {}).get(key)
-            try:
-                if saved is None:
-                    raise ValueError
-                gen.set_state(saved.cpu())
-            except (ValueError, RuntimeError, TypeError):
-                gen.manual_seed(int(rng["seed"]))
-            self._generators[key] = gen
-        return gen
-
-    def _store_generator(self, device: th.device) -> None:
-        self.state["rng"]["states"][str(device)] = self._generators[str(device)].get_state()
-
-    @contextlib.contextmanager
-    def _private_global_rng(self, device: th.device) -> Iterator[None]:
-        """Run the block with torch's global generators (CPU, and ``device`` if it is a CUDA device) set from the
-        private ones, whose states advance by what the block drew; the global states are restored afterwards."""
-        cpu = th.device("cpu")
-        cuda = device if device.type == "cuda" else None
-        if cuda is not None and cuda.index is None:
-            cuda = th.device("cuda", th.cuda.current_device())
-        with th.random.fork_rng(devices=[] if cuda is None else [cuda.index]):
-            th.random.set_rng_state(self.generator(cpu).get_state())
-            if cuda is not None:
-                th.cuda.set_rng_state(self.generator(cuda).get_state(), cuda)
-            yield
-            self.generator(cpu).set_state(th.random.get_rng_state())
-            self._store_generator(cpu)
-            if cuda is not None:
-                self.generator(cuda).set_state(th.cuda.get_rng_state(cuda))
-                self._store_generator(cuda)
 
     # ------------------------------------------------------------------ continual form
     def _install_hooks(self) -> None:

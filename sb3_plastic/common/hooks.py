@@ -1,4 +1,4 @@
-"""The two torch hooks the plastic interventions are built on, each implemented once.
+"""The torch hooks the plastic interventions are built on, each implemented once.
 
 * :func:`add_to_grad_hook`: add something to a parameter's gradient inside ``backward()``, once its gradient is
   complete (a post-accumulate-grad hook), so that whatever runs between ``backward()`` and ``optimizer.step()``
@@ -10,6 +10,9 @@
   ``step`` (AdamO's calls ``Adam.step`` once any plain ``Adam`` exists) would run them twice per update; a depth
   counter keeps one call per update. Used by Shrink & Perturb (continual form), Continual Backprop and
   Normalize-and-Project.
+* :class:`AfterZeroGrad`: act right after each ``optimizer.zero_grad()``, i.e. right before the task loss's
+  ``backward()``: an extra loss with its own forward pass (C-CHAIN's churn reduction on another batch) puts its
+  gradient into ``.grad`` there.
 """
 
 from __future__ import annotations
@@ -95,3 +98,52 @@ class OutermostStepHooks:
         for handle in self.handles:
             handle.remove()
         self.handles = []
+
+
+class AfterZeroGrad:
+    """Call ``fn(optimizer)`` right after each ``optimizer.zero_grad()``, while ``active()``: the place to put the
+    gradient of an extra loss into ``.grad`` so that the task loss's ``backward()`` accumulates onto it, exactly as if
+    the extra loss had been added to the task loss before ``backward()`` (SB3's ``clip_grad_norm_`` then clips the sum).
+    SB3's ``train()`` methods call ``zero_grad()`` right before each ``backward()`` (PPO, A2C, MaskablePPO per minibatch;
+    DQN, QR-DQN per update; SAC, TQC, TD3 per critic / actor update). Used by
+    :class:`~sb3_plastic.callbacks.ChurnReduction` (C-CHAIN), whose loss needs its own forward pass on another batch.
+
+    The optimizer's ``zero_grad`` is wrapped through an instance attribute (the class is untouched; SB3 saves the
+    optimizer's ``state_dict``, never the object); :meth:`remove` restores it. ``fn`` should fill ``.grad`` with
+    ``torch.autograd.grad`` rather than ``backward()``: a ``backward()`` would fire the post-accumulate-grad hooks
+    (:func:`add_to_grad_hook`) once more, and their penalties would be counted twice.
+
+    :param optimizer: the optimizer to follow.
+    :param fn: called with the optimizer after each ``zero_grad()``.
+    :param active: ``None`` (always) or a predicate checked before each call.
+    """
+
+    def __init__(
+        self,
+        optimizer: th.optim.Optimizer,
+        fn: Callable[[th.optim.Optimizer], None],
+        active: Optional[Callable[[], bool]] = None,
+    ) -> None:
+        self.optimizer = optimizer
+        self.removed = False
+        inner = optimizer.zero_grad
+
+        def zero_grad(*args: Any, **kwargs: Any) -> Any:
+            out = inner(*args, **kwargs)
+            if not self.removed and (active is None or active()):
+                fn(optimizer)
+            return out
+
+        self._inner = inner
+        self._wrapper = zero_grad
+        optimizer.zero_grad = zero_grad  # type: ignore[method-assign]
+
+    def remove(self) -> None:
+        """Stop calling ``fn``; restore the optimizer's ``zero_grad`` when this wrapper is still the outermost one (a
+        wrapper installed later keeps calling through this one, which now only forwards)."""
+        self.removed = True
+        if self.optimizer.__dict__.get("zero_grad") is self._wrapper:
+            if getattr(self._inner, "__self__", None) is self.optimizer:  # the class's own method: drop the attribute
+                del self.optimizer.zero_grad
+            else:
+                self.optimizer.zero_grad = self._inner  # type: ignore[method-assign]

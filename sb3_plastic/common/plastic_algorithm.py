@@ -28,8 +28,12 @@ from sb3_plastic.policies import PlasticPolicyMixin
 def intervention_config_classes() -> dict[str, type]:
     """The intervention configs whose fields are top-level keywords of every plastic algorithm."""
     from sb3_plastic.callbacks.cbp import ContinualBackpropConfig
+    from sb3_plastic.callbacks.churn_reduction import ChurnReductionConfig
     from sb3_plastic.callbacks.fire import FIREConfig
+    from sb3_plastic.callbacks.layer_reset import LayerResetConfig
     from sb3_plastic.callbacks.nap import NaPConfig
+    from sb3_plastic.callbacks.parseval import ParsevalConfig
+    from sb3_plastic.callbacks.plasticity_injection import PlasticityInjectionConfig
     from sb3_plastic.callbacks.redo import ReDoConfig
     from sb3_plastic.callbacks.regularisers import L2InitConfig, SpectralRegularisationConfig
     from sb3_plastic.callbacks.shrink_perturb import ShrinkPerturbConfig
@@ -42,6 +46,10 @@ def intervention_config_classes() -> dict[str, type]:
         "l2_init": L2InitConfig,
         "spectral": SpectralRegularisationConfig,
         "nap": NaPConfig,
+        "layer_reset": LayerResetConfig,
+        "churn_reduction": ChurnReductionConfig,
+        "plasticity_injection": PlasticityInjectionConfig,
+        "parseval": ParsevalConfig,
     }
 
 
@@ -81,7 +89,11 @@ class PlasticAlgorithmMixin:
         :class:`~sb3_plastic.callbacks.L2InitConfig` (``l2_init_coef``),
         :class:`~sb3_plastic.callbacks.SpectralRegularisationConfig` (``spectral_coef``, ...) and
         :class:`~sb3_plastic.callbacks.NaPConfig` (``nap``, ``nap_project``; ``nap=True`` also builds the networks
-        with layer norms). An enabled intervention
+        with layer norms) and :class:`~sb3_plastic.callbacks.LayerResetConfig` (``layer_reset_layers``,
+        ``layer_reset_on_task_change``, ...), :class:`~sb3_plastic.callbacks.ChurnReductionConfig` (``churn_reduction``,
+        ``churn_reduction_coef``, ...), :class:`~sb3_plastic.callbacks.PlasticityInjectionConfig`
+        (``plasticity_injection_at``, ...), :class:`~sb3_plastic.callbacks.ParsevalConfig` (``parseval_coef``, ...).
+        An enabled intervention
         is added to the callbacks of every ``learn()`` call; it is the same class users can pass as a
         callback themselves.
     """
@@ -240,6 +252,15 @@ class PlasticAlgorithmMixin:
                 model.intervention_configs[name] = dataclasses.replace(model.intervention_configs[name], **mine)
         return model
 
+    def set_parameters(self, load_path_or_dict: Any, exact_match: bool = True, device: Any = "auto") -> None:
+        """SB3's ``set_parameters``; a model whose persistent state records plasticity injections first gets their
+        branches rebuilt (:func:`sb3_plastic.callbacks.plasticity_injection.restore_injections`), so that ``load``
+        finds the parameters it saved."""
+        from sb3_plastic.callbacks.plasticity_injection import restore_injections
+
+        restore_injections(self)  # type: ignore[arg-type]
+        super().set_parameters(load_path_or_dict, exact_match=exact_match, device=device)  # type: ignore[misc]
+
     def intervention_callbacks(self) -> list[BaseCallback]:
         """Callbacks of the interventions enabled through keywords (named ``"auto"``)."""
         callbacks = []
@@ -384,6 +405,10 @@ def plastic_keyword_docs(isometry_coef_default: float = PlasticAlgorithmMixin.de
         "l2_init": "L2-init (regenerative regularisation)",
         "spectral": "Spectral regularisation",
         "nap": "Normalize-and-Project",
+        "layer_reset": "Layer reset (primacy bias)",
+        "churn_reduction": "C-CHAIN (churn reduction)",
+        "plasticity_injection": "Plasticity injection",
+        "parseval": "Parseval regularisation",
     }
     groups: dict[str, tuple[type, Optional[dict[str, Any]]]] = {"Isometry": (IsometryConfig, isometry_defaults)}
     for key, config_cls in intervention_config_classes().items():

@@ -40,7 +40,7 @@ from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.preprocessing import get_flattened_obs_dim
 from torch import nn
 
-from sb3_plastic.activations import MaxMin
+from sb3_plastic.activations import MaxMin, doubles_width
 
 LAYER_TYPES: tuple[type[nn.Module], ...] = (nn.Linear, nn.Conv2d)
 #: Per-feature normalisations with running statistics that the interventions know how to reset.
@@ -105,20 +105,30 @@ class HiddenLayer:
     pre_norm: Optional[nn.Module] = None
 
     @property
+    def doubles_width(self) -> bool:
+        """Whether the activation outputs two features per unit (CReLU, Fourier features)."""
+        return doubles_width(self.activation)
+
+    @property
     def group_size(self) -> int:
-        """Features per unit: 2 under MaxMin (a sorted pair), else 1."""
-        return 2 if isinstance(self.activation, MaxMin) else 1
+        """Features per unit in :meth:`post_activation`'s output: 2 under MaxMin (a sorted pair) and under a
+        width-doubling activation (a unit's two outputs, made adjacent), else 1."""
+        return 2 if isinstance(self.activation, MaxMin) or self.doubles_width else 1
 
     def post_activation(self, out: th.Tensor) -> th.Tensor:
         """The units' output computed from the layer's output ``out``: ``activation(pre_norm(out))`` (each part
         only where present), the tensor ReDo scores (Sokar et al., 2023: "the activations of the neurons") and
         the diagnostics read. A normalisation in training mode is applied without updating its running
-        statistics (the network's own forward already did). Errors of the modules propagate."""
+        statistics (the network's own forward already did). A width-doubling activation's ``[f(x), g(x)]`` is
+        reordered so that each unit's two features are adjacent (:attr:`group_size`). Errors of the modules
+        propagate."""
         h = out
         if self.pre_norm is not None:
             h = norm_forward(self.pre_norm, h)
         if self.activation is not None:
             h = self.activation(h)
+            if self.doubles_width:
+                h = th.stack(h.chunk(2, dim=1), dim=2).flatten(1, 2)
         return h
 
     @property
@@ -128,7 +138,8 @@ class HiddenLayer:
 
     @property
     def n_units(self) -> int:
-        return self.n_features // self.group_size
+        """Units of the layer: its rows (output channels), a MaxMin pair counting once."""
+        return self.n_features if self.doubles_width else self.n_features // self.group_size
 
 
 @dataclass
@@ -455,10 +466,21 @@ def norms_fed_by(spec: NetworkSpec, layers: Iterable[nn.Module]) -> list[nn.Modu
 
 
 def layers_of(module: Optional[nn.Module]) -> list[nn.Module]:
-    """Linear / Conv2d layers of ``module`` in registration order."""
-    if module is None:
-        return []
-    return [m for m in module.modules() if isinstance(m, LAYER_TYPES)]
+    """Linear / Conv2d layers of ``module`` in registration order (each once). The modules a layer holds as its own
+    children (the new heads :class:`~sb3_plastic.callbacks.PlasticityInjection` attaches to an output layer) are not
+    layers of the sequence."""
+    found: dict[int, nn.Module] = {}
+
+    def walk(m: nn.Module) -> None:
+        if isinstance(m, LAYER_TYPES):
+            found.setdefault(id(m), m)
+            return
+        for child in m.children():
+            walk(child)
+
+    if module is not None:
+        walk(module)
+    return list(found.values())
 
 
 def _extractor_paths(
@@ -672,16 +694,22 @@ def _names_with_prefix(module: nn.Module, prefix: str) -> dict[int, str]:
     return {id(m): f"{prefix}.{name}" if name else prefix for name, m in module.named_modules()}
 
 
-def sync_target(spec: NetworkSpec) -> None:
+def sync_target(spec: NetworkSpec, tensors: Optional[Iterable[th.Tensor]] = None) -> None:
     """Hard-copy the online network into its target (no-op without a target).
 
     ``load_state_dict`` copies values in place, so the target keeps its Parameter objects and the
     polyak updates of SB3 (which zip parameter lists) stay valid.
+
+    :param spec: the network.
+    :param tensors: ``None`` (the whole network) or the online parameters / buffers to copy (the rest of the target
+        keeps its values, e.g. its Polyak lag).
     """
     if spec.target is not None:
-        own = spec.module.state_dict()
+        own = spec.module.state_dict(keep_vars=True)
         target_keys = spec.target.state_dict().keys()
-        spec.target.load_state_dict({k: v for k, v in own.items() if k in target_keys}, strict=False)
+        wanted = None if tensors is None else {id(t) for t in tensors}
+        chosen = {k: v.detach() for k, v in own.items() if k in target_keys and (wanted is None or id(v) in wanted)}
+        spec.target.load_state_dict(chosen, strict=False)
 
 
 class PlasticStateStore:

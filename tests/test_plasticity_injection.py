@@ -1,0 +1,209 @@
+"""PlasticityInjection (Nikishin et al., 2023): outputs unchanged at the injection, the injected head against a
+hand-written forward and a hand-written draw of PyTorch's init, what trains and what is frozen, targets, repeated
+injections, save / load, keywords."""
+
+import copy
+import math
+
+import numpy as np
+import pytest
+import torch as th
+from sb3_contrib import CrossQ
+from stable_baselines3 import DQN, PPO, SAC
+from stable_baselines3.common.utils import polyak_update
+
+from sb3_plastic import PlasticDQN, PlasticityInjection, PlasticPPO, PlasticSAC
+from sb3_plastic.callbacks import load_injected
+from sb3_plastic.callbacks.plasticity_injection import PlasticityInjectionConfig
+from sb3_plastic.common.surgery import find_networks
+
+NET = dict(net_arch=[16, 16])
+PPO_FAST = dict(n_steps=32, batch_size=32, n_epochs=2, seed=0)
+OFF_FAST = dict(learning_starts=32, buffer_size=500, batch_size=16, seed=0)
+
+
+def _inject_now(model, layers=2):
+    callback = PlasticityInjection(layers=layers, every=10**9)
+    callback.init_callback(model)
+    callback._on_training_start()
+    before = callback.generator("cpu").get_state()
+    callback._act(["test"])
+    return callback, before
+
+
+def _obs(model, n=20, seed=0):
+    rng = np.random.default_rng(seed)
+    space = model.observation_space
+    return th.as_tensor(rng.uniform(-1, 1, size=(n, *space.shape)), dtype=th.float32)
+
+
+def test_outputs_unchanged_at_injection_ppo_dqn_sac():
+    ppo = PPO("MlpPolicy", "CartPole-v1", policy_kwargs=NET, **PPO_FAST)
+    dqn = DQN("MlpPolicy", "CartPole-v1", policy_kwargs=NET, **OFF_FAST)
+    sac = SAC("MlpPolicy", "Pendulum-v1", policy_kwargs=dict(NET), **OFF_FAST)
+    for model in (ppo, dqn, sac):
+        model.learn(64)
+    x = _obs(ppo)
+    with th.no_grad():
+        logits, values = ppo.policy.get_distribution(x).distribution.logits, ppo.policy.predict_values(x)
+        q, q_target = dqn.q_net(x), dqn.q_net_target(x)
+        xs, actions = _obs(sac), th.zeros(20, 1)
+        mean, critic = sac.actor(xs, deterministic=True), sac.critic(xs, actions)
+    for model in (ppo, dqn, sac):
+        _inject_now(model)
+    with th.no_grad():
+        assert th.equal(ppo.policy.get_distribution(x).distribution.logits, logits)
+        assert th.equal(ppo.policy.predict_values(x), values)
+        assert th.equal(dqn.q_net(x), q) and th.equal(dqn.q_net_target(x), q_target)
+        assert th.equal(sac.actor(xs, deterministic=True), mean)
+        assert all(th.equal(a, b) for a, b in zip(sac.critic(xs, actions), critic))
+
+
+def test_dqn_head_against_a_hand_written_forward_and_pytorch_init():
+    """Q(x) = old_net(x) + [W2' relu(W1' h + b1') + b2'] - [W2 relu(W1 h + b1) + b2], h = relu(W0 x + b0) the input of
+    the head's first layer; W', b' a fresh U(-1/sqrt(fan_in), 1/sqrt(fan_in)) draw of the callback's stream."""
+    model = DQN("MlpPolicy", "CartPole-v1", policy_kwargs=NET, **OFF_FAST)
+    model.learn(64)
+    old = copy.deepcopy(model.q_net)
+    _, stream = _inject_now(model, layers=2)
+    head = model.q_net.q_net[4].plasticity_injection0
+    with th.random.fork_rng():  # the hand-written draw: weight then bias, layer by layer, PyTorch's Linear init
+        th.random.set_rng_state(stream)
+        expected = []
+        for fan_in, fan_out in ((16, 16), (16, 2)):
+            bound = 1 / math.sqrt(fan_in)
+            expected += [th.empty(fan_out, fan_in).uniform_(-bound, bound), th.empty(fan_out).uniform_(-bound, bound)]
+    new = [head.new[0].weight, head.new[0].bias, head.new[2].weight, head.new[2].bias]
+    assert all(th.equal(a, b) for a, b in zip(new, expected))
+    with th.no_grad():  # train the new head a little by hand: its output departs from the frozen twin's
+        for p in head.new.parameters():
+            p.add_(0.1 * th.randn_like(p))
+    x = _obs(model)
+    with th.no_grad():
+        h = th.relu(old.q_net[0](old.features_extractor(x)))
+        branch = head.new[2](th.relu(head.new[0](h))) - head.frozen[2](th.relu(head.frozen[0](h)))
+        assert th.allclose(model.q_net(x), old(x) + branch, atol=1e-6)
+
+
+def test_old_head_frozen_new_head_trains_encoder_trains():
+    model = PPO("MlpPolicy", "CartPole-v1", policy_kwargs=NET, **PPO_FAST)
+    model.learn(64)
+    _inject_now(model, layers=2)
+    policy = model.policy
+    old_head = {n: p.detach().clone() for n, p in policy.named_parameters()
+                if n.startswith(("action_net.weight", "action_net.bias", "mlp_extractor.policy_net.2"))}
+    encoder = policy.mlp_extractor.policy_net[0].weight.detach().clone()
+    branch = policy.action_net.plasticity_injection0
+    new_before = [p.detach().clone() for p in branch.new.parameters()]
+    frozen_before = [p.detach().clone() for p in branch.frozen.parameters()]
+    assert {id(p) for p in branch.new.parameters()} <= {id(p) for p in policy.optimizer.param_groups[-1]["params"]}
+    model.learn(64, reset_num_timesteps=False)
+    for name, value in old_head.items():
+        assert th.equal(dict(policy.named_parameters())[name], value), name
+    assert not th.equal(policy.mlp_extractor.policy_net[0].weight, encoder)  # the layer before the head trains
+    assert any(not th.equal(a, b) for a, b in zip(branch.new.parameters(), new_before))
+    assert all(th.equal(a, b) for a, b in zip(branch.frozen.parameters(), frozen_before))
+
+
+def test_every_injection_adds_a_branch_and_freezes_the_last_one():
+    env_model = PPO("MlpPolicy", "CartPole-v1", policy_kwargs=NET, **PPO_FAST)
+    callback = PlasticityInjection(layers=2, every=64)
+    env_model.learn(192, callback=callback)
+    assert callback.event_timesteps == [64, 128, 192]
+    head = env_model.policy.value_net
+    names = [n for n, _ in head.named_children()]
+    assert names == ["plasticity_injection0", "plasticity_injection1", "plasticity_injection2"]
+    assert not any(p.requires_grad for p in head.plasticity_injection0.parameters())
+    assert all(p.requires_grad for p in head.plasticity_injection2.new.parameters())
+    assert [len(s.paths[0]) for s in find_networks(env_model)] == [3]  # the branches are not path layers
+
+
+def test_save_load_rebuilds_the_branches(tmp_path):
+    model = PlasticPPO("MlpPolicy", "CartPole-v1", isometry_mode="off", optimizer="adam", plasticity_injection_at=64,
+                       policy_kwargs=NET, **PPO_FAST)
+    model.learn(128)
+    model.save(tmp_path / "m.zip")
+    loaded = PlasticPPO.load(tmp_path / "m.zip")
+    a, b = model.policy.state_dict(), loaded.policy.state_dict()
+    assert a.keys() == b.keys() and all(th.equal(a[k], b[k]) for k in a)
+    assert len(loaded.policy.optimizer.param_groups) == len(model.policy.optimizer.param_groups)
+    x = _obs(model)
+    with th.no_grad():
+        assert th.equal(model.policy.predict_values(x), loaded.policy.predict_values(x))
+    loaded.set_parameters(tmp_path / "m.zip")  # the branches are there: nothing is added twice
+    assert [n for n, _ in loaded.policy.value_net.named_children()] == ["plasticity_injection0"]
+    plain = DQN("MlpPolicy", "CartPole-v1", policy_kwargs=NET, **OFF_FAST)
+    plain.learn(96, callback=PlasticityInjection(at=64))
+    plain.save(tmp_path / "d.zip")
+    with pytest.raises(RuntimeError):  # SB3's own load does not know the branches
+        DQN.load(tmp_path / "d.zip")
+    restored = load_injected(DQN, tmp_path / "d.zip", env=plain.get_env())
+    with th.no_grad():
+        assert th.equal(restored.q_net(_obs(plain)), plain.q_net(_obs(plain)))
+    restored.learn(32, reset_num_timesteps=False)
+
+
+def test_target_networks_follow_the_branch():
+    """The target gets the same branch, so SB3's Polyak update (which zips the parameter lists) stays aligned."""
+    model = DQN("MlpPolicy", "CartPole-v1", policy_kwargs=NET, **OFF_FAST)
+    model.learn(64)
+    _inject_now(model)
+    model.learn(64, reset_num_timesteps=False)
+    online, target = model.q_net.state_dict(), model.q_net_target.state_dict()
+    assert online.keys() == target.keys()
+    polyak_update(model.q_net.parameters(), model.q_net_target.parameters(), 1.0)  # DQN's hard update
+    target = model.q_net_target.state_dict()
+    assert all(th.equal(online[k], target[k]) for k in online)
+    with th.no_grad():
+        assert th.equal(model.q_net(_obs(model)), model.q_net_target(_obs(model)))
+
+
+@pytest.mark.parametrize("cls, env_id, kwargs", [
+    (PlasticPPO, "CartPole-v1", PPO_FAST),
+    (PlasticDQN, "CartPole-v1", OFF_FAST),
+    (PlasticSAC, "Pendulum-v1", OFF_FAST),
+])
+def test_keywords_on_the_plastic_algorithms(cls, env_id, kwargs):
+    model = cls("MlpPolicy", env_id, plasticity_injection_at=0.5, policy_kwargs=dict(NET), **kwargs)
+    (callback,) = model.intervention_callbacks()
+    assert isinstance(callback, PlasticityInjection) and callback.layers == 2
+    model.learn(128)
+    assert model.plastic_state["PlasticityInjection:auto"]["count"] == 1
+
+
+def test_errors():
+    with pytest.raises(ValueError, match="layers"):
+        PlasticityInjection(layers=0)
+    with pytest.warns(UserWarning, match="plasticity_injection_layers=3 is ignored"):
+        PlasticityInjectionConfig(plasticity_injection_layers=3)
+    with pytest.raises(ValueError, match="CrossQ"):
+        CrossQ("MlpPolicy", "Pendulum-v1", learning_starts=8).learn(16, callback=PlasticityInjection())
+
+
+def test_conv_head_with_flatten_on_minatar():
+    pytest.importorskip("minatar")
+    import sb3_plastic.envs  # noqa: F401
+
+    model = PlasticDQN("CnnPolicy", "sb3_plastic/PermutedMinAtar-Breakout-v0", isometry_mode="off", optimizer="adam",
+                       **OFF_FAST)
+    model.learn(40)
+    obs = th.as_tensor(np.stack([model.observation_space.sample() for _ in range(8)])).float()
+    with th.no_grad():
+        before = model.q_net(obs)
+    _inject_now(model, layers=3)  # conv -> relu -> flatten -> linear -> relu -> linear
+    head = model.q_net.q_net[0].plasticity_injection0.new
+    assert [type(m).__name__ for m in head] == ["Conv2d", "ReLU", "Flatten", "Linear", "ReLU", "Linear"]
+    with th.no_grad():
+        assert th.equal(model.q_net(obs), before)
+    model.learn(40, reset_num_timesteps=False)
+
+
+def test_churn_reduction_follows_an_injection():
+    """C-CHAIN's shadow network is rebuilt when an injection changes the structure (no silent misalignment)."""
+    from sb3_plastic import ChurnReduction
+
+    model = DQN("MlpPolicy", "CartPole-v1", policy_kwargs=NET, **OFF_FAST)
+    churn = ChurnReduction()
+    model.learn(160, callback=[PlasticityInjection(at=96), churn])
+    assert sum(1 for _ in churn._shadow.parameters()) == sum(1 for _ in model.q_net.parameters())
+    assert np.isfinite(churn.state["reg_losses"]).all()
