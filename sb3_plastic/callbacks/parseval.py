@@ -51,9 +51,9 @@ def parseval_penalty(weight: th.Tensor, scale: float = DEFAULT_PARSEVAL_SCALE) -
 
 
 def parseval_penalty_grad(weight: th.Tensor, scale: float = DEFAULT_PARSEVAL_SCALE) -> th.Tensor:
-    """``grad ||W W^T - s I||_F^2 = 4 (W W^T - s I) W``, for every shape the isometry penalty's gradient (see the
-    module docstring)."""
-    return isometry_penalty_grad(weight, scale)
+    """``grad ||W W^T - s I||_F^2 = 4 (W W^T - s I) W``, for every shape twice the isometry penalty's gradient in its
+    authors' convention (see the module docstring)."""
+    return 2.0 * isometry_penalty_grad(weight, scale)
 
 
 class ParsevalRegularisation(GradientPenalty):
