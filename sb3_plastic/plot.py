@@ -310,7 +310,12 @@ def runs_env(runs: Sequence[Run]) -> Optional[str]:
 
 
 def split_by_env(runs: Sequence[Run]) -> dict[Optional[str], list[Run]]:
-    """The runs per environment id (:func:`env_of`; ``None``: runs without metadata), environments sorted."""
+    """The runs per environment id (:func:`env_of`), environments sorted; runs without metadata (``None``) get a
+    group of their own only when the others cover two environments or more (their environment is unknown: with one
+    known environment they stay with it, as they would without the split)."""
+    known = {env_of(r) for r in runs} - {None}
+    if len(known) < 2:
+        return {None if len(known) == 0 else next(iter(known)): list(runs)}
     out: dict[Optional[str], list[Run]] = {}
     for run in sorted(runs, key=lambda r: (env_of(r) is None, env_of(r) or "", r.path)):
         out.setdefault(env_of(run), []).append(run)
@@ -751,7 +756,8 @@ def plot_runs(
     :param return_tag: scalar tag of the episode return, which some run must log (default :data:`RETURN_TAG`;
         without it the return curve is left out with a warning).
     :param split_envs: when the runs cover several environments (their metadata's ``env_id``), one set of figures
-        per environment, in ``out_dir/<env id>/`` (runs without metadata in ``out_dir/no_run_metadata/``), each with
+        per environment, in ``out_dir/<env id>/`` (runs without metadata in ``out_dir/no_run_metadata/``;
+        :func:`split_by_env`), each with
         the environment in its titles and its methods grouped among its own runs (default). ``False``: every run on
         the same axes, the environment in the legend labels.
     :return: paths of the PNG files written.

@@ -308,3 +308,17 @@ def test_plot_cli_together_option(tmp_path, capsys):
     assert cli.main(["plot", str(tmp_path / "runs"), "--out", str(tmp_path / "one"), "--together"]) == 0
     assert (tmp_path / "one" / "return_curve.png").exists()
     assert "warning" not in capsys.readouterr().err
+
+
+def test_runs_without_metadata_stay_with_the_one_known_env(tmp_path):
+    """Runs without metadata have no known env: next to one known env they stay in the same figures (no split); next to
+    two they get their own folder."""
+    write_run(tmp_path / "runs" / "a" / "PPO_1", RETURNS, meta("PlasticPPO", 0, "CartPole-v1"))
+    write_run(tmp_path / "runs" / "b" / "PPO_1", RETURNS)  # a plain SB3 run: no metadata
+    written = plot_runs([str(tmp_path / "runs")], str(tmp_path / "one"))
+    assert [Path(p).relative_to(tmp_path / "one").as_posix() for p in written] == ["return_curve.png"]
+    write_run(tmp_path / "runs" / "c" / "PPO_1", RETURNS, meta("PlasticPPO", 0, "Acrobot-v1"))
+    written = plot_runs([str(tmp_path / "runs")], str(tmp_path / "three"))
+    assert sorted(Path(p).relative_to(tmp_path / "three").as_posix() for p in written) == [
+        "Acrobot-v1/return_curve.png", "CartPole-v1/return_curve.png", "no_run_metadata/return_curve.png"
+    ]
