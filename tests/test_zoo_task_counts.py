@@ -76,7 +76,7 @@ ENTRIES = _continual_entries()
 
 
 def test_the_continual_entries_are_found():
-    assert len(ENTRIES) == 15  # 11 + the three baseline entries of issue #15 (L2-init, spectral, NaP) + PerturbedCartPole
+    assert len(ENTRIES) == 22  # 11 + the baselines of #15 (3) + PerturbedCartPole + the field's methods of #30 (7)
     for path in CONFIGS.glob("*.yml"):  # every sb3_plastic/ id but the stationary masking env is continual
         for env_id in yaml.load(path.read_text(), Loader=yaml.UnsafeLoader):
             if env_id.startswith("sb3_plastic/") and env_id != "sb3_plastic/InvalidActionDiscrete-v0":
