@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The cheap arms of issues #27, #29 and #30 under issue #14's protocol (5 seeds, fresh agents) on the random-label
+# bandit and PerturbedCartPole, one method at a time so each arm completes, in the order the issues need them. One
+# worker beside the card's-environments grid (bench/card_envs_grid.sh, two workers): this list costs ~1.5-5 CPU-min
+# per (method, seed), the grid ~50-600.
+#     nohup bench/protocol_grid.sh > /tmp/protocol.log 2>&1 &
+# bench/continual.py skips what is finished and reports what another worker holds, so the list can be rerun.
+# Tables and figures afterwards: bench/continual.py --setting S --plot-only [--out ...] (the commands in bench/README).
+set -u
+cd "$(dirname "$0")/.."
+export OMP_NUM_THREADS=1
+SEEDS="0 1 2 3 4"
+run() { echo "$(date -u +%FT%T) $*"; nice -n -5 python bench/continual.py "$@" --seeds $SEEDS --jobs 1 --no-diagnostics-plots || true; }
+BANDIT="--setting bandit --out bench/results/continual/bandit_protocol"
+CARTPOLE="--setting cartpole_obs"
+# 1. issue #29's control: head reset at every switch (value head; both heads and the policy head are done)
+run $CARTPOLE --methods ppo_value_head_reset
+# 2. issue #27: the isometry penalty's options in the authors' convention
+for m in plastic_relu_rect plastic_relu_s2 plastic_maxmin_rect plastic_relu_s2_rect; do run $BANDIT --methods $m; done
+for m in plastic_relu_rect plastic_relu_s2 plastic_maxmin_rect plastic_relu_s2_rect; do run $CARTPOLE --methods $m; done
+# 3. issue #30: the field's methods, and head reset on the bandit
+for m in ppo_head_reset ppo_policy_head_reset ppo_cchain ppo_trac ppo_parseval ppo_layernorm ppo_crelu ppo_fourier \
+         ppo_injection ppo_adam_equal_betas; do
+  run $BANDIT --methods $m
+  run $CARTPOLE --methods $m
+done
