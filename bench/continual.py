@@ -55,6 +55,9 @@ issue #15; on a DQN / SAC setting the ``ppo`` prefix reads ``dqn`` / ``sac``: ``
 ``ppo_crelu``       the plain agent with CReLU (Abbas et al., 2023; half the units per layer, the same feature widths)
 ``ppo_fourier``     the plain agent with deep Fourier features (Lewandowski et al., 2024; as ``ppo_crelu``)
 ``ppo_layernorm``   the plain agent with a layer norm before every ReLU, no projection (NaP without its projection)
+``ppo_vecnorm``     the plain agent on SB3's running observation normalisation (``VecNormalize``, observations only;
+                    issue #29's control, :func:`normalise_observations`)
+``ppo_fire_switch_hidden`` FIRE at every task change on the hidden layers only, the output heads untouched (issue #29)
 ==================  =======================================================================================
 
 The isometry paper's baselines (issue #15) are not in the default list: add them with ``--methods`` (e.g.
@@ -374,6 +377,16 @@ TASK_CHANGE_METHODS = TASK_CHANGE_METHODS + tuple(HEAD_RESET_METHODS) + ("ppo_in
 #: ``ppo_adam_equal_betas`` above. They act within a task: their fresh agents run them.
 FIELD_METHODS = ("ppo_cchain", "ppo_trac", "ppo_parseval", "ppo_crelu", "ppo_fourier", "ppo_layernorm")
 METHODS = METHODS + FIELD_METHODS
+
+#: Issue #29's mechanism controls besides the head resets, on request. ``ppo_vecnorm``: the plain agent on SB3's
+#: running observation normalisation (:func:`normalise_observations`); it acts on every step, so its fresh agent runs
+#: it too, with statistics of its own from the fresh agent's first observation. ``ppo_fire_switch_hidden``: FIRE at every
+#: task change on the hidden layers only (``FIRE(layers="hidden")``, the output heads untouched: does the polar factor
+#: of the representation alone restore learning, where FIRE on every layer also rewrites the saturated head?); a
+#: task-change method, its fresh agent is the plain one.
+MECHANISM_CONTROLS = ("ppo_vecnorm", "ppo_fire_switch_hidden")
+METHODS = METHODS + MECHANISM_CONTROLS
+TASK_CHANGE_METHODS = (*TASK_CHANGE_METHODS, "ppo_fire_switch_hidden")
 
 
 def method_name(method: str, algo: str) -> str:
@@ -740,6 +753,36 @@ def make_env(setting: Setting, seed: int, fresh_task: Optional[int] = None, env_
     return env
 
 
+def normalise_observations(env: Any, training: bool = True) -> Any:
+    """``env`` wrapped in SB3's :class:`~stable_baselines3.common.vec_env.VecNormalize` with ``norm_obs=True`` and
+    ``norm_reward=False`` (SB3's defaults otherwise: ``clip_obs=10``, ``epsilon=1e-8``): the observation method
+    ``ppo_vecnorm`` of issue #29.
+
+    Every observation is standardised by the running mean and variance of all observations seen so far (updated
+    first, then applied), per dimension. On a setting whose tasks add a fixed offset to the observation an offset is
+    exactly what a normaliser removes, so the arm tells an input-shift problem from a loss of plasticity of the
+    network. Rewards are left alone (``norm_reward=False``): the control changes one thing, the observation, and the
+    score (episode returns from SB3's ``Monitor``, under VecNormalize) and the value targets stay on the plain agent's
+    scale; a reward normaliser would also rescale PPO's value loss and advantages, a second change that the
+    comparison with plain PPO could not separate from the first.
+
+    SB3's statistics are cumulative (:class:`~stable_baselines3.common.running_mean_std.RunningMeanStd`: a running
+    mean over every step since the start, no forgetting), kept across task switches: one wrapper serves the whole
+    continual run, so after task ``k`` its mean is the step-weighted mean of the offsets of tasks ``0..k`` and its
+    variance includes their spread. It removes the average offset, not the current one: a new offset is removed
+    only as far as the task's own steps move the running mean (less each task). A fresh agent gets a wrapper of its
+    own (statistics from its first observation). A checkpoint (:mod:`run_checkpoint`) keeps the statistics with
+    the env (:func:`run_checkpoint.dumps_env`).
+
+    :param env: the vector env of :func:`make_env`.
+    :param training: update the statistics (``False`` for an evaluation env, whose statistics SB3's ``EvalCallback``
+        copies from the training env before every evaluation).
+    """
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    return VecNormalize(env, training=training, norm_obs=True, norm_reward=False)
+
+
 def build_model(method: str, setting: Setting, params: MethodParams, seed: int, device: str, tb_dir: Optional[str],
                 fresh_task: Optional[int] = None) -> Any:
     """The agent of ``method`` and the callbacks it trains with (besides the monitor and the recorder).
@@ -765,6 +808,8 @@ def build_model(method: str, setting: Setting, params: MethodParams, seed: int, 
     sb3_cls = getattr(stable_baselines3, sb3_name)
     plastic_cls = getattr(sb3_plastic, plastic_name)
     env = make_env(setting, seed, fresh_task)
+    if canonical == "ppo_vecnorm":
+        env = normalise_observations(env)
     common = dict(setting.ppo, seed=seed, device=device, tensorboard_log=tb_dir, verbose=0)
     if setting.exploration_steps:
         steps = setting.task_timesteps if fresh_task is not None else setting.total_timesteps
@@ -823,8 +868,10 @@ def build_model(method: str, setting: Setting, params: MethodParams, seed: int, 
         callbacks.append(ContinualBackprop(**cbp))
     elif canonical == "ppo_redo":
         callbacks.append(ReDo())
-    elif canonical in ("ppo_fire", "ppo_fire_switch"):
-        fire = dict(head_scale=params.fire_head_scale, iterations=params.fire_iterations or None)
+    elif canonical in ("ppo_fire", "ppo_fire_switch", "ppo_fire_switch_hidden"):
+        fire: dict[str, Any] = dict(head_scale=params.fire_head_scale, iterations=params.fire_iterations or None)
+        if canonical == "ppo_fire_switch_hidden":  # FIRE's own layer selection; a head scale has nothing to act on
+            fire = dict(layers="hidden", iterations=fire["iterations"])
         trigger = dict(at=0.5) if canonical == "ppo_fire" else dict(at=None, on_task_change=True)
         callbacks.append(FIRE(**trigger, **fire))
     elif canonical == "ppo_parseval":
@@ -991,38 +1038,38 @@ _EVALUATOR_FIELDS = ("n_calls", "evaluation_num_timesteps", "evaluation_task_ids
                      "last_mean_reward")
 
 
-def _evaluator(setting: Setting, seed: int, fresh_task: Optional[int]) -> Any:
+def _evaluator(setting: Setting, seed: int, fresh_task: Optional[int], method: str = "ppo") -> Any:
     """The greedy evaluations of a setting with ``eval_every`` (else ``None``): a
     :class:`~sb3_plastic.callbacks.ContinualEvalCallback` on a second env of the run's task sequence (env seed
-    ``1234 * seed``, C-CHAIN's), ``eval_episodes`` deterministic episodes every ``eval_every`` timesteps."""
+    ``1234 * seed``, C-CHAIN's), ``eval_episodes`` deterministic episodes every ``eval_every`` timesteps. For
+    ``ppo_vecnorm`` the evaluation env is normalised too, with the training env's statistics (SB3's ``EvalCallback``
+    copies them before each evaluation; they are not updated by the evaluation)."""
     if not setting.eval_every:
         return None
     from sb3_plastic.callbacks import ContinualEvalCallback
 
     env = make_env(setting, seed, fresh_task, env_seed=1234 * seed + 1)
+    if canonical_method(method) == "ppo_vecnorm":
+        env = normalise_observations(env, training=False)
     return ContinualEvalCallback(env, eval_freq=max(setting.eval_every // setting.n_envs, 1),
                                  n_eval_episodes=setting.eval_episodes, deterministic=True, verbose=0)
 
 
 def _with_evaluator_state(extra: Any, evaluator: Any) -> Any:
     def with_state() -> dict[str, Any]:
-        import cloudpickle
-
         state = {k: getattr(evaluator, k) for k in _EVALUATOR_FIELDS}
-        return dict(extra(), evaluator=state, evaluator_env=cloudpickle.dumps(evaluator.eval_env))
+        return dict(extra(), evaluator=state, evaluator_env=run_checkpoint.dumps_env(evaluator.eval_env))
 
     return with_state
 
 
 def _with_evaluator_restore(restore: Any, evaluator: Any, saved: dict[str, Any]) -> Any:
     def with_restore() -> None:
-        import cloudpickle
-
         restore()
         for key, value in saved["evaluator"].items():
             setattr(evaluator, key, value)
         evaluator.eval_env.close()
-        evaluator.eval_env = cloudpickle.loads(saved["evaluator_env"])
+        evaluator.eval_env = run_checkpoint.loads_env(saved["evaluator_env"])
 
     return with_restore
 
@@ -1078,7 +1125,7 @@ def _train_run(method: str, seed: int, setting: Setting, params: MethodParams, o
             setattr(recorder, key, value)
         monitor._probe = saved["monitor_probe"]
 
-    evaluator = _evaluator(setting, seed, fresh_task)
+    evaluator = _evaluator(setting, seed, fresh_task, method)
     if evaluator is not None:
         extra = _with_evaluator_state(extra, evaluator)
         restore = _with_evaluator_restore(restore, evaluator, saved)
