@@ -283,7 +283,9 @@ SETTINGS: dict[str, Setting] = {
         algo="sac",
         score="end_return",
     ),
-    # classic control with a new fixed random observation offset every task (TRAC / C-CHAIN's Gym-control setting)
+    # classic control with a new fixed random observation offset every task (TRAC / C-CHAIN's Gym-control setting);
+    # rl_zoo3's CartPole-v1 PPO settings except a constant lr and clip range (the zoo's lin_0.001 / lin_0.2 would decay
+    # them over the whole continual run, or, restarted per task, tell the agent of the switches)
     "cartpole_obs": Setting(
         env_id="sb3_plastic/PerturbedCartPole-v0",
         change_every=12_500,
