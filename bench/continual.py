@@ -55,6 +55,9 @@ issue #15; on a DQN / SAC setting the ``ppo`` prefix reads ``dqn`` / ``sac``: ``
 ``ppo_crelu``       the plain agent with CReLU (Abbas et al., 2023; half the units per layer, the same feature widths)
 ``ppo_fourier``     the plain agent with deep Fourier features (Lewandowski et al., 2024; as ``ppo_crelu``)
 ``ppo_layernorm``   the plain agent with a layer norm before every ReLU, no projection (NaP without its projection)
+``ppo_vecnorm``     the plain agent on SB3's running observation normalisation (``VecNormalize``, observations only;
+                    issue #29's control, :func:`normalise_observations`)
+``ppo_fire_switch_hidden`` FIRE at every task change on the hidden layers only, the output heads untouched (issue #29)
 ==================  =======================================================================================
 
 The isometry paper's baselines (issue #15) are not in the default list: add them with ``--methods`` (e.g.
@@ -109,6 +112,7 @@ from typing import Any, Optional
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import continual_figures
 import run_checkpoint
 from rl_stats import bootstrap_mean_ci, iqm_ci, ratio_of_means_ci, rliable_metrics, stratified_bootstrap
 
@@ -280,7 +284,9 @@ SETTINGS: dict[str, Setting] = {
         algo="sac",
         score="end_return",
     ),
-    # classic control with a new fixed random observation offset every task (TRAC / C-CHAIN's Gym-control setting)
+    # classic control with a new fixed random observation offset every task (TRAC / C-CHAIN's Gym-control setting);
+    # rl_zoo3's CartPole-v1 PPO settings except a constant lr and clip range (the zoo's lin_0.001 / lin_0.2 would decay
+    # them over the whole continual run, or, restarted per task, tell the agent of the switches)
     "cartpole_obs": Setting(
         env_id="sb3_plastic/PerturbedCartPole-v0",
         change_every=12_500,
@@ -374,6 +380,16 @@ TASK_CHANGE_METHODS = TASK_CHANGE_METHODS + tuple(HEAD_RESET_METHODS) + ("ppo_in
 #: ``ppo_adam_equal_betas`` above. They act within a task: their fresh agents run them.
 FIELD_METHODS = ("ppo_cchain", "ppo_trac", "ppo_parseval", "ppo_crelu", "ppo_fourier", "ppo_layernorm")
 METHODS = METHODS + FIELD_METHODS
+
+#: Issue #29's mechanism controls besides the head resets, on request. ``ppo_vecnorm``: the plain agent on SB3's
+#: running observation normalisation (:func:`normalise_observations`); it acts on every step, so its fresh agent runs
+#: it too, with statistics of its own from the fresh agent's first observation. ``ppo_fire_switch_hidden``: FIRE at every
+#: task change on the hidden layers only (``FIRE(layers="hidden")``, the output heads untouched: does the polar factor
+#: of the representation alone restore learning, where FIRE on every layer also rewrites the saturated head?); a
+#: task-change method, its fresh agent is the plain one.
+MECHANISM_CONTROLS = ("ppo_vecnorm", "ppo_fire_switch_hidden")
+METHODS = METHODS + MECHANISM_CONTROLS
+TASK_CHANGE_METHODS = (*TASK_CHANGE_METHODS, "ppo_fire_switch_hidden")
 
 
 def method_name(method: str, algo: str) -> str:
@@ -740,6 +756,36 @@ def make_env(setting: Setting, seed: int, fresh_task: Optional[int] = None, env_
     return env
 
 
+def normalise_observations(env: Any, training: bool = True) -> Any:
+    """``env`` wrapped in SB3's :class:`~stable_baselines3.common.vec_env.VecNormalize` with ``norm_obs=True`` and
+    ``norm_reward=False`` (SB3's defaults otherwise: ``clip_obs=10``, ``epsilon=1e-8``): the observation method
+    ``ppo_vecnorm`` of issue #29.
+
+    Every observation is standardised by the running mean and variance of all observations seen so far (updated
+    first, then applied), per dimension. On a setting whose tasks add a fixed offset to the observation an offset is
+    exactly what a normaliser removes, so the arm tells an input-shift problem from a loss of plasticity of the
+    network. Rewards are left alone (``norm_reward=False``): the control changes one thing, the observation, and the
+    score (episode returns from SB3's ``Monitor``, under VecNormalize) and the value targets stay on the plain agent's
+    scale; a reward normaliser would also rescale PPO's value loss and advantages, a second change that the
+    comparison with plain PPO could not separate from the first.
+
+    SB3's statistics are cumulative (:class:`~stable_baselines3.common.running_mean_std.RunningMeanStd`: a running
+    mean over every step since the start, no forgetting), kept across task switches: one wrapper serves the whole
+    continual run, so after task ``k`` its mean is the step-weighted mean of the offsets of tasks ``0..k`` and its
+    variance includes their spread. It removes the average offset, not the current one: a new offset is removed
+    only as far as the task's own steps move the running mean (less each task). A fresh agent gets a wrapper of its
+    own (statistics from its first observation). A checkpoint (:mod:`run_checkpoint`) keeps the statistics with
+    the env (:func:`run_checkpoint.dumps_env`).
+
+    :param env: the vector env of :func:`make_env`.
+    :param training: update the statistics (``False`` for an evaluation env, whose statistics SB3's ``EvalCallback``
+        copies from the training env before every evaluation).
+    """
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    return VecNormalize(env, training=training, norm_obs=True, norm_reward=False)
+
+
 def build_model(method: str, setting: Setting, params: MethodParams, seed: int, device: str, tb_dir: Optional[str],
                 fresh_task: Optional[int] = None) -> Any:
     """The agent of ``method`` and the callbacks it trains with (besides the monitor and the recorder).
@@ -765,6 +811,8 @@ def build_model(method: str, setting: Setting, params: MethodParams, seed: int, 
     sb3_cls = getattr(stable_baselines3, sb3_name)
     plastic_cls = getattr(sb3_plastic, plastic_name)
     env = make_env(setting, seed, fresh_task)
+    if canonical == "ppo_vecnorm":
+        env = normalise_observations(env)
     common = dict(setting.ppo, seed=seed, device=device, tensorboard_log=tb_dir, verbose=0)
     if setting.exploration_steps:
         steps = setting.task_timesteps if fresh_task is not None else setting.total_timesteps
@@ -823,8 +871,10 @@ def build_model(method: str, setting: Setting, params: MethodParams, seed: int, 
         callbacks.append(ContinualBackprop(**cbp))
     elif canonical == "ppo_redo":
         callbacks.append(ReDo())
-    elif canonical in ("ppo_fire", "ppo_fire_switch"):
-        fire = dict(head_scale=params.fire_head_scale, iterations=params.fire_iterations or None)
+    elif canonical in ("ppo_fire", "ppo_fire_switch", "ppo_fire_switch_hidden"):
+        fire: dict[str, Any] = dict(head_scale=params.fire_head_scale, iterations=params.fire_iterations or None)
+        if canonical == "ppo_fire_switch_hidden":  # FIRE's own layer selection; a head scale has nothing to act on
+            fire = dict(layers="hidden", iterations=fire["iterations"])
         trigger = dict(at=0.5) if canonical == "ppo_fire" else dict(at=None, on_task_change=True)
         callbacks.append(FIRE(**trigger, **fire))
     elif canonical == "ppo_parseval":
@@ -991,38 +1041,38 @@ _EVALUATOR_FIELDS = ("n_calls", "evaluation_num_timesteps", "evaluation_task_ids
                      "last_mean_reward")
 
 
-def _evaluator(setting: Setting, seed: int, fresh_task: Optional[int]) -> Any:
+def _evaluator(setting: Setting, seed: int, fresh_task: Optional[int], method: str = "ppo") -> Any:
     """The greedy evaluations of a setting with ``eval_every`` (else ``None``): a
     :class:`~sb3_plastic.callbacks.ContinualEvalCallback` on a second env of the run's task sequence (env seed
-    ``1234 * seed``, C-CHAIN's), ``eval_episodes`` deterministic episodes every ``eval_every`` timesteps."""
+    ``1234 * seed``, C-CHAIN's), ``eval_episodes`` deterministic episodes every ``eval_every`` timesteps. For
+    ``ppo_vecnorm`` the evaluation env is normalised too, with the training env's statistics (SB3's ``EvalCallback``
+    copies them before each evaluation; they are not updated by the evaluation)."""
     if not setting.eval_every:
         return None
     from sb3_plastic.callbacks import ContinualEvalCallback
 
     env = make_env(setting, seed, fresh_task, env_seed=1234 * seed + 1)
+    if canonical_method(method) == "ppo_vecnorm":
+        env = normalise_observations(env, training=False)
     return ContinualEvalCallback(env, eval_freq=max(setting.eval_every // setting.n_envs, 1),
                                  n_eval_episodes=setting.eval_episodes, deterministic=True, verbose=0)
 
 
 def _with_evaluator_state(extra: Any, evaluator: Any) -> Any:
     def with_state() -> dict[str, Any]:
-        import cloudpickle
-
         state = {k: getattr(evaluator, k) for k in _EVALUATOR_FIELDS}
-        return dict(extra(), evaluator=state, evaluator_env=cloudpickle.dumps(evaluator.eval_env))
+        return dict(extra(), evaluator=state, evaluator_env=run_checkpoint.dumps_env(evaluator.eval_env))
 
     return with_state
 
 
 def _with_evaluator_restore(restore: Any, evaluator: Any, saved: dict[str, Any]) -> Any:
     def with_restore() -> None:
-        import cloudpickle
-
         restore()
         for key, value in saved["evaluator"].items():
             setattr(evaluator, key, value)
         evaluator.eval_env.close()
-        evaluator.eval_env = cloudpickle.loads(saved["evaluator_env"])
+        evaluator.eval_env = run_checkpoint.loads_env(saved["evaluator_env"])
 
     return with_restore
 
@@ -1078,7 +1128,7 @@ def _train_run(method: str, seed: int, setting: Setting, params: MethodParams, o
             setattr(recorder, key, value)
         monitor._probe = saved["monitor_probe"]
 
-    evaluator = _evaluator(setting, seed, fresh_task)
+    evaluator = _evaluator(setting, seed, fresh_task, method)
     if evaluator is not None:
         extra = _with_evaluator_state(extra, evaluator)
         restore = _with_evaluator_restore(restore, evaluator, saved)
@@ -1311,12 +1361,29 @@ def _paired_fresh_last_half(cont: np.ndarray, fresh: np.ndarray) -> dict[str, An
     return out
 
 
+def _ratio_per_task(cont: np.ndarray, fresh: np.ndarray) -> Optional[dict[str, list[Optional[float]]]]:
+    """Plasticity per task as the ratio of means over the seeds with a fresh agent on that task, sum(continual) /
+    sum(fresh), with its paired bootstrap 95 % CI over seeds (:func:`ratio_of_means_ci`; NaN with one seed):
+    ``{"ratio": [...], "low": [...], "high": [...]}`` over tasks, ``None`` for a task without fresh agents or whose
+    fresh scores do not sum to a positive number; ``None`` when no task has one."""
+    out: dict[str, list[Optional[float]]] = {"ratio": [], "low": [], "high": []}
+    for k in range(cont.shape[1]):
+        cells = np.isfinite(cont[:, k]) & np.isfinite(fresh[:, k])
+        if cells.any() and fresh[cells, k].sum() > 0:
+            values = ratio_of_means_ci(cont[cells][:, [k]], fresh[cells][:, [k]], n_boot=REPS)
+        else:
+            values = (None, None, None)
+        for key, value in zip(("ratio", "low", "high"), values):
+            out[key].append(value)
+    return out if any(v is not None for v in out["ratio"]) else None
+
+
 def summarise(records: list[dict], methods: list[str], setting: Setting) -> dict[str, Any]:
     """Per method: per-task continual and fresh scores (mean and 95 % bootstrap CI over seeds), plasticity per task
     (continual / fresh of the same method), and over the last half of the tasks the IQM with a stratified bootstrap
     95 % CI of the continual score, the fresh score and plasticity, the probability of improvement over the plain
     baseline, and verdicts ("not resolved" where the intervals overlap)."""
-    _, poi, metrics_source = rliable_metrics()
+    iqm, poi, metrics_source = rliable_metrics()
     plain = method_name("ppo", setting.algo)
     summary: dict[str, Any] = {}
     for method in methods:
@@ -1332,6 +1399,7 @@ def summarise(records: list[dict], methods: list[str], setting: Setting) -> dict
         half = slice(n // 2, n)
         first, last_half = ends[:, 0], ends[:, half].mean(axis=1)
         bands = [bootstrap_mean_ci(ends[:, k], n_boot=REPS) for k in range(n)]
+        iqm_bands = [iqm_ci({"x": ends[:, [k]]}, reps=REPS)["x"] for k in range(n)]  # per task, over seeds
         entry: dict[str, Any] = {
             "seeds": [r["seed"] for r in runs],
             "tasks": n,
@@ -1341,6 +1409,9 @@ def summarise(records: list[dict], methods: list[str], setting: Setting) -> dict
             "end_reward_max": ends.max(axis=0).tolist(),
             "score_ci_low": [b[0] for b in bands],
             "score_ci_high": [b[1] for b in bands],
+            "score_iqm": [b[0] for b in iqm_bands],
+            "score_iqm_ci_low": [b[1] for b in iqm_bands],
+            "score_iqm_ci_high": [b[2] for b in iqm_bands],
             "task0": float(first.mean()),
             "last_half": float(last_half.mean()),
             "last_half_per_seed": last_half.tolist(),
@@ -1363,6 +1434,11 @@ def summarise(records: list[dict], methods: list[str], setting: Setting) -> dict
         seen = np.isfinite(fresh)
         if seen.any():
             entry["fresh_mean"] = [float(np.nanmean(fresh[:, k])) if seen[:, k].any() else None for k in range(n)]
+            entry["fresh_iqm"] = [float(iqm(fresh[seen[:, k], k][:, None])) if seen[:, k].any() else None
+                                  for k in range(n)]
+            per_task = _ratio_per_task(ends, fresh)
+            if per_task:
+                entry["plasticity_ratio_per_task"] = per_task
             entry["fresh_complete"] = bool(seen.all())
             entry["iqm_fresh_last_half"] = _iqm_entry(fresh[:, half])
             if seen.all() and np.all(fresh > 0):
@@ -1473,143 +1549,22 @@ def markdown_table(result: dict[str, Any], setting_name: str, setting: Setting) 
     return "\n".join(lines)
 
 
-def _figure(width: float, height: float) -> Any:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width, height))
-    FigureCanvasAgg(fig)
-    return fig
+#: significant digits of the floats of summary.json (and of the tables and figures built from them): a rebuild on
+#: another machine differs in a float's last bits (numpy's sums follow the CPU's SIMD width), and a committed summary
+#: must rebuild byte for byte in a fresh clone (issue #29, part 5); 10 digits are far below every CI's resolution
+SUMMARY_DIGITS = 10
 
 
-def _legend_below(fig: Any, ax: Any) -> None:
-    handles, labels = ax.get_legend_handles_labels()
-    fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=3, frameon=False)
-
-
-def method_color(method: str) -> Any:
-    """One colour per method in every figure (matplotlib's 20-colour ``tab20`` by the method's place in
-    :data:`METHODS`, whatever the algorithm): a grid's 13 methods never share a colour, as they did with the
-    10-colour default cycle."""
-    from matplotlib import colormaps
-
-    canonical = canonical_method(method)
-    index = list(METHODS).index(canonical) if canonical in METHODS else len(METHODS)
-    return colormaps["tab20"](index % 20)
-
-
-#: the figures' size in inches at this dpi: ~1000 px wide, legible at README width
-FIG_WIDTH, DPI = 9.0, 110
-
-
-def plot_end_of_task(summary: dict[str, Any], path: str, title: str, setting: Setting) -> str:
-    """Continual score per task (mean over seeds, band: 95 % bootstrap CI of the mean) and the plain baseline's
-    fresh-agent reference (dashed)."""
-    from matplotlib.ticker import MaxNLocator
-
-    rows = (len(summary) + 2) // 3
-    fig = _figure(FIG_WIDTH, 4.6 + 0.22 * rows)
-    ax = fig.add_subplot(1, 1, 1)
-    fresh_drawn = False
-    for method, s in summary.items():
-        y = np.array(s["end_reward_mean"])
-        x = np.arange(len(y))
-        (line,) = ax.plot(x, y, marker="o", markersize=3, label=f"{method} ({len(s['seeds'])} seeds)",
-                          color=method_color(method))
-        ax.fill_between(x, s["score_ci_low"], s["score_ci_high"], color=line.get_color(), alpha=0.15, linewidth=0)
-        if s.get("fresh_mean") and not fresh_drawn and method == canonical_to(summary, setting):
-            fresh = np.array([np.nan if v is None else v for v in s["fresh_mean"]], dtype=float)
-            ax.plot(x, fresh, color="black", linestyle="--", linewidth=1.2, label=f"fresh agent ({method}), per task")
-            fresh_drawn = True
-    ax.set_xlabel("task")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    score = "reward per env step" if setting.score == "end_reward" else "episode return"
-    ax.set_ylabel(f"{score}, last {setting.tail:.0%} of the task")
-    ax.set_title(f"{title}\nlines: mean over seeds; bands: 95 % bootstrap CI of the mean", fontsize=9)
-    ax.grid(alpha=0.3)
-    _legend_below(fig, ax)
-    fig.tight_layout(rect=(0, 0.05 + 0.045 * rows, 1, 1))
-    fig.savefig(path, dpi=DPI)
-    return path
-
-
-def canonical_to(summary: dict[str, Any], setting: Setting) -> str:
-    """The method whose fresh agent is drawn as the reference line: the plain baseline, else the first one."""
-    plain = method_name("ppo", setting.algo)
-    return plain if plain in summary and summary[plain].get("fresh_mean") else next(
-        (m for m, s in summary.items() if s.get("fresh_mean")), plain)
-
-
-def plot_plasticity(summary: dict[str, Any], path: str, title: str) -> Optional[str]:
-    """Plasticity per task (continual / fresh agent of the same method; mean over seeds, band: 95 % bootstrap CI),
-    the fresh agent at 1."""
-    have = {m: s for m, s in summary.items() if s.get("plasticity_mean")}
-    if not have:
-        return None
-    from matplotlib.ticker import MaxNLocator
-
-    rows = (len(have) + 2) // 3
-    fig = _figure(FIG_WIDTH, 4.6 + 0.22 * rows)
-    ax = fig.add_subplot(1, 1, 1)
-    for method, s in have.items():
-        y = np.array(s["plasticity_mean"])
-        x = np.arange(len(y))
-        (line,) = ax.plot(x, y, marker="o", markersize=3, label=f"{method} ({len(s['seeds'])} seeds)",
-                          color=method_color(method))
-        ax.fill_between(x, s["plasticity_ci_low"], s["plasticity_ci_high"], color=line.get_color(), alpha=0.15,
-                        linewidth=0)
-    ax.axhline(1.0, color="black", linestyle="--", linewidth=1.2, label="fresh agent (= 1)")
-    ax.set_xlabel("task")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_ylabel("continual / fresh agent on the task")
-    ax.set_title(f"{title}\nplasticity per task: mean over seeds; bands: 95 % bootstrap CI of the mean", fontsize=9)
-    ax.grid(alpha=0.3)
-    _legend_below(fig, ax)
-    fig.tight_layout(rect=(0, 0.05 + 0.045 * rows, 1, 1))
-    fig.savefig(path, dpi=DPI)
-    return path
-
-
-def plot_diagnostics(records: list[dict], methods: list[str], path: str, setting: Setting) -> Optional[str]:
-    """The policy network's diagnostics of the continual runs over training (mean over seeds, band: min-max over
-    seeds), task switches marked: dormant fraction, NTK condition number and effective rank, DfI of all layers and
-    of the hidden layers alone, weight norm."""
-    runs = [r for r in records if r.get("fresh_task") is None and r.get("diagnostics") and r["method"] in methods]
-    if not runs:
-        return None
-    network = _network(runs)
-    panels = [("dormant_fraction", "dormant fraction", "linear"), ("ntk_cond", "NTK condition number", "log"),
-              ("ntk_erank", "NTK effective rank", "linear"), ("dfi", "DfI, all layers (heads included)", "log"),
-              ("dfi_hidden", "DfI, hidden layers (AdamO's penalised layers)", "log"),
-              ("weight_norm", "weight norm", "log")]
-    rows = (len(methods) + 2) // 3
-    fig = _figure(FIG_WIDTH + 2, 6.2 + 0.2 * rows)
-    axes = [fig.add_subplot(2, 3, i + 1) for i in range(len(panels))]
-    for ax, (metric, label, scale) in zip(axes, panels):
-        key = f"plasticity/{network}/{metric}"
-        for method in methods:
-            series = [np.array(r["diagnostics"][key]) for r in runs if r["method"] == method and key in r["diagnostics"]]
-            if not series:
-                continue
-            n = min(len(x) for x in series)
-            steps = series[0][:n, 0]
-            values = np.array([x[:n, 1] for x in series])
-            (line,) = ax.plot(steps, values.mean(axis=0), label=method, linewidth=1.2, color=method_color(method))
-            ax.fill_between(steps, values.min(axis=0), values.max(axis=0), color=line.get_color(), alpha=0.12,
-                            linewidth=0)
-        for k in range(1, setting.tasks):
-            ax.axvline(k * setting.task_timesteps, color="0.6", linewidth=0.5, linestyle=":")
-        ax.set_yscale(scale)
-        ax.set_title(label, fontsize=9)
-        ax.set_xlabel("env steps", fontsize=8)
-        ax.tick_params(labelsize=7)
-        ax.grid(alpha=0.3)
-    fig.suptitle(f"{network} network diagnostics (PlasticityMonitor): mean over seeds, band: min-max over seeds; "
-                 "dotted: task switches", fontsize=9)
-    _legend_below(fig, axes[0])
-    fig.tight_layout(rect=(0, 0.03 + 0.03 * rows, 1, 0.97))
-    fig.savefig(path, dpi=DPI)
-    return path
+def rounded(value: Any, digits: int = SUMMARY_DIGITS) -> Any:
+    """``value`` with every finite float (in dicts, lists and tuples, recursively; tuples become lists, as in JSON)
+    rounded to ``digits`` significant digits; NaN, infinities and everything else unchanged."""
+    if isinstance(value, float):
+        return float(f"{value:.{digits}g}") if math.isfinite(value) else value
+    if isinstance(value, dict):
+        return {k: rounded(v, digits) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [rounded(v, digits) for v in value]
+    return value
 
 
 def report(out: str, setting_name: str, setting: Setting, methods: Optional[list[str]], diagnostics: bool = True,
@@ -1632,7 +1587,7 @@ def report(out: str, setting_name: str, setting: Setting, methods: Optional[list
     if methods is None:
         order = {m: i for i, m in enumerate(ALL_METHOD_NAMES)}
         methods = sorted(found, key=lambda m: order.get(m, len(order)))
-    result = summarise(records, methods, setting)
+    result = rounded(summarise(records, methods, setting))
     if not result["methods"]:
         raise NoRunsError(
             f"no finished runs of {', '.join(methods) or 'any method'} under {os.path.join(out, 'runs')} "
@@ -1641,19 +1596,20 @@ def report(out: str, setting_name: str, setting: Setting, methods: Optional[list
     table = markdown_table(result, setting_name, setting)
     print(table)
     with open(os.path.join(out, "summary.json"), "w") as f:
-        json.dump({"setting": setting_name, "tail": setting.tail, "description": setting.description,
-                   "setting_config": asdict(setting), **result}, f, indent=1)
+        json.dump(rounded({"setting": setting_name, "tail": setting.tail, "description": setting.description,
+                           "setting_config": asdict(setting), **result}), f, indent=1)
     with open(os.path.join(out, "summary.md"), "w") as f:
         f.write(table + "\n")
     summary = result["methods"]
-    print("wrote", plot_end_of_task(summary, os.path.join(out, "end_of_task.png"), setting.description, setting))
-    written = plot_plasticity(summary, os.path.join(out, "plasticity.png"), setting.description)
-    if written:
-        print("wrote", written)
+    figures = {"end_of_task.png": continual_figures.end_of_task_figure(summary, setting, result["plain"]),
+               "plasticity.png": continual_figures.plasticity_figure(summary, result["plain"], setting.description)}
     if diagnostics:
-        written = plot_diagnostics(records, list(summary), os.path.join(out, "diagnostics.png"), setting)
-        if written:
-            print("wrote", written)
+        runs = [r for r in records if r["method"] in summary]
+        figures["diagnostics.png"] = continual_figures.diagnostics_figure(runs, list(summary), setting, _network(runs),
+                                                                          result["plain"])
+    for name, fig in figures.items():
+        if fig is not None:
+            print("wrote", continual_figures.save(fig, os.path.join(out, name)))
     if tb_plots:
         from sb3_plastic.plot import plot_runs
 
@@ -1695,7 +1651,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--setting", choices=sorted(SETTINGS), default="bandit")
     p.add_argument("--methods", nargs="+", choices=[*ALL_METHOD_NAMES, "all"],
                    help="methods (default: the default list; with --plot-only: every method found; 'all': all)")
-    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--seeds", nargs="+", type=int,
+                   help="run seeds (default 0 1 2; --quick: 0); --plot-only summarises every seed it finds")
     p.add_argument("--tasks", type=int, help="number of tasks (default: the setting's)")
     p.add_argument("--change-every", type=int, help="task length in env steps per env copy (default: the setting's)")
     p.add_argument("--fresh", choices=FRESH_CHOICES, default="all",
@@ -1760,17 +1717,26 @@ def resolve_setting(name: str, quick: bool = False, tasks: Optional[int] = None,
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
     setting = resolve_setting(args.setting, args.quick, args.tasks, args.change_every, args.ppo_overrides)
-    if args.quick and args.seeds == [0, 1, 2]:
-        args.seeds = [0]
+    if args.plot_only and args.seeds is not None:
+        print(f"warning: --seeds {' '.join(map(str, args.seeds))} has no effect with --plot-only: every run found is "
+              "summarised", file=sys.stderr, flush=True)
+    if args.seeds is None:
+        args.seeds = [0] if args.quick else [0, 1, 2]
     params = MethodParams(**{f: getattr(args, f) for f in MethodParams.__dataclass_fields__})
     out = args.out or os.path.join("bench", "results", "continual", args.setting + ("_quick" if args.quick else ""))
     methods = args.methods
     if methods is None and not args.plot_only:
         methods = [method_name(m, setting.algo) for m in DEFAULT_METHODS]
+    if args.plot_only:  # what the tables will summarise: every continual run found
+        found = sorted({r["seed"] for r in load_records(out) if r.get("fresh_task") is None
+                        and (methods is None or r["method"] in methods)})
+        seeds = " ".join(map(str, found)) + " (every seed found)" if found else "none found"
+    else:
+        seeds = " ".join(map(str, args.seeds))
     print(
         f"setting={args.setting}: {setting.description}; {setting.tasks} tasks x {setting.task_timesteps} env steps "
         f"({setting.change_every} per copy x {setting.n_envs} copies), methods={' '.join(methods or ['(found)'])}, "
-        f"seeds={' '.join(map(str, args.seeds))}, fresh={args.fresh}, device={args.device}, jobs={args.jobs}, out={out}",
+        f"seeds={seeds}, fresh={args.fresh}, device={args.device}, jobs={args.jobs}, out={out}",
         flush=True,
     )
     if not args.plot_only:

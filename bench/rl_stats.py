@@ -2,10 +2,12 @@
 stratified bootstrap confidence intervals, a percentile and a Student-t CI of a mean.
 
 rliable (Agarwal et al., 2021, "Deep RL at the Edge of the Statistical Precipice") is the field's standard for
-aggregating RL runs. Its own interval routine (``library.get_interval_estimates``) does not run with the installed
-arch/pandas (see :func:`stratified_bootstrap`), so the resampling is done here, exactly as rliable's
-``StratifiedBootstrap`` does it (every task column resampled over runs, independently), around rliable's metric
-functions. Imported by ``bench/stationary.py`` and ``bench/continual.py`` (``sys.path`` holds ``bench/``).
+aggregating RL runs; it is required (the ``bench`` and ``test`` extras install it). Its own interval routine
+(``library.get_interval_estimates``) does not run with the installed arch/pandas (see :func:`stratified_bootstrap`),
+so the resampling is done here, as rliable's ``StratifiedBootstrap`` does it (every task column resampled over runs,
+independently), around rliable's metric functions; where rliable's routine imports, the intervals agree with its own
+to Monte Carlo error (``tests/test_rl_stats.py``). Imported by ``bench/stationary.py`` and ``bench/continual.py``
+(``sys.path`` holds ``bench/``).
 """
 
 from __future__ import annotations
@@ -71,28 +73,19 @@ def t_mean_ci(values: np.ndarray, level: float = 0.95) -> tuple[float, float]:
 
 
 def rliable_metrics() -> tuple[Callable[[np.ndarray], float], Callable[[np.ndarray, np.ndarray], float], str]:
-    """rliable's IQM and probability of improvement (scipy's trimmed mean / Mann-Whitney U without rliable)."""
+    """rliable's IQM and probability of improvement, and the label the tables print for them.
+
+    :raises ImportError: without rliable, naming the extra that installs it. (A scipy stand-in used to take its
+        place silently, and a rebuilt table then differed from the committed one in its label: issue #29, part 5.)
+    """
     try:
         from rliable import metrics
-
-        return metrics.aggregate_iqm, metrics.probability_of_improvement, "rliable.metrics"
-    except ImportError:
-        import scipy.stats
-
-        def iqm(x: np.ndarray) -> float:
-            return float(scipy.stats.trim_mean(x, proportiontocut=0.25, axis=None))
-
-        def poi(x: np.ndarray, y: np.ndarray) -> float:
-            probs = []
-            for task in range(x.shape[1]):
-                if np.array_equal(x[:, task], y[:, task]):
-                    probs.append(0.5)
-                else:
-                    u, _ = scipy.stats.mannwhitneyu(x[:, task], y[:, task], alternative="greater")
-                    probs.append(u / (x.shape[0] * y.shape[0]))
-            return float(np.mean(probs))
-
-        return iqm, poi, "scipy (rliable not installed)"
+    except ImportError as exc:
+        raise ImportError(
+            "the bench's statistics are rliable's (IQM, probability of improvement) and rliable is not installed: "
+            "pip install -e '.[bench]' (or '.[test]')"
+        ) from exc
+    return metrics.aggregate_iqm, metrics.probability_of_improvement, "rliable.metrics"
 
 
 def stratified_bootstrap(fn: Callable[..., float], *scores: np.ndarray, reps: int = 5000, seed: int = 0,
@@ -100,8 +93,11 @@ def stratified_bootstrap(fn: Callable[..., float], *scores: np.ndarray, reps: in
     """Point estimate and percentile CI of ``fn(*scores)`` under rliable's stratified bootstrap: the runs of every
     task (column) of every score matrix (runs x tasks) are resampled with replacement, independently.
 
-    (rliable 1.2's own ``library.get_interval_estimates`` does not run here: it passes ``random_state=None`` to
-    arch's bootstrap, which arch 8 rejects, and arch 7.2 does not import with pandas 3.)
+    (rliable 1.2's own ``library.get_interval_estimates`` does not run with pandas 3: rliable 1.2 requires
+    ``arch < 8``, and arch 7.2 does not import with pandas 3.x (``deprecate_kwarg() missing 1 required positional
+    argument``, pandas 3.1.1); arch 8.0, which imports, rejects the ``random_state`` rliable passes. rliable's
+    resampling draws from numpy's global generator (``np.random.choice``), this one from its own seeded generator:
+    the same distribution, other draws.)
     """
     rng = np.random.default_rng(seed)
     point = float(fn(*scores))

@@ -7,7 +7,7 @@ A checkpoint is taken at a rollout start (``_on_rollout_start``, on-policy and o
 * the model (SB3's ``save``: weights, optimizer state, ``num_timesteps``, ``_last_obs`` and the episode bookkeeping,
   the plastic callbacks' state in ``model.plastic_state``) and, off-policy, the replay buffer;
 * the vector env itself (pickled with cloudpickle: the episodes in progress, each copy's position in its task
-  sequence, the envs' own random generators);
+  sequence, the envs' own random generators; SB3's ``VecNormalize`` with its running statistics, :func:`dumps_env`);
 * the global random states (torch, numpy, python), the action space's generator (epsilon-greedy draws its random
   actions from it) and what the caller adds (``extra()``: the bench's per-task
   recorder, the monitor's probe batch and history, the CPU time so far).
@@ -51,7 +51,6 @@ def latest(root: str) -> Optional[str]:
 def save(root: str, model: Any, extra: dict[str, Any]) -> str:
     """Write a checkpoint of ``model``, its env, the global random states and ``extra`` under ``root``; the previous
     checkpoint is removed once this one is complete (a checkpoint being written is never the ``latest``)."""
-    import cloudpickle
     import torch as th
 
     name = f"step{int(model.num_timesteps)}"
@@ -62,7 +61,7 @@ def save(root: str, model: Any, extra: dict[str, Any]) -> str:
     if getattr(model, "replay_buffer", None) is not None:
         save_buffer(model.replay_buffer, os.path.join(tmp, "replay_buffer"))
     with open(os.path.join(tmp, "env.pkl"), "wb") as f:
-        cloudpickle.dump(model.get_env(), f)
+        f.write(dumps_env(model.get_env()))
     state = dict(extra, rng=(th.get_rng_state(), np.random.get_state(), random.getstate()),
                  action_space_rng=_space_rng(model).bit_generator.state)
     with open(os.path.join(tmp, "state.pkl"), "wb") as f:
@@ -76,6 +75,47 @@ def save(root: str, model: Any, extra: dict[str, Any]) -> str:
         if old.startswith("step") and old != name:
             shutil.rmtree(os.path.join(root, old), ignore_errors=True)
     return folder
+
+
+#: the tag of a pickled VecNormalize in :func:`dumps_env` (a plain env is pickled as itself, as before it existed)
+_VEC_NORMALIZE = "VecNormalize"
+
+
+def dumps_env(env: Any) -> bytes:
+    """The bytes of a vector env, episodes in progress and random generators included, for :func:`loads_env`.
+
+    cloudpickle of the env itself, except for SB3's ``VecNormalize``: its ``__getstate__`` leaves out the env it
+    wraps and its discounted returns (SB3 saves the statistics alone and expects ``set_venv`` after loading), so
+    it is written as ``("VecNormalize", wrapper, returns, dumps_env(wrapped env))``: the running observation and
+    return statistics, the wrapped env and the returns all come back. A ``VecNormalize`` below another wrapper
+    would lose its env: that raises ``TypeError`` (the checkpointer then warns and goes on without checkpoints).
+    """
+    import cloudpickle
+    from stable_baselines3.common.vec_env import VecEnvWrapper, VecNormalize
+
+    if isinstance(env, VecNormalize):
+        return cloudpickle.dumps((_VEC_NORMALIZE, env, env.returns, dumps_env(env.venv)))
+    inner = env
+    while isinstance(inner, VecEnvWrapper):
+        inner = inner.venv
+        if isinstance(inner, VecNormalize):
+            raise TypeError(f"a VecNormalize below {type(env).__name__} cannot be checkpointed (it pickles without "
+                            "its env); wrap it outermost")
+    return cloudpickle.dumps(env)
+
+
+def loads_env(data: bytes) -> Any:
+    """The vector env :func:`dumps_env` wrote (a checkpoint written before it existed holds the pickled env
+    itself, which is read the same way)."""
+    import cloudpickle
+
+    env = cloudpickle.loads(data)
+    if isinstance(env, tuple) and env and env[0] == _VEC_NORMALIZE:
+        _, wrapper, returns, inner = env
+        wrapper.set_venv(loads_env(inner))
+        wrapper.returns = returns
+        return wrapper
+    return env
 
 
 def save_buffer(buffer: Any, path: str) -> None:
@@ -118,10 +158,8 @@ def load_buffer(path: str) -> Any:
 def load(folder: str, cls: Any, device: str, tensorboard_log: Optional[str]) -> tuple[Any, dict[str, Any]]:
     """The model of the checkpoint ``folder`` (class ``cls``) on its pickled env, not reset (``force_reset=False``:
     the episodes in progress continue), with its replay buffer; and the checkpoint's state (``extra`` and ``rng``)."""
-    import cloudpickle
-
     with open(os.path.join(folder, "env.pkl"), "rb") as f:
-        env = cloudpickle.load(f)
+        env = loads_env(f.read())
     model = cls.load(os.path.join(folder, "model.zip"), env=env, device=device, force_reset=False)
     model.tensorboard_log = tensorboard_log
     buffer = os.path.join(folder, "replay_buffer")

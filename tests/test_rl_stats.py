@@ -1,0 +1,70 @@
+"""bench/rl_stats.py: rliable is required (a missing rliable is an error naming the extra, not a silent stand-in), the
+intervals run without rliable's arch-based routine (which does not import with pandas 3), and they agree with that
+routine where it imports (issue #29, part 5)."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+from bench_modules import load_bench
+
+
+def _load_rl_stats():
+    return load_bench("rl_stats")
+
+
+def test_a_missing_rliable_is_an_error_naming_the_extra(monkeypatch):
+    rl_stats = _load_rl_stats()
+    assert rl_stats.rliable_metrics()[2] == "rliable.metrics"
+    for name in [m for m in sys.modules if m == "rliable" or m.startswith("rliable.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "rliable", None)  # import rliable raises ImportError
+    with pytest.raises(ImportError, match=r"rliable is not installed: pip install -e '\.\[bench\]'"):
+        rl_stats.rliable_metrics()
+
+
+def test_intervals_run_without_rliables_arch_based_routine(monkeypatch):
+    """What runs under pandas 3 (arch 7.2 does not import there): rliable's metrics, the resampling done here."""
+    for name in ("arch", "arch.bootstrap", "rliable.library"):
+        monkeypatch.setitem(sys.modules, name, None)
+    rl_stats = _load_rl_stats()
+    iqm, poi, _ = rl_stats.rliable_metrics()
+    rng = np.random.default_rng(5)
+    x, y = rng.normal(1.0, 1.0, size=(5, 4)), rng.normal(0.0, 1.0, size=(5, 4))
+    point, low, high = rl_stats.iqm_ci({"x": x}, reps=500)["x"]
+    assert point == pytest.approx(iqm(x)) and low < point < high
+    point, low, high = rl_stats.stratified_bootstrap(poi, x, y, reps=200)
+    assert point == pytest.approx(poi(x, y)) and 0.0 <= low < point < high <= 1.0
+
+
+def _rliable_library():
+    try:
+        from rliable import library
+    except Exception as exc:  # arch 7.2 under pandas 3 raises TypeError on import, not ImportError
+        pytest.skip(f"rliable's own interval routine does not import here ({type(exc).__name__}: {exc})")
+    return library
+
+
+def test_intervals_agree_with_rliables_own_routine_where_it_imports():
+    library = _rliable_library()
+    rl_stats = _load_rl_stats()
+    iqm, poi, _ = rl_stats.rliable_metrics()
+    rng = np.random.default_rng(11)
+    x, y = rng.normal(1.0, 1.0, size=(5, 5)), rng.normal(0.3, 1.0, size=(5, 5))
+    reps = 4000
+    np.random.seed(0)  # rliable's resampling draws from numpy's global generator
+    theirs = library.get_interval_estimates({"x": x}, lambda s: np.array([iqm(s)]), reps=reps)
+    point, low, high = rl_stats.iqm_ci({"x": x}, reps=reps)["x"]
+    (their_point,), (their_low, their_high) = theirs[0]["x"], theirs[1]["x"][:, 0]
+    width = their_high - their_low
+    assert point == pytest.approx(their_point)
+    assert abs(low - their_low) < 0.08 * width and abs(high - their_high) < 0.08 * width
+    np.random.seed(0)
+    theirs = library.get_interval_estimates({"x,y": (x, y)}, poi, reps=reps)
+    point, low, high = rl_stats.stratified_bootstrap(poi, x, y, reps=reps)
+    their_point, (their_low, their_high) = theirs[0]["x,y"], theirs[1]["x,y"][:, 0]
+    width = their_high - their_low
+    assert point == pytest.approx(their_point)
+    assert abs(low - their_low) < 0.08 * width and abs(high - their_high) < 0.08 * width
