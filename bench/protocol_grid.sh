@@ -15,6 +15,9 @@ BANDIT="--setting bandit --out bench/results/continual/bandit_protocol"
 CARTPOLE="--setting cartpole_obs"
 # 1. issue #29's control: head reset at every switch (value head; both heads and the policy head are done)
 run $CARTPOLE --methods ppo_value_head_reset
+#    and its other two controls: running observation normalisation, FIRE at every switch on the hidden layers only
+run $CARTPOLE --methods ppo_vecnorm
+run $CARTPOLE --methods ppo_fire_switch_hidden
 # 2. issue #27: the isometry penalty's options in the authors' convention
 for m in plastic_relu_rect plastic_relu_s2 plastic_maxmin_rect plastic_relu_s2_rect; do run $BANDIT --methods $m; done
 for m in plastic_relu_rect plastic_relu_s2 plastic_maxmin_rect plastic_relu_s2_rect; do run $CARTPOLE --methods $m; done
