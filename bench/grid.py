@@ -99,6 +99,23 @@ def is_retry(trial: Any) -> bool:
         return _retry_class().retried_trial_number(frozen) is not None
 
 
+def _rdb_storage(rdb_class: Any, storage: str, heartbeat: int) -> Any:
+    """``RDBStorage`` with the heartbeat and the retry callback: passed as ``heartbeat_stale_trial_callback`` where
+    optuna has that name (4.9 deprecates ``failed_trial_callback`` with a FutureWarning), the heartbeat's
+    experimental-API warning silenced here only (the heartbeat is what declares a dead worker's trial stale)."""
+    import inspect
+    import warnings
+
+    import optuna
+
+    name = ("heartbeat_stale_trial_callback" if "heartbeat_stale_trial_callback" in
+            inspect.signature(rdb_class.__init__).parameters else "failed_trial_callback")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return rdb_class(storage, heartbeat_interval=heartbeat, grace_period=2 * heartbeat,
+                         **{name: retry_callback(max_retry=1)})
+
+
 def make_study(storage: str, study_name: str, config: dict[str, Any], heartbeat: int) -> Any:
     """The study on ``storage`` (created, or joined when it exists with the same grid)."""
     import optuna
@@ -108,8 +125,7 @@ def make_study(storage: str, study_name: str, config: dict[str, Any], heartbeat:
     space = {"setting": config["settings"], "method": grid_methods(continual, config["methods"]), "seed": config["seeds"]}
     for attempt in range(5):  # workers started together race to create the schema / the study: the loser retries
         try:
-            rdb = RDBStorage(storage, heartbeat_interval=heartbeat, grace_period=2 * heartbeat,
-                             failed_trial_callback=retry_callback(max_retry=1))
+            rdb = _rdb_storage(RDBStorage, storage, heartbeat)
             study = optuna.create_study(storage=rdb, study_name=study_name, load_if_exists=True,
                                         direction="maximize", sampler=optuna.samplers.GridSampler(space, seed=0))
             break

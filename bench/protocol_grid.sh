@@ -15,9 +15,13 @@ BANDIT="--setting bandit --out bench/results/continual/bandit_protocol"
 CARTPOLE="--setting cartpole_obs"
 # 1. issue #29's control: head reset at every switch (value head; both heads and the policy head are done)
 run $CARTPOLE --methods ppo_value_head_reset
-#    and its other two controls: running observation normalisation, FIRE at every switch on the hidden layers only
-run $CARTPOLE --methods ppo_vecnorm
-run $CARTPOLE --methods ppo_fire_switch_hidden
+#    and its other two controls, running observation normalisation and FIRE at every switch on the hidden layers
+#    only, through bench/grid.py's distributed path (issue #29 part 6): one optuna study on PostgreSQL, this worker and
+#    a second one started by hand with the same command; the grid's cells go to bench/results/continual/cartpole_obs
+STORAGE=${SB3_PLASTIC_GRID_STORAGE:-postgresql+psycopg2://sb3plastic:sb3plastic@127.0.0.1:5432/sb3plastic}
+echo "$(date -u +%FT%T) grid.py issue29-controls"
+nice -n -5 python bench/grid.py --storage "$STORAGE" --study issue29-controls --settings cartpole_obs \
+    --methods ppo_vecnorm ppo_fire_switch_hidden --seeds 0 1 2 3 4 || true
 # 2. issue #27: the isometry penalty's options in the authors' convention
 for m in plastic_relu_rect plastic_relu_s2 plastic_maxmin_rect plastic_relu_s2_rect; do run $BANDIT --methods $m; done
 for m in plastic_relu_rect plastic_relu_s2 plastic_maxmin_rect plastic_relu_s2_rect; do run $CARTPOLE --methods $m; done

@@ -109,3 +109,19 @@ def test_a_retried_trial_takes_over_the_dead_workers_run_claims(tmp_path, monkey
     study.optimize(grid.objective_for(args), n_trials=1)
     assert calls == [False, True]  # the retry takes the claims over
     assert study.trials[1].state == optuna.trial.TrialState.COMPLETE
+
+
+def test_make_study_warns_nothing_it_could_avoid(tmp_path):
+    """optuna >= 4.9 deprecates ``failed_trial_callback`` (a FutureWarning in every worker's log): the study passes the
+    stale-trial callback under its current name, and the heartbeat's experimental-API warning is expected and silenced."""
+    import warnings
+
+    grid = load_bench("grid")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        study = grid.make_study(f"sqlite:///{tmp_path / 'g.db'}", "s",
+                                grid.grid_config(grid.parse_args(["--storage", "x", "--study", "s", *GRID])), 5)
+    assert [str(w.message) for w in caught if issubclass(w.category, (FutureWarning, DeprecationWarning))] == []
+    assert [str(w.message) for w in caught if "heartbeat" in str(w.message)] == []
+    storage = study._storage._backend if hasattr(study._storage, "_backend") else study._storage
+    assert storage.heartbeat_interval == 5 and storage.failed_trial_callback is not None
