@@ -154,3 +154,43 @@ def test_a_tiny_grid_reports_their_statistic(continual, tmp_path):
         assert "TRAC / C-CHAIN's statistic" in table
         assert f"| ppo | 2 | {np.mean(per_seed):.4g} ± " in table and f"{np.mean(oracle):.4g} ± " in table
         assert json.loads(json.dumps(entry))  # summary.json stays JSON
+
+
+def test_an_interrupted_run_resumes_exactly_with_rollout_resets(continual, tmp_path, monkeypatch):
+    """A run of a cchain setting cut inside its second task and resumed from its checkpoint gives the uninterrupted
+    run's scores: the rollout resets, the reward scale and the iteration score's state survive the checkpoint."""
+    from test_bench_card_envs import _interrupt_once_at, _Interrupted
+
+    base = continual.SETTINGS["cchain_cartpole"]
+    setting = replace(base, change_every=1600, tasks=2, monitor_every=10**9, ppo=dict(base.ppo, n_epochs=1))
+    params = continual.MethodParams()
+    whole = continual.run_one("ppo", 0, setting, params, str(tmp_path / "whole"), "cpu", 1)
+    monkeypatch.setattr(continual, "CHECKPOINT_SECONDS", 0.0)  # a checkpoint at every rollout start
+    fired = _interrupt_once_at(continual, monkeypatch, step=setting.task_timesteps + 100)
+    out = str(tmp_path / "cut")
+    with pytest.raises(_Interrupted):
+        continual.run_one("ppo", 0, setting, params, out, "cpu", 1)
+    resumed = continual.run_one("ppo", 0, setting, params, out, "cpu", 1)
+    assert 0 < resumed["resumed_at"][0] <= fired[0]
+    for key in ("task", "iteration_return", "end_return", "mean_reward", "end_episodes", "timesteps"):
+        assert resumed[key] == whole[key], key
+
+
+def test_setting_cost_extrapolates_a_piece_to_the_full_run(tmp_path, capsys):
+    """bench/setting_cost.py: a piece of 1 600 steps with a monitor pass every 800; the full run's estimate is the
+    piece's CPU time without the monitor scaled to 1.6 M steps, plus the full run's 21 monitor passes."""
+    from bench_modules import load_bench
+
+    cost = load_bench("setting_cost")
+    path = tmp_path / "cost.json"
+    assert cost.main(["--settings", "cchain_cartpole", "--steps", "1600", "--monitor-every", "800",
+                      "--json", str(path)]) == 0
+    (row,) = json.loads(path.read_text())
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == row
+    assert (row["setting"], row["method"], row["steps"]) == ("cchain_cartpole", "ppo", 1600)
+    assert row["monitor_passes"] >= 2 and 0 < row["monitor_seconds"] < row["wall_seconds"]
+    train = row["cpu_seconds"] - row["monitor_seconds"]
+    per_pass = row["monitor_seconds"] / row["monitor_passes"]
+    assert row["full_run_cpu_min"] == pytest.approx((train * 1_600_000 / 1600 + per_pass * 21) / 60)
+    assert row["cpu_min_per_1m_steps"] == pytest.approx(train / 1600 * 1e6 / 60)
+    assert len(row["score"]) == 1 and np.isfinite(row["score"][0])
