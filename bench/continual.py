@@ -87,6 +87,7 @@ Examples::
     python bench/continual.py --setting minatar_intensive --methods all --seeds 0 1 2 3 4 --jobs 14
     python bench/continual.py --setting minatar_intensive --device cuda --jobs 4   # on a GPU machine
     python bench/continual.py --setting minatar_intensive --plot-only    # rebuild tables and figures
+    python bench/continual.py --setting cchain_cartpole --methods ppo --seeds 0 1 2 3 4 --fresh all  # C-CHAIN's Table 1
 """
 
 from __future__ import annotations
@@ -1035,7 +1036,9 @@ def run_parts(setting: Setting, fresh: str, seed: Optional[int] = None) -> list[
 def same_setting(recorded: dict[str, Any], setting: Setting) -> bool:
     """Whether a run JSON's ``setting`` is ``setting``; a field the JSON lacks (written before the field existed)
     counts as that field's default."""
-    defaults = {f.name: f.default for f in dataclasses.fields(Setting) if f.default is not dataclasses.MISSING}
+    defaults = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+                for f in dataclasses.fields(Setting)
+                if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING}
     current = json.loads(json.dumps(asdict(setting)))
     return {**json.loads(json.dumps(defaults)), **recorded} == current
 

@@ -194,3 +194,15 @@ def test_setting_cost_extrapolates_a_piece_to_the_full_run(tmp_path, capsys):
     assert row["full_run_cpu_min"] == pytest.approx((train * 1_600_000 / 1600 + per_pass * 21) / 60)
     assert row["cpu_min_per_1m_steps"] == pytest.approx(train / 1600 * 1e6 / 60)
     assert len(row["score"]) == 1 and np.isfinite(row["score"][0])
+
+
+def test_runs_recorded_before_the_new_setting_fields_still_match_their_setting(continual):
+    """A run JSON written before ``activation``, ``policy_kwargs``, ``reward_scale`` and ``rollout_reset`` existed is
+    the same setting at their defaults (FIRE / S&P / head reset copy such plain fresh agents instead of retraining);
+    one that differs in a new field is not."""
+    setting = continual.SETTINGS["cartpole_obs"]
+    old = json.loads(json.dumps(continual.asdict(setting)))
+    for name in ("activation", "policy_kwargs", "reward_scale", "rollout_reset"):
+        del old[name]
+    assert continual.same_setting(old, setting)
+    assert not continual.same_setting(dict(old, policy_kwargs={"ortho_init": False}), setting)
