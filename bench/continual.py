@@ -1033,6 +1033,21 @@ def run_parts(setting: Setting, fresh: str, seed: Optional[int] = None) -> list[
     return [None] + (list(range(setting.tasks)) if fresh == "all" else [])
 
 
+#: Setting fields added by issue #29 (the cchain settings); summary.json leaves them out where they are at their
+#: defaults, so the tables of the settings before them rebuild byte for byte
+LATE_FIELDS = ("activation", "policy_kwargs", "reward_scale", "rollout_reset")
+
+
+def setting_config(setting: Setting) -> dict[str, Any]:
+    """``asdict(setting)`` without the :data:`LATE_FIELDS` that are at their defaults (summary.json's record)."""
+    config = asdict(setting)
+    default = Setting(env_id="", change_every=1, tasks=1, n_envs=1, policy="", net_arch=(), ppo={}, monitor_every=1)
+    for name in LATE_FIELDS:
+        if config[name] == getattr(default, name):
+            del config[name]
+    return config
+
+
 def same_setting(recorded: dict[str, Any], setting: Setting) -> bool:
     """Whether a run JSON's ``setting`` is ``setting``; a field the JSON lacks (written before the field existed)
     counts as that field's default."""
@@ -1826,7 +1841,7 @@ def report(out: str, setting_name: str, setting: Setting, methods: Optional[list
     print(table)
     with open(os.path.join(out, "summary.json"), "w") as f:
         json.dump({"setting": setting_name, "tail": setting.tail, "description": setting.description,
-                   "setting_config": asdict(setting), **result}, f, indent=1)
+                   "setting_config": setting_config(setting), **result}, f, indent=1)
     with open(os.path.join(out, "summary.md"), "w") as f:
         f.write(table + "\n")
     summary = result["methods"]

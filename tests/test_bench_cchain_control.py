@@ -206,3 +206,15 @@ def test_runs_recorded_before_the_new_setting_fields_still_match_their_setting(c
         del old[name]
     assert continual.same_setting(old, setting)
     assert not continual.same_setting(dict(old, policy_kwargs={"ortho_init": False}), setting)
+
+
+def test_summary_records_the_new_fields_only_where_they_are_set(continual):
+    """summary.json's setting_config of a setting from before issue #29 is what it was (its tables rebuild byte for
+    byte); a cchain setting's names its activation, policy keywords, reward scale and rollout reset."""
+    old = continual.setting_config(continual.SETTINGS["cartpole_obs"])
+    assert not set(continual.LATE_FIELDS) & set(old)
+    assert old == {k: v for k, v in continual.asdict(continual.SETTINGS["cartpole_obs"]).items()
+                   if k not in continual.LATE_FIELDS}
+    new = continual.setting_config(continual.SETTINGS["cchain_lunar"])
+    assert (new["activation"], new["reward_scale"], new["rollout_reset"]) == ("leaky_relu", 20.0, True)
+    assert new["policy_kwargs"] == {"ortho_init": False, "optimizer_kwargs": {"eps": 1e-8}}
