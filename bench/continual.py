@@ -90,6 +90,7 @@ Examples::
     python bench/continual.py --setting minatar_intensive --methods all --seeds 0 1 2 3 4 --jobs 14
     python bench/continual.py --setting minatar_intensive --device cuda --jobs 4   # on a GPU machine
     python bench/continual.py --setting minatar_intensive --plot-only    # rebuild tables and figures
+    python bench/continual.py --setting cchain_cartpole --methods ppo --seeds 0 1 2 3 4 --fresh all  # C-CHAIN's Table 1
 """
 
 from __future__ import annotations
@@ -110,6 +111,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
+from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import continual_figures
@@ -124,6 +126,25 @@ ALGOS = {"ppo": ("PPO", "PlasticPPO"), "dqn": ("DQN", "PlasticDQN"), "sac": ("SA
 CHECKPOINT_SECONDS: Optional[float] = run_checkpoint.CHECKPOINT_SECONDS
 #: bootstrap resamples of the tables (stratified for IQM / probability of improvement, per task for the bands)
 REPS = 2000
+
+
+class LeakyReLU01(nn.LeakyReLU):
+    """Leaky ReLU with negative slope 0.1, the hidden activation of TRAC's and C-CHAIN's Gym-control networks
+    (``torch.nn.LeakyReLU(0.1)``; a class, as SB3's ``activation_fn`` takes one)."""
+
+    def __init__(self, negative_slope: float = 0.1, inplace: bool = False) -> None:
+        super().__init__(negative_slope, inplace)
+
+
+#: hidden activations of the plain agents (:attr:`Setting.activation`)
+PLAIN_ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "leaky_relu": LeakyReLU01}
+#: end-of-task scores (:attr:`Setting.score`): reward per env step, mean return of the episodes ending in the tail, and
+#: TRAC / C-CHAIN's per-iteration return (the mean over the tail's rollouts of each rollout's mean episode return, the
+#: episode its end cuts counted with its partial return; needs ``rollout_reset``)
+SCORES = ("end_reward", "end_return", "iteration_return")
+#: how the tables and figures name each score
+SCORE_LABELS = {"end_reward": "reward per env step", "end_return": "episode return",
+                "iteration_return": "episode return per PPO iteration (TRAC / C-CHAIN's)"}
 
 
 @dataclass(frozen=True)
@@ -152,6 +173,16 @@ class Setting:
         on a second env of the same task sequence, env seed ``1234 * seed`` as C-CHAIN's; the task just trained),
         recorded as ``evaluations`` ``[[timesteps, task, mean return], ...]``; 0: none.
     :param eval_episodes: episodes per evaluation.
+    :param activation: hidden activation of the plain agents (the SB3 algorithm, and the methods built on the plain
+        agent's network: ``ppo_trac``, ``ppo_nap``, ``ppo_layernorm``): ``"relu"`` or ``"leaky_relu"``
+        (:class:`LeakyReLU01`, TRAC's and C-CHAIN's networks). The plastic methods named after an activation
+        (``plastic_relu``, ``plastic_maxmin``, ``ppo_crelu``, ``ppo_fourier``) keep theirs.
+    :param policy_kwargs: SB3 policy keywords every method shares, on top of ``net_arch`` and the activation (e.g.
+        ``ortho_init=False``; ``optimizer_kwargs`` are merged with a method's own, e.g. ``ppo_l2``'s weight decay).
+    :param reward_scale: the agent trains on ``reward / reward_scale`` (a wrapper outside SB3's ``Monitor``: episode
+        returns and every score stay in the env's units); 1: the env's rewards.
+    :param rollout_reset: start every rollout with new episodes (every env copy reset at the rollout start: TRAC's
+        and C-CHAIN's PPO iterations); the episode the rollout's end cuts is bootstrapped by PPO, as theirs is.
     """
 
     env_id: str
@@ -170,6 +201,20 @@ class Setting:
     exploration_steps: int = 0
     eval_every: int = 0
     eval_episodes: int = 10
+    activation: str = "relu"
+    policy_kwargs: dict[str, Any] = field(default_factory=dict)
+    reward_scale: float = 1.0
+    rollout_reset: bool = False
+
+    def __post_init__(self) -> None:
+        if self.score not in SCORES:
+            raise ValueError(f"score must be one of {', '.join(map(repr, SCORES))}, got {self.score!r}")
+        if self.activation not in PLAIN_ACTIVATIONS:
+            raise ValueError(f"activation must be one of {', '.join(map(repr, PLAIN_ACTIVATIONS))}, got {self.activation!r}")
+        if not (isinstance(self.reward_scale, (int, float)) and math.isfinite(self.reward_scale) and self.reward_scale > 0):
+            raise ValueError(f"reward_scale must be a finite number > 0, got {self.reward_scale!r}")
+        if self.score == "iteration_return" and not self.rollout_reset:
+            raise ValueError("score='iteration_return' (TRAC / C-CHAIN's per-iteration return) needs rollout_reset=True")
 
     @property
     def task_timesteps(self) -> int:
@@ -330,6 +375,42 @@ SETTINGS["cminatar"] = Setting(
     eval_episodes=10,
 )
 
+#: TRAC / C-CHAIN's continual Gym control (Muppidi et al., NeurIPS 2024, ComputationalRobotics/TRAC ``main.ipynb``;
+#: Tang et al., ICML 2025, bluecontra/C-CHAIN ``crl_gym_classic_control/``, whose code and Table 1 these settings
+#: follow): 10 tasks, each a new fixed observation offset drawn per dimension from N(0, 2^2) (numpy's
+#: ``normal(0, 2)``; none on task 0), 200 PPO iterations of 800 env steps per task, episodes cut at 400 steps. Their PPO:
+#: one env, separate policy and value networks of three hidden layers of 256 with leaky ReLU (slope 0.1) and PyTorch's
+#: default init, one Adam (lr 1e-3, the script's default; eps 1e-8) over both, 5 epochs of minibatches of 32, clip 0.2,
+#: entropy 0.01, value loss 0.5 x MSE, gamma 0.99, GAE lambda 0.95, rewards / 20 for training, no gradient clipping,
+#: every iteration starting new episodes. Score: their per-iteration mean episode return, averaged over all iterations
+#: of a run (their "average performance", Table 1). What SB3's PPO cannot mirror (bench/README.md): advantages
+#: normalised per minibatch of 32 (theirs over the iteration's 800 steps); value targets GAE(0.95) returns (theirs the
+#: discounted Monte-Carlo return, bootstrapped at a cut); the offsets drawn from this library's generator (the same
+#: distribution, other draws).
+_CCHAIN_CONTROL_PPO = dict(n_steps=800, batch_size=32, n_epochs=5, learning_rate=1e-3, gamma=0.99, gae_lambda=0.95,
+                           clip_range=0.2, ent_coef=0.01, vf_coef=0.5, max_grad_norm=float("inf"))
+for _name, _env, _title in (("cchain_cartpole", "CartPole", "CartPole-v1"), ("cchain_acrobot", "Acrobot", "Acrobot-v1"),
+                            ("cchain_lunar", "LunarLander", "LunarLander-v3")):
+    SETTINGS[_name] = Setting(
+        env_id=f"sb3_plastic/Perturbed{_env}-v0",
+        change_every=160_000,
+        tasks=10,
+        n_envs=1,
+        policy="MlpPolicy",
+        net_arch=(256, 256, 256),
+        ppo=_CCHAIN_CONTROL_PPO,
+        monitor_every=80_000,
+        env_kwargs=dict(scale=2.0, max_episode_steps=400),
+        description=f"C-CHAIN's continual {_title} (a new N(0, 2^2) observation offset every 160k steps, 400-step "
+                    "episodes), their PPO [256, 256, 256] leaky ReLU",
+        score="iteration_return",
+        tail=1.0,
+        activation="leaky_relu",
+        policy_kwargs=dict(ortho_init=False, optimizer_kwargs=dict(eps=1e-8)),
+        reward_scale=20.0,
+        rollout_reset=True,
+    )
+
 SETTINGS["slippery_ant_ppo"] = replace(
     SETTINGS["slippery_halfcheetah_ppo"],
     env_id="sb3_plastic/SlipperyAnt-v0",
@@ -461,7 +542,12 @@ def _task_recorder(setting: Setting, results: dict[str, list[float]], progress_p
     nothing after: SB3 stops ``learn`` at the first rollout boundary at or after ``total_timesteps``, so a fresh
     agent (its env pinned to one task) runs a few steps past the task's length when ``change_every`` is not a
     multiple of ``n_steps``. The continual run's steps there belong to the next task; read by the fresh agent, an
-    episode ending in them would make the fresh reading of the same training differ from the continual one."""
+    episode ending in them would make the fresh reading of the same training differ from the continual one.
+
+    With ``setting.rollout_reset`` it also records ``iteration_return`` per task: TRAC / C-CHAIN's per-iteration score
+    (their ``itr_mean_return``), the mean over the rollouts that end in the task's tail of each rollout's mean episode
+    return, where the episodes are those ending in the rollout plus the one its end cuts (with the partial return it
+    reached; the next rollout starts new episodes)."""
     from stable_baselines3.common.callbacks import BaseCallback
 
     tail_start = round((1.0 - setting.tail) * setting.change_every)
@@ -473,6 +559,21 @@ def _task_recorder(setting: Setting, results: dict[str, list[float]], progress_p
             self._counts = np.zeros(2)
             self._returns: list[float] = []
             self._recent: list[np.ndarray] = []  # the last HEAD_PROBE_STEPS steps' observations of the task's tail
+            self._rollout_returns: list[float] = []  # returns of the episodes ended in the rollout in progress
+            self._iteration_means: list[float] = []  # the task's rollouts' mean returns (rollout_reset)
+            self._task_step = 0
+
+        def _on_rollout_start(self) -> None:
+            self._rollout_returns = []
+
+        def _on_rollout_end(self) -> None:
+            if not setting.rollout_reset or self._task_step <= tail_start or self._task_step > setting.change_every:
+                return
+            # the episode in progress is cut here (the next rollout resets the envs): its partial return counts
+            partial = [float(np.sum(r)) for r in self.training_env.get_attr("rewards") if len(r)]
+            returns = self._rollout_returns + partial
+            if returns:
+                self._iteration_means.append(float(np.mean(returns)))
 
         def _close_task(self) -> None:
             if self._task is None or self._counts[0] == 0 or self._task >= setting.tasks:
@@ -485,6 +586,9 @@ def _task_recorder(setting: Setting, results: dict[str, list[float]], progress_p
             results["end_reward"].append(end)
             results["end_return"].append(end_return)
             results["end_episodes"].append(len(self._returns))
+            if setting.rollout_reset:
+                means = self._iteration_means
+                results.setdefault("iteration_return", []).append(float(np.mean(means)) if means else float("nan"))
             for key, value in head_statistics(self.model, self._recent).items():
                 results.setdefault(key, []).append(value)
             self.logger.record("continual/end_of_task_reward", end)
@@ -501,10 +605,11 @@ def _task_recorder(setting: Setting, results: dict[str, list[float]], progress_p
             if task != self._task:
                 self._close_task()
                 self._task, self._sums[:], self._counts[:], self._returns = task, 0.0, 0.0, []
-                self._recent = []
-            task_step = int(infos[0].get("task_step", 0))
+                self._recent, self._iteration_means = [], []
+            task_step = self._task_step = int(infos[0].get("task_step", 0))
             if task_step > setting.change_every:
                 return True  # past the task's length: a fresh agent's last rollout (see above)
+            self._rollout_returns.extend(float(i["episode"]["r"]) for i in infos if "episode" in i)
             rewards = np.asarray(self.locals["rewards"], dtype=np.float64)
             self._sums[0] += rewards.sum()
             self._counts[0] += rewards.size
@@ -559,6 +664,24 @@ def head_statistics(model: Any, observations: list[np.ndarray]) -> dict[str, flo
         entropy = -(probs * th.log_softmax(logits, dim=1)).sum(dim=1)
         return {"head_entropy": float(entropy.mean()), "head_max_prob": float(probs.max(dim=1).values.mean()),
                 "head_logit_std": float(logits.std(dim=1).mean())}
+
+
+def _rollout_reset() -> Any:
+    """The callback of a setting with ``rollout_reset``: every env copy is reset at each rollout start, so a rollout
+    starts new episodes as TRAC's and C-CHAIN's PPO iterations do (their ``env.reset()`` at every iteration; the
+    episode an iteration's end cuts is bootstrapped with the value of its last observation, as SB3's PPO does at a
+    rollout's end). Put it first after the checkpointer."""
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class RolloutReset(BaseCallback):
+        def _on_rollout_start(self) -> None:
+            self.model._last_obs = self.training_env.reset()
+            self.model._last_episode_starts = np.ones((self.training_env.num_envs,), dtype=bool)
+
+        def _on_step(self) -> bool:
+            return True
+
+    return RolloutReset()
 
 
 def _recording_monitor(every: int) -> Any:
@@ -737,6 +860,12 @@ def _plain_cnn_kwargs(setting: Setting) -> dict[str, Any]:
     return dict(features_extractor_class=PlasticCNN, features_extractor_kwargs=dict(activation="relu", arch="auto"))
 
 
+def scaled_reward(reward: float, scale: float) -> float:
+    """``reward / scale``: what the agent of a setting with ``reward_scale`` trains on (TRAC / C-CHAIN's
+    ``reward / reward_scale``)."""
+    return reward / scale
+
+
 def make_env(setting: Setting, seed: int, fresh_task: Optional[int] = None, env_seed: Optional[int] = None) -> Any:
     """The vector env of run seed ``seed``: ``task_seed = seed`` (independent task sequences per seed); with
     ``fresh_task`` every copy is pinned to that task of the sequence (``pin_task``) for a fresh-agent reference;
@@ -745,11 +874,18 @@ def make_env(setting: Setting, seed: int, fresh_task: Optional[int] = None, env_
 
     import sb3_plastic.envs  # noqa: F401  (registers the ids)
 
+    scaled = {}
+    if setting.reward_scale != 1:  # outside the Monitor: episode returns stay in the env's units
+        from gymnasium.wrappers import TransformReward
+
+        scaled = dict(wrapper_class=TransformReward,
+                      wrapper_kwargs=dict(func=functools.partial(scaled_reward, scale=setting.reward_scale)))
     env = make_vec_env(
         setting.env_id,
         n_envs=setting.n_envs,
         seed=seed if env_seed is None else env_seed,
         env_kwargs=dict(change_every=setting.change_every, task_seed=seed, **setting.env_kwargs),
+        **scaled,
     )
     if fresh_task is not None:
         env.env_method("pin_task", int(fresh_task))
@@ -794,8 +930,6 @@ def build_model(method: str, setting: Setting, params: MethodParams, seed: int, 
     :param fresh_task: build the fresh-agent reference of that task (pinned env; no task-change / midpoint
         interventions, which cannot trigger within one task).
     """
-    import torch as th
-
     import sb3_plastic
     from sb3_plastic import FIRE, ContinualBackprop, L2Init, ReDo, ShrinkPerturb, SpectralRegularisation
 
@@ -823,6 +957,14 @@ def build_model(method: str, setting: Setting, params: MethodParams, seed: int, 
         sb3_cls = functools.partial(plastic_cls, isometry_mode="off", optimizer="adam")
     net_arch = list(setting.net_arch)
     callbacks: list[Any] = []
+    shared = {k: v for k, v in setting.policy_kwargs.items() if k != "optimizer_kwargs"}
+    shared_optimizer = dict(setting.policy_kwargs.get("optimizer_kwargs") or {})
+    # the plastic algorithms on the plain agent's network: its activation (a class through policy_kwargs where it has
+    # no name of the library's), the setting's shared policy keywords
+    net_kwargs = dict(net_arch=net_arch, **shared, **(dict(optimizer_kwargs=shared_optimizer) if shared_optimizer else {}))
+    plain_net: dict[str, Any] = dict(activation="relu", policy_kwargs=net_kwargs)
+    if setting.activation != "relu":
+        plain_net = dict(activation=None, policy_kwargs=dict(net_kwargs, activation_fn=PLAIN_ACTIVATIONS[setting.activation]))
     if canonical.startswith("plastic_"):
         activation = canonical.removeprefix("plastic_").split("_")[0]
         model = plastic_cls(
@@ -832,22 +974,26 @@ def build_model(method: str, setting: Setting, params: MethodParams, seed: int, 
             **ISOMETRY_VARIANTS.get(canonical, {}),
             isometry_coef=params.isometry_coef,
             isometry_interval="auto" if params.isometry_interval == "auto" else int(params.isometry_interval),
-            policy_kwargs=dict(net_arch=net_arch),
+            policy_kwargs=net_kwargs,
             **common,
         )
         return model, callbacks
-    if canonical in ("ppo_trac", "ppo_crelu", "ppo_fourier", "ppo_layernorm"):
-        activation = {"ppo_crelu": "crelu", "ppo_fourier": "fourier"}.get(canonical, "relu")
-        optimizer = "trac" if canonical == "ppo_trac" else "adam"
-        field: dict[str, Any] = dict(activation=activation, isometry_mode="off", optimizer=optimizer)
+    if canonical in ("ppo_trac", "ppo_layernorm", "ppo_nap"):
+        field: dict[str, Any] = dict(isometry_mode="off", optimizer="trac" if canonical == "ppo_trac" else "adam")
         if canonical == "ppo_layernorm":
             field.update(nap=True, nap_project="none")
-        return plastic_cls(setting.policy, env, policy_kwargs=dict(net_arch=net_arch), **field, **common), callbacks
-    if canonical == "ppo_nap":
-        nap = dict(activation="relu", isometry_mode="off", optimizer="adam", nap=True)
-        return plastic_cls(setting.policy, env, policy_kwargs=dict(net_arch=net_arch), **nap, **common), callbacks
-    policy_kwargs: dict[str, Any] = dict(net_arch=net_arch, activation_fn=th.nn.ReLU, **_plain_cnn_kwargs(setting))
-    optimizer_kwargs = dict(eps=1e-5) if setting.algo == "ppo" else {}  # SB3's defaults
+        elif canonical == "ppo_nap":
+            field.update(nap=True)
+        return plastic_cls(setting.policy, env, **plain_net, **field, **common), callbacks
+    if canonical in ("ppo_crelu", "ppo_fourier"):
+        activation = {"ppo_crelu": "crelu", "ppo_fourier": "fourier"}[canonical]
+        field = dict(activation=activation, isometry_mode="off", optimizer="adam")
+        return plastic_cls(setting.policy, env, policy_kwargs=net_kwargs, **field, **common), callbacks
+    policy_kwargs: dict[str, Any] = dict(net_arch=net_arch, activation_fn=PLAIN_ACTIVATIONS[setting.activation],
+                                         **_plain_cnn_kwargs(setting), **shared)
+    optimizer_kwargs = {**(dict(eps=1e-5) if setting.algo == "ppo" else {}), **shared_optimizer}  # SB3's defaults
+    if shared_optimizer:
+        policy_kwargs["optimizer_kwargs"] = optimizer_kwargs
     if canonical == "ppo_l2":
         policy_kwargs["optimizer_kwargs"] = dict(optimizer_kwargs, weight_decay=params.l2)
     elif canonical == "ppo_cbp_dohare":
@@ -937,10 +1083,27 @@ def run_parts(setting: Setting, fresh: str, seed: Optional[int] = None) -> list[
     return [None] + (list(range(setting.tasks)) if fresh == "all" else [])
 
 
+#: Setting fields added by issue #29 (the cchain settings); summary.json leaves them out where they are at their
+#: defaults, so the tables of the settings before them rebuild byte for byte
+LATE_FIELDS = ("activation", "policy_kwargs", "reward_scale", "rollout_reset")
+
+
+def setting_config(setting: Setting) -> dict[str, Any]:
+    """``asdict(setting)`` without the :data:`LATE_FIELDS` that are at their defaults (summary.json's record)."""
+    config = asdict(setting)
+    default = Setting(env_id="", change_every=1, tasks=1, n_envs=1, policy="", net_arch=(), ppo={}, monitor_every=1)
+    for name in LATE_FIELDS:
+        if config[name] == getattr(default, name):
+            del config[name]
+    return config
+
+
 def same_setting(recorded: dict[str, Any], setting: Setting) -> bool:
     """Whether a run JSON's ``setting`` is ``setting``; a field the JSON lacks (written before the field existed)
     counts as that field's default."""
-    defaults = {f.name: f.default for f in dataclasses.fields(Setting) if f.default is not dataclasses.MISSING}
+    defaults = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+                for f in dataclasses.fields(Setting)
+                if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING}
     current = json.loads(json.dumps(asdict(setting)))
     return {**json.loads(json.dumps(defaults)), **recorded} == current
 
@@ -1031,7 +1194,7 @@ def run_one(method: str, seed: int, setting: Setting, params: MethodParams, out:
 
 
 #: the task recorder's internals a checkpoint keeps (the rest of its state is the ``results`` dict)
-_RECORDER_FIELDS = ("_task", "_sums", "_counts", "_returns", "_recent")
+_RECORDER_FIELDS = ("_task", "_sums", "_counts", "_returns", "_recent", "_iteration_means", "_task_step")
 
 
 #: what a checkpoint keeps of the evaluation callback besides its env (SB3's EvalCallback counts calls for its
@@ -1135,8 +1298,9 @@ def _train_run(method: str, seed: int, setting: Setting, params: MethodParams, o
     checkpointer = run_checkpoint.checkpointer(ckpt_root, CHECKPOINT_SECONDS, extra, restore if resume else None)
     steps = setting.total_timesteps if fresh_task is None else setting.task_timesteps
     evaluating = [] if evaluator is None else [evaluator]
+    resetting = [_rollout_reset()] if setting.rollout_reset else []
     model.learn(steps - model.num_timesteps if resume else steps,
-                callback=[checkpointer, *callbacks, monitor, recorder, *evaluating],
+                callback=[checkpointer, *resetting, *callbacks, monitor, recorder, *evaluating],
                 tb_log_name=name, reset_num_timesteps=resume is None)
     record = {
         "method": method,
@@ -1331,6 +1495,28 @@ def evaluation_summary(runs: list[dict], tasks: int) -> dict[str, Any]:
             "seeds": len(per_seed)}
 
 
+def _mean_se(values: np.ndarray) -> dict[str, Any]:
+    se = float(np.std(values, ddof=1) / np.sqrt(len(values))) if len(values) > 1 else float("nan")
+    return {"mean": float(np.mean(values)), "se": se, "per_seed": [float(v) for v in values], "seeds": len(values)}
+
+
+def run_average_summary(ends: np.ndarray, fresh: np.ndarray) -> dict[str, Any]:
+    """TRAC / C-CHAIN's Table 1 statistic for a setting scored by ``iteration_return`` (runs x tasks in ``ends``,
+    the fresh agents' scores or NaN in ``fresh``): ``run_average``, per run the mean over all its tasks (every task has
+    the same number of iterations: the mean over all the run's iterations, their "average performance"), then the
+    mean and standard error over runs; ``fresh_run_average``, the same over each run's fresh agents (a new network and
+    optimizer at every task: their "Oracle"), over the tasks that have one (``fresh_tasks`` of them, all tasks with
+    ``--fresh all``; a sample of the late tasks with ``--fresh sample``)."""
+    out: dict[str, Any] = {"run_average": _mean_se(ends.mean(axis=1))}
+    seen = np.isfinite(fresh)
+    rows = seen.any(axis=1)
+    if rows.any():
+        per_run = np.array([fresh[i, seen[i]].mean() for i in np.flatnonzero(rows)])
+        out["fresh_run_average"] = dict(_mean_se(per_run), fresh_tasks=int(seen[rows].sum(axis=1).min()),
+                                        complete=bool(seen.all()))
+    return out
+
+
 def _paired_fresh_last_half(cont: np.ndarray, fresh: np.ndarray) -> dict[str, Any]:
     """The paired statistics over the last-half cells (runs x tasks) that have a fresh agent (all of them, or
     :func:`fresh_sample`'s): ``plasticity_ratio_last_half``, the ratio of aggregates sum(continual) / sum(fresh) with a
@@ -1424,6 +1610,8 @@ def summarise(records: list[dict], methods: list[str], setting: Setting) -> dict
         evaluations = evaluation_summary(runs, n)
         if evaluations:
             entry["evaluations"] = evaluations
+        if setting.score == "iteration_return":
+            entry.update(run_average_summary(ends, fresh))
         entropy = _entropy_last_half(runs, records, method, n)
         if entropy:
             entry.update(entropy)
@@ -1481,7 +1669,7 @@ def summarise(records: list[dict], methods: list[str], setting: Setting) -> dict
 
 def markdown_table(result: dict[str, Any], setting_name: str, setting: Setting) -> str:
     summary = result["methods"]
-    score = "reward per env step" if setting.score == "end_reward" else "episode return"
+    score = SCORE_LABELS[setting.score]
     lines = [
         f"setting={setting_name}: {setting.description}. Score: {score} over the last {setting.tail:.0%} of each task. "
         f"Last half of the tasks: IQM over runs x tasks [stratified bootstrap 95 % CI] ({result['metrics']}); "
@@ -1528,6 +1716,17 @@ def markdown_table(result: dict[str, Any], setting_name: str, setting: Setting) 
         for method, e in evaluated.items():
             cells = ["-" if v is None else f"{v:.3g}" for v in e["per_task"]]
             lines.append(f"| {method} | {e['seeds']} | {e['mean']:.3g} ± {e['se']:.2g} | " + " | ".join(cells) + " |")
+    averaged = {m: s for m, s in summary.items() if s.get("run_average")}
+    if averaged:
+        lines += ["", "TRAC / C-CHAIN's statistic (their Table 1): per run the mean over all its PPO iterations of the "
+                  "iteration's mean episode return, mean ± standard error over runs; fresh agents (their 'Oracle': a new "
+                  "network and optimizer at every task): the same over the tasks with a fresh agent", "",
+                  "| method | runs | continual, whole run | fresh agents (tasks) |", "|---|---|---|---|"]
+        for method, s in averaged.items():
+            a, f = s["run_average"], s.get("fresh_run_average")
+            fresh_text = "-" if not f else (f"{f['mean']:.4g} ± {f['se']:.2g} ({'all' if f['complete'] else f['fresh_tasks']}"
+                                            f"{'' if f['complete'] else ' per run'})")
+            lines.append(f"| {method} | {a['seeds']} | {a['mean']:.4g} ± {a['se']:.2g} | {fresh_text} |")
     diagnosed = {m: s["diagnostics_last_half"] for m, s in summary.items() if s.get("diagnostics_last_half")}
     if diagnosed:
         names = {"dormant_fraction": "dormant fraction", "ntk_erank": "NTK effective rank",
@@ -1597,11 +1796,12 @@ def report(out: str, setting_name: str, setting: Setting, methods: Optional[list
     print(table)
     with open(os.path.join(out, "summary.json"), "w") as f:
         json.dump(rounded({"setting": setting_name, "tail": setting.tail, "description": setting.description,
-                           "setting_config": asdict(setting), **result}), f, indent=1)
+                           "setting_config": setting_config(setting), **result}), f, indent=1)
     with open(os.path.join(out, "summary.md"), "w") as f:
         f.write(table + "\n")
     summary = result["methods"]
-    figures = {"end_of_task.png": continual_figures.end_of_task_figure(summary, setting, result["plain"]),
+    figures = {"end_of_task.png": continual_figures.end_of_task_figure(summary, setting, result["plain"],
+                                                                         SCORE_LABELS[setting.score]),
                "plasticity.png": continual_figures.plasticity_figure(summary, result["plain"], setting.description)}
     if diagnostics:
         runs = [r for r in records if r["method"] in summary]

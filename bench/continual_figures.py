@@ -191,16 +191,17 @@ def _small_multiples(summary: dict[str, Any], plain: str, title: str, ylabel: st
     return fig
 
 
-def end_of_task_figure(summary: dict[str, Any], setting: Any, plain: str) -> Any:
+def end_of_task_figure(summary: dict[str, Any], setting: Any, plain: str, score: Optional[str] = None) -> Any:
     """The end-of-task score per task as small multiples (module docstring): from ``score_iqm``,
-    ``score_iqm_ci_low`` / ``_high`` and ``fresh_iqm`` of the summary's entries."""
+    ``score_iqm_ci_low`` / ``_high`` and ``fresh_iqm`` of the summary's entries; ``score`` names the setting's score
+    on the axis (default: reward per env step or episode return)."""
 
     def series(entry: dict[str, Any]) -> tuple:
         fresh = as_floats(entry["fresh_iqm"]) if entry.get("fresh_iqm") else None
         return (as_floats(entry["score_iqm"]), as_floats(entry["score_iqm_ci_low"]),
                 as_floats(entry["score_iqm_ci_high"]), fresh)
 
-    score = "reward per env step" if setting.score == "end_reward" else "episode return"
+    score = score or ("reward per env step" if setting.score == "end_reward" else "episode return")
     return _small_multiples(summary, plain, f"{setting.description}\nend of each task: {score} over its last "
                             f"{setting.tail:.0%}", score, series, ("panel's method: IQM over seeds",
                                                                    "95 % CI (stratified bootstrap)"))

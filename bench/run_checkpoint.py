@@ -161,6 +161,13 @@ def load(folder: str, cls: Any, device: str, tensorboard_log: Optional[str]) -> 
     with open(os.path.join(folder, "env.pkl"), "rb") as f:
         env = loads_env(f.read())
     model = cls.load(os.path.join(folder, "model.zip"), env=env, device=device, force_reset=False)
+    # SB3's load seeds the env again (set_random_seed in _setup_model), which the next VecEnv.reset() would apply: a
+    # seeded reset starts an sb3_plastic env's task sequence afresh (and every episode from the seed). The pickled env
+    # carries its own generators and position, so the pending seeds are dropped (a rollout_reset setting resets the
+    # env at every rollout start).
+    vec = model.get_env()
+    if hasattr(vec, "_reset_seeds"):
+        vec._reset_seeds()
     model.tensorboard_log = tensorboard_log
     buffer = os.path.join(folder, "replay_buffer")
     if os.path.exists(buffer + ".npz"):

@@ -19,13 +19,13 @@ id                                          what changes                        
 ``sb3_plastic/Perturbed<Control>-v0``       fixed random observation offset      50 000                  (core)
 ==========================================  ===================================  ======================  ==============
 
-(``<Game>``: Asterix, Breakout, Freeway, Seaquest, SpaceInvaders; ``<Control>``: CartPole, Acrobot,
-:mod:`~sb3_plastic.envs.control_envs`.) One more id is stationary and there
+(``<Game>``: Asterix, Breakout, Freeway, Seaquest, SpaceInvaders; ``<Control>``: CartPole, Acrobot, LunarLander
+(LunarLander needs the ``box2d`` extra), :mod:`~sb3_plastic.envs.control_envs`.) One more id is stationary and there
 for invalid-action masking (MaskablePPO runs): ``sb3_plastic/InvalidActionDiscrete-v0``, sb3-contrib's
 identity env with ``action_masks()`` (:mod:`~sb3_plastic.envs.masking`). Every other id takes ``change_every``,
 ``task_seed`` and ``at_episode_end`` keywords; see :mod:`~sb3_plastic.envs.mujoco_envs`,
-:mod:`~sb3_plastic.envs.minatar_envs` and :mod:`~sb3_plastic.envs.atari_envs`. The MuJoCo and Atari
-ids are registered even without their extras; ``gym.make`` then raises
+:mod:`~sb3_plastic.envs.minatar_envs` and :mod:`~sb3_plastic.envs.atari_envs`. The MuJoCo, Atari
+and LunarLander ids are registered even without their extras; ``gym.make`` then raises
 ``gymnasium.error.DependencyNotInstalled`` naming the extra to install.
 
 All of them count ``change_every`` in env steps of each env copy (a task lasts ``change_every * n_envs``
@@ -80,7 +80,7 @@ _SPECS: dict[str, tuple[str, dict, object]] = {
     f"{NAMESPACE}/RandomLabelBandit-v0": (f"{_MODULE}.bandit_envs:make_random_label_bandit", {}, None),
     **{
         f"{NAMESPACE}/Perturbed{name}-v0": (f"{_MODULE}.control_envs:make_perturbed_control", {"base": base}, None)
-        for name, base in (("CartPole", "CartPole-v1"), ("Acrobot", "Acrobot-v1"))
+        for name, base in (("CartPole", "CartPole-v1"), ("Acrobot", "Acrobot-v1"), ("LunarLander", "LunarLander-v3"))
     },
     # stationary, with action masks (MaskablePPO through rl_zoo3); truncates its own episodes
     f"{NAMESPACE}/InvalidActionDiscrete-v0": (f"{_MODULE}.masking:InvalidActionDiscreteEnv", {}, None),

@@ -21,3 +21,16 @@ def _seed_torch(request):
     """
     th.manual_seed(zlib.crc32(request.node.nodeid.encode()))
     yield
+
+
+@pytest.fixture
+def continual():
+    """bench/continual.py as a module (``bench_continual``), with fewer bootstrap resamples (enough for the checks,
+    fast); the torch thread count is restored afterwards (a run sets its own)."""
+    from bench_modules import load_bench
+
+    threads = th.get_num_threads()
+    module = load_bench("continual")
+    module.REPS = 200
+    yield module
+    th.set_num_threads(threads)

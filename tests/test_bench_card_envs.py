@@ -10,19 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch as th
-from test_bench_continual import _load
 from test_bench_continual_protocol import _synthetic_runs, _tiny_bandit
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
-
-
-@pytest.fixture
-def continual():
-    threads = th.get_num_threads()
-    module = _load()
-    module.REPS = 200
-    yield module
-    th.set_num_threads(threads)
 
 
 @pytest.fixture

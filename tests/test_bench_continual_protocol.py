@@ -15,18 +15,8 @@ import numpy as np
 import pytest
 import scipy.stats
 import torch as th
-from test_bench_continual import _load
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
-
-
-@pytest.fixture
-def continual():
-    threads = th.get_num_threads()
-    module = _load()
-    module.REPS = 200  # bootstrap resamples: enough for the checks here, fast
-    yield module
-    th.set_num_threads(threads)
 
 
 def _tiny_bandit(continual, tasks=2):

@@ -65,7 +65,17 @@ def test_two_workers_share_one_sqlite_study(tmp_path):
 
 
 def test_two_workers_share_one_postgres_study(tmp_path):
-    _two_workers(_postgres_url(), f"grid-{os.getpid()}-{tmp_path.name}", tmp_path)
+    url = _postgres_url()
+    name = f"grid-{os.getpid()}-{tmp_path.name}"
+    try:
+        _two_workers(url, name, tmp_path)
+    finally:  # the server outlives the test: its studies go (_two_workers makes two)
+        for study in (name, name + "-again"):
+            try:
+                optuna.delete_study(study_name=study, storage=url)
+            except KeyError:
+                pass
+    assert not {name, name + "-again"} & set(optuna.get_all_study_names(storage=url))
 
 
 def test_a_cell_finished_by_another_worker_is_not_run_again(tmp_path, monkeypatch):
