@@ -71,7 +71,8 @@ Layout of ``--out`` (default ``bench/results/continual/<setting>``)::
     runs/<method>/seed<k>.json              one finished continual run: per-task scores, diagnostics, timings
     runs/<method>/fresh/seed<k>_task<j>.json  the fresh agent of that run's task j
     tb/<method>/s<k>_1/, tb/<method>/fresh/  TensorBoard events (SB3's logger + PlasticityMonitor; not committed)
-    summary.json, summary.md                the tables (IQM, CIs, probability of improvement, verdicts)
+    summary.json, summary.md                the tables (IQM, CIs, probability of improvement, verdicts) of every
+                                            method found there, whatever ``--methods`` this call ran
     end_of_task.png, plasticity.png, diagnostics.png   the figures, built from the JSON files alone
 
 Resuming: a run whose JSON exists is skipped, so rerunning the same command after an interruption
@@ -1920,6 +1921,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.plot_only and args.seeds is not None:
         print(f"warning: --seeds {' '.join(map(str, args.seeds))} has no effect with --plot-only: every run found is "
               "summarised", file=sys.stderr, flush=True)
+    if args.plot_only and args.methods is not None:
+        print(f"warning: --methods {' '.join(args.methods)} has no effect with --plot-only: every method found is "
+              "summarised", file=sys.stderr, flush=True)
     if args.seeds is None:
         args.seeds = [0] if args.quick else [0, 1, 2]
     params = MethodParams(**{f: getattr(args, f) for f in MethodParams.__dataclass_fields__})
@@ -1928,8 +1932,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     if methods is None and not args.plot_only:
         methods = [method_name(m, setting.algo) for m in DEFAULT_METHODS]
     if args.plot_only:  # what the tables will summarise: every continual run found
-        found = sorted({r["seed"] for r in load_records(out) if r.get("fresh_task") is None
-                        and (methods is None or r["method"] in methods)})
+        methods = None
+        found = sorted({r["seed"] for r in load_records(out) if r.get("fresh_task") is None})
         seeds = " ".join(map(str, found)) + " (every seed found)" if found else "none found"
     else:
         seeds = " ".join(map(str, args.seeds))
@@ -1972,8 +1976,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                   "once that worker is done, finds them finished or resumes what it left", flush=True)
         if failures:
             print(f"{len(failures)} runs failed: {failures}", flush=True)
-    try:
-        report(out, args.setting, setting, methods, diagnostics=not args.no_diagnostics_plots, tb_plots=args.tb_plots)
+    try:  # the folder's tables and figures summarise every method found there, not only the ones this call ran
+        report(out, args.setting, setting, None, diagnostics=not args.no_diagnostics_plots, tb_plots=args.tb_plots)
     except NoRunsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -164,6 +164,23 @@ def test_summary_matches_hand_computations_and_rebuilds_from_json_alone(continua
     assert (tmp_path / "summary.md").read_text().startswith("setting=bandit")
 
 
+def test_a_run_of_some_methods_rewrites_the_folders_summary_from_every_method_found(continual, tmp_path, capsys):
+    """``--methods X`` on a folder that holds other methods' runs: summary.json / summary.md keep every method (a
+    worker running one arm must not drop the others from the committed tables)."""
+    rng = np.random.default_rng(1)
+    setting = _tiny_bandit(continual, tasks=6)
+    fresh = 0.8 + 0.01 * rng.standard_normal((3, 6))
+    _synthetic_runs(tmp_path, setting, {"ppo": (0.5 * fresh, fresh), "plastic_maxmin": (fresh, fresh)})
+    # every cell of plastic_maxmin is finished, so this trains nothing and only reports
+    assert continual.main(["--methods", "plastic_maxmin", "--seeds", "0", "1", "2", "--fresh", "all", "--tasks", "6",
+                           "--out", str(tmp_path), "--no-diagnostics-plots"]) == 0
+    assert "resuming: 21 finished runs skipped" in capsys.readouterr().out
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert set(summary["methods"]) == {"ppo", "plastic_maxmin"}
+    table = (tmp_path / "summary.md").read_text()
+    assert "| ppo | 3 |" in table and "| plastic_maxmin | 3 |" in table
+
+
 def test_plot_only_refuses_to_write_without_runs(continual, tmp_path, capsys):
     (tmp_path / "summary.json").write_text('{"committed": true}')
     assert continual.main(["--plot-only", "--out", str(tmp_path)]) == 2
