@@ -1548,6 +1548,34 @@ def _paired_fresh_last_half(cont: np.ndarray, fresh: np.ndarray) -> dict[str, An
     return out
 
 
+def fresh_sample_cells(cont: np.ndarray, fresh: np.ndarray, seeds: list[int],
+                       setting: Setting) -> tuple[np.ndarray, list[dict[str, Any]]]:
+    """The fresh scores (runs x tasks) the paired estimator reads when a grid mixes ``--fresh sample`` and ``--fresh
+    all`` (issue #28: every seed on its sample of the late tasks, one seed also on every task to check the sample):
+    when some run has a fresh agent on part of the last half, a run with one on every late task enters with its own
+    :func:`fresh_sample` only (every seed weighs alike), and its other late fresh agents go into the check: per such
+    run, the fresh level over its sample against the level over every late task (mean, standard deviation over the
+    tasks) and the ratio of means over both. Without a partial run (all ``--fresh all``, or runs with none) the
+    scores come back unchanged and there is no check."""
+    n = fresh.shape[1]
+    late = list(range(n // 2, n))
+    counts = np.isfinite(fresh[:, late]).sum(axis=1)
+    if n != setting.tasks or not np.any((counts > 0) & (counts < len(late))):
+        return fresh, []
+    out, checks = fresh.copy(), []
+    for i in np.flatnonzero(counts == len(late)):
+        sample = fresh_sample(setting, seeds[i])
+        out[i, [k for k in late if k not in sample]] = np.nan
+        checks.append({"seed": seeds[i], "sample": sample, "late_tasks": late,
+                       "fresh_sample_mean": float(fresh[i, sample].mean()),
+                       "fresh_late_mean": float(fresh[i, late].mean()),
+                       "fresh_late_sd": float(fresh[i, late].std(ddof=1)),
+                       "fresh_late": fresh[i, late].tolist(),
+                       "ratio_sample": float(cont[i, sample].sum() / fresh[i, sample].sum()),
+                       "ratio_late": float(cont[i, late].sum() / fresh[i, late].sum())})
+    return out, checks
+
+
 def _ratio_per_task(cont: np.ndarray, fresh: np.ndarray) -> Optional[dict[str, list[Optional[float]]]]:
     """Plasticity per task as the ratio of means over the seeds with a fresh agent on that task, sum(continual) /
     sum(fresh), with its paired bootstrap 95 % CI over seeds (:func:`ratio_of_means_ci`; NaN with one seed):
@@ -1640,7 +1668,10 @@ def summarise(records: list[dict], methods: list[str], setting: Setting) -> dict
             else:  # a ratio needs positive fresh scores (rewards can be negative): the difference is reported
                 entry["plasticity_mean"] = None
             entry["iqm_minus_fresh_last_half"] = _iqm_entry(ends[:, half] - fresh[:, half]) if seen.all() else None
-            entry.update(_paired_fresh_last_half(ends[:, half], fresh[:, half]))
+            paired, checks = fresh_sample_cells(ends, fresh, entry["seeds"], setting)
+            if checks:
+                entry["fresh_sample_check"] = checks
+            entry.update(_paired_fresh_last_half(ends[:, half], paired[:, half]))
             if seen.all():
                 entry["vs_fresh"] = _too_few(len(runs)) or compare(
                     entry["iqm_last_half"], entry["iqm_fresh_last_half"], "below fresh (plasticity lost)", "above fresh")
@@ -1708,6 +1739,18 @@ def markdown_table(result: dict[str, Any], setting_name: str, setting: Setting) 
         cells = [f"{s['end_reward_mean'][k]:.3g}" + (f" / {ratio[k]:.2f}" if ratio else "") if k < s["tasks"] else "-"
                  for k in shown]
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    checked = {m: s["fresh_sample_check"] for m, s in summary.items() if s.get("fresh_sample_check")}
+    if checked:
+        lines += ["", "Fresh-sample check (runs with a fresh agent on every late task; the ratio of means above uses "
+                  "their sample only): the fresh level over the run's sample against every late task (mean, SD over "
+                  "the tasks), and the ratio of means over both", "",
+                  "| method | seed | sample | fresh, sample | fresh, every late task | ratio of means, sample / every "
+                  "late task |", "|---|---|---|---|---|---|"]
+        for method, runs in checked.items():
+            for c in runs:
+                lines.append(f"| {method} | {c['seed']} | {' '.join(map(str, c['sample']))} | "
+                             f"{c['fresh_sample_mean']:.3g} | {c['fresh_late_mean']:.3g} ± {c['fresh_late_sd']:.2g} | "
+                             f"{c['ratio_sample']:.3g} / {c['ratio_late']:.3g} |")
     evaluated = {m: s["evaluations"] for m, s in summary.items() if s.get("evaluations")}
     if evaluated:
         lines += ["", f"Greedy evaluations ({setting.eval_episodes} episodes every {setting.eval_every} timesteps, the "

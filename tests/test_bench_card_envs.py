@@ -101,6 +101,50 @@ def test_summary_of_a_fresh_sample_uses_the_paired_ratio_of_means(continual, tmp
     assert f"{ratio['ratio']:.3g} [" in table and "(sample)" in table
 
 
+def test_a_seed_with_every_fresh_agent_enters_the_estimator_with_its_sample_and_is_reported_as_the_check(
+        continual, tmp_path):
+    """Issue #28's estimator check: seed 0 has a fresh agent on every task, the other seeds on their sample of the late
+    tasks. The paired ratio of means weighs every seed alike (seed 0 on its own sample only); seed 0's extra fresh
+    agents go into the sample check: the fresh level over its sample against the level over every late task."""
+    rng = np.random.default_rng(2)
+    setting = _tiny_bandit(continual, tasks=12)
+    seeds, late = 4, list(range(6, 12))
+    fresh = 0.8 + 0.01 * rng.standard_normal((seeds, 12))
+    lost = 0.6 + 0.01 * rng.standard_normal((seeds, 12))
+    sampled = {s: continual.fresh_sample(setting, s) for s in range(seeds)}
+    outside = [k for k in late if k not in sampled[0]]
+    fresh[0, outside] = 3.0  # seed 0's fresh agents off its sample: they would move the estimator if counted
+    _synthetic_runs(tmp_path, setting, {"ppo": (lost, fresh)})
+    for s in range(1, seeds):
+        for k in range(12):
+            if k not in sampled[s]:
+                (tmp_path / "runs" / "ppo" / "fresh" / f"seed{s}_task{k}.json").unlink()
+    result = continual.summarise(continual.load_records(str(tmp_path)), ["ppo"], setting)
+    entry = result["methods"]["ppo"]
+    cont_cells = np.array([[lost[s, k] for k in sampled[s]] for s in range(seeds)])
+    fresh_cells = np.array([[fresh[s, k] for k in sampled[s]] for s in range(seeds)])
+    ratio = entry["plasticity_ratio_last_half"]
+    assert ratio["ratio"] == pytest.approx(cont_cells.sum() / fresh_cells.sum())
+    assert ratio["cells"] == continual.FRESH_SAMPLE * seeds
+    assert entry["minus_fresh_last_half"]["mean"] == pytest.approx((cont_cells - fresh_cells).mean())
+    k = outside[0]  # the per-task fresh level keeps every agent
+    assert entry["fresh_mean"][k] == pytest.approx(np.mean([fresh[s, k] for s in range(seeds) if s == 0 or k in sampled[s]]))
+    (check,) = entry["fresh_sample_check"]
+    assert check["seed"] == 0 and check["sample"] == sampled[0] and check["late_tasks"] == late
+    assert check["fresh_sample_mean"] == pytest.approx(fresh[0, sampled[0]].mean())
+    assert check["fresh_late_mean"] == pytest.approx(fresh[0, late].mean())
+    assert check["fresh_late_sd"] == pytest.approx(fresh[0, late].std(ddof=1))
+    assert check["ratio_sample"] == pytest.approx(lost[0, sampled[0]].sum() / fresh[0, sampled[0]].sum())
+    assert check["ratio_late"] == pytest.approx(lost[0, late].sum() / fresh[0, late].sum())
+    table = continual.markdown_table(result, "bandit", setting)
+    assert "Fresh-sample check" in table and f"{check['fresh_late_mean']:.3g}" in table
+    # every seed with every fresh agent (--fresh all): nothing is restricted and there is no check
+    _synthetic_runs(tmp_path / "all", setting, {"ppo": (lost, fresh)})
+    entry = continual.summarise(continual.load_records(str(tmp_path / "all")), ["ppo"], setting)["methods"]["ppo"]
+    assert "fresh_sample_check" not in entry
+    assert entry["plasticity_ratio_last_half"]["cells"] == seeds * len(late)
+
+
 def test_head_statistics_match_the_policy_distribution_and_q_values(continual):
     from stable_baselines3 import DQN, PPO
 
