@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The cheap arms of issues #27, #29 and #30 under issue #14's protocol (5 seeds, fresh agents) on the random-label
-# bandit and PerturbedCartPole, one method at a time so each arm completes, in the order the issues need them. One
+# bandit and PerturbedCartPole, then issue #29's Gym-control grid, one method at a time so each arm completes, in the order the issues need them. One
 # worker beside the card's-environments grid (bench/card_envs_grid.sh, two workers): this list costs ~1.5-5 CPU-min
 # per (method, seed), the grid ~50-600.
 #     nohup bench/protocol_grid.sh > /tmp/protocol.log 2>&1 &
@@ -30,4 +30,11 @@ for m in ppo_head_reset ppo_policy_head_reset ppo_cchain ppo_trac ppo_parseval p
          ppo_injection ppo_adam_equal_betas; do
   run $BANDIT --methods $m
   run $CARTPOLE --methods $m
+done
+# 4. issue #29 part 2: C-CHAIN's continual Gym control, CartPole first (~45 CPU-hours for plain + 6 methods x 5
+#    seeds): plain PPO with a fresh agent on every task (their Oracle), then the methods with a fresh sample
+CCHAIN_METHODS="ppo_l2_init ppo_trac ppo_cchain ppo_fire_switch ppo_head_reset plastic_relu"
+for env in cchain_cartpole cchain_acrobot cchain_lunar; do
+  run --setting $env --methods ppo --fresh all
+  for m in $CCHAIN_METHODS; do run --setting $env --methods $m --fresh sample; done
 done
