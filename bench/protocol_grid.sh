@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The cheap arms of issues #27, #29 and #30 under issue #14's protocol (5 seeds, fresh agents) on the random-label
-# bandit and PerturbedCartPole, then issue #29's Gym-control grid, one method at a time so each arm completes, in the order the issues need them. One
-# worker beside the card's-environments grid (bench/card_envs_grid.sh, two workers): this list costs ~1.5-5 CPU-min
-# per (method, seed), the grid ~50-600.
+# bandit and PerturbedCartPole, then issue #29's Gym-control grid, one method at a time so each arm completes, in
+# the order the issues need them. One worker beside the card's-environments grid
+# (bench/card_envs_grid.sh, two workers): this list costs ~1.5-5 CPU-min per (method, seed) on the toy settings,
+# ~45-65 on the Gym-control ones, the card's grid ~50-600.
 #     nohup bench/protocol_grid.sh > /tmp/protocol.log 2>&1 &
 # bench/continual.py skips what is finished and reports what another worker holds, so the list can be rerun.
 # Tables and figures afterwards: bench/continual.py --setting S --plot-only [--out ...] (the commands in bench/README).
