@@ -8,10 +8,16 @@
 # and a new session continues where the last one stopped. At a session's end, commit what finished and the
 # checkpoints of the runs in progress:
 #     git add bench/results/continual/*/runs && git add -f bench/results/continual/*/ckpt
-# The runs go at nice -5: this grid comes before other work on the machine (bench/README.md, issue #28).
+# The runs go at nice -5, and their session's autogroup at -5 too: this grid comes before other work on the machine
+# (bench/README.md, issue #28).
 set -u
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1
+# With the kernel's autogroup scheduling on (the default of most Linux desktops and VMs: /proc/sys/kernel/
+# sched_autogroup_enabled), a process's nice value only ranks it within its session; sessions share the CPU alike, so
+# `nice -n -5` alone gave each grid run the same share as a test run in another terminal. The session's own weight is
+# /proc/self/autogroup (writable by its owner for raising, by root for lowering): set it where allowed.
+echo -5 2>/dev/null > /proc/self/autogroup || true
 run() { echo "$(date -u +%FT%T) worker ${1:-?} $*"; nice -n -5 python bench/continual.py "${@:2}" --no-diagnostics-plots || true; }
 w=${1:-1}
 MI="--setting minatar_intensive"
