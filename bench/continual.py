@@ -1555,17 +1555,22 @@ def fresh_sample_cells(cont: np.ndarray, fresh: np.ndarray, seeds: list[int],
     when some run has a fresh agent on part of the last half, a run with one on every late task enters with its own
     :func:`fresh_sample` only (every seed weighs alike), and its other late fresh agents go into the check: per such
     run, the fresh level over its sample against the level over every late task (mean, standard deviation over the
-    tasks) and the ratio of means over both. Without a partial run (all ``--fresh all``, or runs with none) the
-    scores come back unchanged and there is no check."""
+    tasks) and the ratio of means over both. A run with more than its sample but not every late task (the check's
+    fresh agents in progress) enters with its sample and has no check yet. Without a partial run (all ``--fresh
+    all``, or runs with none) the scores come back unchanged and there is no check."""
     n = fresh.shape[1]
     late = list(range(n // 2, n))
     counts = np.isfinite(fresh[:, late]).sum(axis=1)
     if n != setting.tasks or not np.any((counts > 0) & (counts < len(late))):
         return fresh, []
     out, checks = fresh.copy(), []
-    for i in np.flatnonzero(counts == len(late)):
+    for i in range(len(fresh)):
         sample = fresh_sample(setting, seeds[i])
+        if counts[i] <= len(sample) or not np.isfinite(fresh[i, sample]).all():
+            continue  # a run on its sample (or short of it) enters as it is
         out[i, [k for k in late if k not in sample]] = np.nan
+        if counts[i] < len(late):  # the check waits for every late fresh agent of the run
+            continue
         checks.append({"seed": seeds[i], "sample": sample, "late_tasks": late,
                        "fresh_sample_mean": float(fresh[i, sample].mean()),
                        "fresh_late_mean": float(fresh[i, late].mean()),

@@ -106,6 +106,8 @@ def test_a_seed_with_every_fresh_agent_enters_the_estimator_with_its_sample_and_
     """Issue #28's estimator check: seed 0 has a fresh agent on every task, the other seeds on their sample of the late
     tasks. The paired ratio of means weighs every seed alike (seed 0 on its own sample only); seed 0's extra fresh
     agents go into the sample check: the fresh level over its sample against the level over every late task."""
+    import scipy.stats
+
     rng = np.random.default_rng(2)
     setting = _tiny_bandit(continual, tasks=12)
     seeds, late = 4, list(range(6, 12))
@@ -138,6 +140,14 @@ def test_a_seed_with_every_fresh_agent_enters_the_estimator_with_its_sample_and_
     assert check["ratio_late"] == pytest.approx(lost[0, late].sum() / fresh[0, late].sum())
     table = continual.markdown_table(result, "bandit", setting)
     assert "Fresh-sample check" in table and f"{check['fresh_late_mean']:.3g}" in table
+    # the check in progress: seed 0 with one late fresh agent beyond its sample enters with its sample, no check yet
+    assert len(outside) == 2
+    for k in outside[1:]:
+        (tmp_path / "runs" / "ppo" / "fresh" / f"seed0_task{k}.json").unlink()
+    entry = continual.summarise(continual.load_records(str(tmp_path)), ["ppo"], setting)["methods"]["ppo"]
+    assert entry["plasticity_ratio_last_half"]["ratio"] == pytest.approx(cont_cells.sum() / fresh_cells.sum())
+    assert "fresh_sample_check" not in entry
+    assert entry["iqm_fresh_last_half"]["iqm"] == pytest.approx(scipy.stats.trim_mean(fresh_cells.ravel(), 0.25))
     # every seed with every fresh agent (--fresh all): nothing is restricted and there is no check
     _synthetic_runs(tmp_path / "all", setting, {"ppo": (lost, fresh)})
     entry = continual.summarise(continual.load_records(str(tmp_path / "all")), ["ppo"], setting)["methods"]["ppo"]
