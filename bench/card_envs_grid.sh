@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The grid of issue #28 (the card's environments under the protocol) in the order its cells run: the most informative
 # first. Start two workers on a 2-core machine (each run on one torch thread):
-#     nohup bench/card_envs_grid.sh 1 > /tmp/grid1.log 2>&1 &
-#     nohup bench/card_envs_grid.sh 2 > /tmp/grid2.log 2>&1 &
+#     nohup setsid bench/card_envs_grid.sh 1 > /tmp/grid1.log 2>&1 &
+#     nohup setsid bench/card_envs_grid.sh 2 > /tmp/grid2.log 2>&1 &
 # Every worker walks the same list; bench/continual.py skips a finished run, reports a run another live worker holds as
 # skipped (its claim) and resumes a run from its checkpoint (bench/run_checkpoint.py), so two workers share the list
 # and a new session continues where the last one stopped. At a session's end, commit what finished and the
@@ -17,6 +17,7 @@ export OMP_NUM_THREADS=1
 # sched_autogroup_enabled), a process's nice value only ranks it within its session; sessions share the CPU alike, so
 # `nice -n -5` alone gave each grid run the same share as a test run in another terminal. The session's own weight is
 # /proc/self/autogroup (writable by its owner for raising, by root for lowering): set it where allowed.
+# It is the weight of the whole session: start the workers with `setsid` (as below) so that it stays theirs.
 echo -5 2>/dev/null > /proc/self/autogroup || true
 run() { echo "$(date -u +%FT%T) worker ${1:-?} $*"; nice -n -5 python bench/continual.py "${@:2}" --no-diagnostics-plots || true; }
 w=${1:-1}

@@ -1552,24 +1552,28 @@ def fresh_sample_cells(cont: np.ndarray, fresh: np.ndarray, seeds: list[int],
                        setting: Setting) -> tuple[np.ndarray, list[dict[str, Any]]]:
     """The fresh scores (runs x tasks) the paired estimator reads when a grid mixes ``--fresh sample`` and ``--fresh
     all`` (issue #28: every seed on its sample of the late tasks, one seed also on every task to check the sample):
-    when some run has a fresh agent on part of the last half, a run with one on every late task enters with its own
-    :func:`fresh_sample` only (every seed weighs alike), and its other late fresh agents go into the check: per such
-    run, the fresh level over its sample against the level over every late task (mean, standard deviation over the
-    tasks) and the ratio of means over both. A run with more than its sample but not every late task (the check's
-    fresh agents in progress) enters with its sample and has no check yet. Without a partial run (all ``--fresh
-    all``, or runs with none) the scores come back unchanged and there is no check."""
+    when some run has fresh agents on exactly its :func:`fresh_sample` (a part of the last half), a run with more
+    enters with its own sample only (every seed weighs alike), and when it has every late task its other fresh agents
+    go into the check: the fresh level over its sample against the level over every late task (mean, standard
+    deviation over the tasks) and the ratio of means over both. Otherwise (every run on every task, or a ``--fresh
+    all`` grid still in progress) the scores come back unchanged and there is no check."""
     n = fresh.shape[1]
     late = list(range(n // 2, n))
-    counts = np.isfinite(fresh[:, late]).sum(axis=1)
-    if n != setting.tasks or not np.any((counts > 0) & (counts < len(late))):
+    if n != setting.tasks:
+        return fresh, []
+    samples = [fresh_sample(setting, seed) for seed in seeds]
+    present = [[k for k in late if np.isfinite(fresh[i, k])] for i in range(len(fresh))]
+    # the sample design is in use when some run holds exactly its sample, a part of the last half (a --fresh all grid
+    # still in progress does not: its runs enter with every fresh agent they have)
+    if not any(p == sample and len(sample) < len(late) for p, sample in zip(present, samples)):
         return fresh, []
     out, checks = fresh.copy(), []
-    for i in range(len(fresh)):
-        sample = fresh_sample(setting, seeds[i])
-        if counts[i] <= len(sample) or not np.isfinite(fresh[i, sample]).all():
+    for i, sample in enumerate(samples):
+        counts = len(present[i])
+        if counts <= len(sample) or not set(sample) <= set(present[i]):
             continue  # a run on its sample (or short of it) enters as it is
         out[i, [k for k in late if k not in sample]] = np.nan
-        if counts[i] < len(late):  # the check waits for every late fresh agent of the run
+        if counts < len(late):  # the check waits for every late fresh agent of the run
             continue
         checks.append({"seed": seeds[i], "sample": sample, "late_tasks": late,
                        "fresh_sample_mean": float(fresh[i, sample].mean()),

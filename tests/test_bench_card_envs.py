@@ -148,6 +148,13 @@ def test_a_seed_with_every_fresh_agent_enters_the_estimator_with_its_sample_and_
     assert entry["plasticity_ratio_last_half"]["ratio"] == pytest.approx(cont_cells.sum() / fresh_cells.sum())
     assert "fresh_sample_check" not in entry
     assert entry["iqm_fresh_last_half"]["iqm"] == pytest.approx(scipy.stats.trim_mean(fresh_cells.ravel(), 0.25))
+    # a --fresh all grid in progress (no run holds exactly its sample): the runs enter with every fresh agent they have
+    _synthetic_runs(tmp_path / "progress", setting, {"ppo": (lost, fresh)})
+    for k in late[:3]:
+        (tmp_path / "progress" / "runs" / "ppo" / "fresh" / f"seed3_task{k}.json").unlink()
+    entry = continual.summarise(continual.load_records(str(tmp_path / "progress")), ["ppo"], setting)["methods"]["ppo"]
+    assert "fresh_sample_check" not in entry
+    assert entry["plasticity_ratio_last_half"]["cells"] == seeds * len(late) - 3
     # every seed with every fresh agent (--fresh all): nothing is restricted and there is no check
     _synthetic_runs(tmp_path / "all", setting, {"ppo": (lost, fresh)})
     entry = continual.summarise(continual.load_records(str(tmp_path / "all")), ["ppo"], setting)["methods"]["ppo"]
