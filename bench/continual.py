@@ -76,10 +76,11 @@ Layout of ``--out`` (default ``bench/results/continual/<setting>``)::
     end_of_task.png, plasticity.png, diagnostics.png   the figures, built from the JSON files alone
 
 Resuming: a run whose JSON exists is skipped, so rerunning the same command after an interruption
-finishes the grid (an unfinished run is started again from scratch; its partial TensorBoard folder is
-removed first). A run is trained by one process at a time: it is claimed first (``<json>.claim``,
-:func:`claim_run`), and a second process reaching a run that a live one is training reports it as failed by name
-(two processes on one run would share, and the later one delete, its TensorBoard folder). ``--plot-only`` rebuilds
+finishes the grid (an unfinished run resumes from its checkpoint, ``bench/run_checkpoint.py``, or starts again from
+scratch with its partial TensorBoard folder removed). A run is trained by one process at a time: it is claimed first
+(``<json>.claim``, :func:`claim_run`), and a second process reaching a run that a live one is training reports it as
+skipped by name (two processes on one run would share, and the later one delete, its TensorBoard folder). A call in
+which no run finished leaves an existing summary and its figures as they are. ``--plot-only`` rebuilds
 every table and figure from the JSON files (a fresh clone has them) and refuses to write anything when it finds no
 runs; runs recorded before a diagnostic existed get it from their TensorBoard events where those are on disk
 (:func:`add_hidden_dfi`, :func:`add_train_scalars`). To spread a grid over machines: ``bench/grid.py``.
@@ -2003,7 +2004,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         skipped = len(cells) - len(jobs)
         if skipped:
             print(f"resuming: {skipped} finished runs skipped", flush=True)
-        failures, claimed = [], []
+        failures, claimed, finished = [], [], 0
         start = time.time()
         if args.jobs == 1:
             outcomes = map(_run_job, jobs)
@@ -2021,6 +2022,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                 claimed.append((method, seed, fresh_task))
             elif error:
                 failures.append((method, seed, fresh_task, error))
+            else:
+                finished += 1
         if args.jobs != 1:
             pool.shutdown()
         if claimed:
@@ -2028,6 +2031,11 @@ def main(argv: Optional[list[str]] = None) -> int:
                   "once that worker is done, finds them finished or resumes what it left", flush=True)
         if failures:
             print(f"{len(failures)} runs failed: {failures}", flush=True)
+        if not finished and os.path.exists(os.path.join(out, "summary.json")):
+            # a grid worker's call on cells that are done or held: rebuilding a folder of many methods costs minutes
+            print("no run finished in this call: the folder's tables and figures are left as they are (rebuild them "
+                  "with --plot-only)", flush=True)
+            return 0
     try:  # the folder's tables and figures summarise every method found there, not only the ones this call ran
         report(out, args.setting, setting, None, diagnostics=not args.no_diagnostics_plots, tb_plots=args.tb_plots)
     except NoRunsError as exc:

@@ -171,14 +171,43 @@ def test_a_run_of_some_methods_rewrites_the_folders_summary_from_every_method_fo
     setting = _tiny_bandit(continual, tasks=6)
     fresh = 0.8 + 0.01 * rng.standard_normal((3, 6))
     _synthetic_runs(tmp_path, setting, {"ppo": (0.5 * fresh, fresh), "plastic_maxmin": (fresh, fresh)})
-    # every cell of plastic_maxmin is finished, so this trains nothing and only reports
+    os.remove(continual.run_path(str(tmp_path), "plastic_maxmin", 2, 5))  # the one cell this call trains
     assert continual.main(["--methods", "plastic_maxmin", "--seeds", "0", "1", "2", "--fresh", "all", "--tasks", "6",
+                           "--change-every", "16", "--ppo-kwarg", "n_steps=16", "--ppo-kwarg", "batch_size=32",
                            "--out", str(tmp_path), "--no-diagnostics-plots"]) == 0
-    assert "resuming: 21 finished runs skipped" in capsys.readouterr().out
+    assert "resuming: 20 finished runs skipped" in capsys.readouterr().out
+    assert os.path.exists(continual.run_path(str(tmp_path), "plastic_maxmin", 2, 5))
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert set(summary["methods"]) == {"ppo", "plastic_maxmin"}
     table = (tmp_path / "summary.md").read_text()
     assert "| ppo | 3 |" in table and "| plastic_maxmin | 3 |" in table
+
+
+def test_a_call_that_finishes_no_run_leaves_the_folders_tables_alone(continual, tmp_path, capsys):
+    """A grid worker walks a list of (method, seed) cells most of which are done or held by the other worker; such a
+    call trains nothing, so rebuilding the folder's tables and figures (minutes on a folder of many methods) would be
+    work without news: it says so and leaves them. A folder without tables still gets them."""
+    rng = np.random.default_rng(2)
+    setting = _tiny_bandit(continual, tasks=6)
+    fresh = 0.8 + 0.01 * rng.standard_normal((3, 6))
+    _synthetic_runs(tmp_path, setting, {"ppo": (0.5 * fresh, fresh)})
+    argv = ["--methods", "ppo", "--seeds", "0", "1", "2", "--fresh", "all", "--tasks", "6", "--out", str(tmp_path),
+            "--no-diagnostics-plots"]
+    assert continual.main(argv) == 0  # no tables yet: they are written
+    summary = tmp_path / "summary.md"
+    assert "| ppo | 3 |" in summary.read_text()
+    summary.write_text("the committed tables")
+    figure = (tmp_path / "end_of_task.png").stat().st_mtime_ns
+    capsys.readouterr()
+    assert continual.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "resuming: 21 finished runs skipped" in out
+    assert "no run finished in this call: the folder's tables and figures are left as they are" in out
+    assert summary.read_text() == "the committed tables"
+    assert (tmp_path / "end_of_task.png").stat().st_mtime_ns == figure
+    # --plot-only still rebuilds them
+    assert continual.main(["--plot-only", "--out", str(tmp_path), "--no-diagnostics-plots"]) == 0
+    assert "| ppo | 3 |" in summary.read_text()
 
 
 def test_plot_only_refuses_to_write_without_runs(continual, tmp_path, capsys):
