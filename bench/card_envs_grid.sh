@@ -34,14 +34,14 @@ run "$w" $SA --methods ppo --seeds 0 --fresh sample --change-every 125000 --out 
 # 3. C-MinAtar's plain Double DQN at C-CHAIN's protocol, seed 0 (~10 CPU-hours, checkpointed: one worker carries it
 #    over sessions while the other walks on)
 run "$w" --setting cminatar --methods dqn --seeds 0 --fresh sample
-# 4. the methods that need no other issue, one seed of each first, then the rest
-METHODS="ppo_snp ppo_fire_switch ppo_adam_equal_betas ppo_cbp_dohare ppo_l2_init ppo_nap ppo_spectral"
+# 4. the methods, one seed of each first, then the rest. ReLU + AdamO and MaxMin + AdamO run in the authors'
+#    convention (issue #27: lambda 0.2 = MethodParams' default, the old convention's 0.1; its two options, rect_scale
+#    and s = 2, did not help on the bandit, so the defaults stay; the MinAtar CNN has no tall layer, so rect_scale
+#    changes nothing here); head reset at every switch is LayerReset (issue #30). The library's own method comes
+#    right after the two switch-time resets, so that the comparison the card is about is read first.
+METHODS="ppo_snp ppo_fire_switch plastic_relu plastic_maxmin ppo_adam_equal_betas ppo_cbp_dohare ppo_l2_init
+         ppo_head_reset ppo_nap ppo_spectral"
 for m in $METHODS; do run "$w" $MI --methods "$m" --seeds 0 --fresh sample; done
 for s in 1 2 3 4; do for m in $METHODS; do run "$w" $MI --methods "$m" --seeds $s --fresh sample; done; done
-# 5. ReLU + AdamO and MaxMin + AdamO in the authors' convention (issue #27; lambda 0.2 = MethodParams' default, the
-#    old convention's 0.1; the MinAtar CNN has no tall layer, so rect_scale changes nothing), and head reset at every
-#    switch (LayerReset, issue #30)
-LATE="plastic_relu plastic_maxmin ppo_head_reset"
-for s in 0 1 2 3 4; do for m in $LATE; do run "$w" $MI --methods "$m" --seeds $s --fresh sample; done; done
-# 6. C-MinAtar's plain Double DQN, seeds 1 and 2
+# 5. C-MinAtar's plain Double DQN, seeds 1 and 2
 for s in 1 2; do run "$w" --setting cminatar --methods dqn --seeds $s --fresh sample; done
