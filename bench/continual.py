@@ -1443,7 +1443,8 @@ def diagnostics_last_half(runs: list[dict], records: list[dict], method: str, n:
 def _ci_text(v: Optional[dict], digits: int = 3) -> str:
     if not v:
         return "-"
-    return f"{v['iqm']:.{digits}g} [{v['low']:.{digits}g}, {v['high']:.{digits}g}]"
+    part = f" ({v['runs']} of {v['of']} runs)" if "runs" in v else ""
+    return f"{v['iqm']:.{digits}g} [{v['low']:.{digits}g}, {v['high']:.{digits}g}]{part}"
 
 
 def _ratio_text(v: Optional[dict]) -> str:
@@ -1457,6 +1458,14 @@ def _iqm_entry(matrix: np.ndarray) -> Optional[dict]:
         return None
     point, low, high = iqm_ci({"x": matrix}, reps=REPS)["x"]
     return {"iqm": point, "low": low, "high": high}
+
+
+def _iqm_of_complete_runs(matrix: np.ndarray) -> Optional[dict]:
+    """The IQM entry over the runs (rows) with every cell finite, with ``runs`` and ``of`` (how many runs of how
+    many): the fresh level of a ``--fresh all`` grid in progress. ``None`` when no run is complete."""
+    rows = np.isfinite(matrix).all(axis=1)
+    entry = _iqm_entry(matrix[rows]) if rows.any() else None
+    return entry and {**entry, "runs": int(rows.sum()), "of": len(matrix)}
 
 
 #: fewest runs per method for a verdict: a bootstrap over one or two runs gives an interval that says nothing
@@ -1667,7 +1676,7 @@ def summarise(records: list[dict], methods: list[str], setting: Setting) -> dict
             if per_task:
                 entry["plasticity_ratio_per_task"] = per_task
             entry["fresh_complete"] = bool(seen.all())
-            entry["iqm_fresh_last_half"] = _iqm_entry(fresh[:, half])
+            entry["iqm_fresh_last_half"] = _iqm_entry(fresh[:, half]) or _iqm_of_complete_runs(fresh[:, half])
             if seen.all() and np.all(fresh > 0):
                 ratio = ends / fresh
                 entry["plasticity_mean"] = ratio.mean(axis=0).tolist()
