@@ -105,6 +105,7 @@ import json
 import math
 import multiprocessing
 import os
+import re
 import shutil
 import sys
 import time
@@ -1972,6 +1973,11 @@ def resolve_setting(name: str, quick: bool = False, tasks: Optional[int] = None,
         setting = replace(setting, tasks=tasks)
     if change_every is not None:
         setting = replace(setting, change_every=change_every)
+    if setting.task_timesteps != SETTINGS[name].task_timesteps:  # the description says the new interval
+        steps = setting.task_timesteps
+        text = f"{steps / 1e6:g}M" if steps % 1_000_000 == 0 else f"{steps / 1000:g}k"
+        description = re.sub(r"every [\d.]+[kM] steps", f"every {text} steps", setting.description)
+        setting = replace(setting, description=re.sub(r"[\d.]+M steps each", f"{text} steps each", description))
     if overrides:
         setting = replace(setting, ppo={**setting.ppo, **overrides})
     return setting

@@ -29,6 +29,20 @@ def _layers(policy):
             for name, m in policy.named_modules() if list(m.parameters(recurse=False))]
 
 
+def test_a_changed_task_length_is_what_the_description_says(continual):
+    """``--change-every`` (and ``--quick``) change a task's length: the description printed and written into
+    summary.json says the new interval (Slippery Ant at 125 000 steps per copy x 4 is 500k steps, not 200k)."""
+    base = continual.SETTINGS["slippery_ant_ppo"]
+    assert "every 200k steps" in base.description
+    longer = continual.resolve_setting("slippery_ant_ppo", change_every=125_000)
+    assert "every 500k steps" in longer.description and "200k" not in longer.description
+    assert continual.resolve_setting("slippery_ant_ppo").description == base.description
+    quick = continual.resolve_setting("cartpole_obs", quick=True)
+    assert f"every {quick.task_timesteps / 1000:g}k steps" in quick.description
+    cchain = continual.resolve_setting("cchain_cartpole", change_every=8_000)
+    assert "every 8k steps" in cchain.description
+
+
 def test_minatar_plain_baseline_builds_the_plastic_runs_network(continual):
     setting = continual.resolve_setting("minatar", quick=True, overrides=dict(n_steps=32, batch_size=64, n_epochs=1))
     plain, _ = continual.build_model("ppo", setting, continual.MethodParams(), 0, "cpu", None)
