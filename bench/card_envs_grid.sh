@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The grid of issue #28 (the card's environments under the protocol) in the order its cells run: the most informative
-# first. Start two workers on a 2-core machine (each run on one torch thread):
+# first. Start one worker per free core (each run on one torch thread; more runs than cores cost ~25 % of the
+# machine: bench/README.md). On the 2-core machine beside bench/protocol_grid.sh, one worker:
 #     nohup setsid bench/card_envs_grid.sh 1 > /tmp/grid1.log 2>&1 &
+# and where the grid has the cores to itself, a second one:
 #     nohup setsid bench/card_envs_grid.sh 2 > /tmp/grid2.log 2>&1 &
 # Every worker walks the same list; bench/continual.py skips a finished run, reports a run another live worker holds as
 # skipped (its claim) and resumes a run from its checkpoint (bench/run_checkpoint.py), so two workers share the list

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # The cheap arms of issues #27, #29 and #30 under issue #14's protocol (5 seeds, fresh agents) on the random-label
 # bandit and PerturbedCartPole, then issue #29's Gym-control grid, one method at a time so each arm completes, in
-# the order the issues need them. One worker beside the card's-environments grid
-# (bench/card_envs_grid.sh, two workers): this list costs ~1.5-5 CPU-min per (method, seed) on the toy settings,
-# ~45-65 on the Gym-control ones, the card's grid ~50-600.
-#     nohup bench/protocol_grid.sh > /tmp/protocol.log 2>&1 &
+# the order the issues need them. One worker beside the card's-environments grid (bench/card_envs_grid.sh, one
+# worker on a 2-core machine: two runs at once, one per core): this list costs ~1.5-5 CPU-min per (method, seed) on
+# the toy settings, ~45-65 on the Gym-control ones, the card's grid ~50-600.
+#     nohup setsid bench/protocol_grid.sh > /tmp/protocol.log 2>&1 &
 # bench/continual.py skips what is finished and reports what another worker holds, so the list can be rerun.
 # Tables and figures afterwards: bench/continual.py --setting S --plot-only [--out ...] (the commands in bench/README).
 set -u
 cd "$(dirname "$0")/.."
+# the session's autogroup weight, as bench/card_envs_grid.sh sets it (the two workers share the cores alike)
+echo -5 2>/dev/null > /proc/self/autogroup || true
 export OMP_NUM_THREADS=1
 SEEDS="0 1 2 3 4"
 run() { echo "$(date -u +%FT%T) $*"; nice -n -5 python bench/continual.py "$@" --seeds $SEEDS --jobs 1 --no-diagnostics-plots || true; }
