@@ -41,9 +41,19 @@ run "$w" $SA --methods ppo --seeds 0 --fresh sample --change-every 125000 --out 
 METHODS="ppo_snp ppo_fire_switch plastic_relu plastic_maxmin ppo_adam_equal_betas ppo_cbp_dohare ppo_l2_init
          ppo_head_reset ppo_nap ppo_spectral"
 for m in $METHODS; do run "$w" $MI --methods "$m" --seeds 0 --fresh sample; done
-# 4. C-MinAtar's plain Double DQN at C-CHAIN's protocol, seed 0 (~10 CPU-hours, checkpointed: it spans sessions; with
+# 4. Slippery Ant at Dohare et al.'s own design (slippery_ant_dohare: a new friction every 2 M steps, 20 M steps, their
+#    minibatch of 128; ~6-7.5 CPU-hours a run, checkpointed), plain PPO seed 0 first: does plain PPO's decline show at
+#    all before the methods are run on it (bench/README: the 200 k and 500 k intervals showed none)
+SD="--setting slippery_ant_dohare"
+run "$w" $SD --methods ppo --seeds 0 --fresh none
+# 5. C-MinAtar's plain Double DQN at C-CHAIN's protocol, seed 0 (~10 CPU-hours, checkpointed: it spans sessions; with
 #    one worker on the grid it comes after the methods' first seed, so that the card's question is read first)
 run "$w" --setting cminatar --methods dqn --seeds 0 --fresh sample
 for s in 1 2 3 4; do for m in $METHODS; do run "$w" $MI --methods "$m" --seeds $s --fresh sample; done; done
-# 5. C-MinAtar's plain Double DQN, seeds 1 and 2
+# 6. Slippery Ant, Dohare's arms (his ns.yml = Adam beta1 = beta2 = 0.99, cbp.yml, l2.yml, continual S&P with his
+#    betas) and ReLU + AdamO, seed 0 of each, then seeds 1-4 of every arm, plain included
+DOHARE_ARMS="ppo_adam_equal_betas ppo_cbp_dohare ppo_l2_dohare ppo_snp_continual plastic_relu"
+for m in $DOHARE_ARMS; do run "$w" $SD --methods "$m" --seeds 0 --fresh none; done
+for s in 1 2 3 4; do for m in ppo $DOHARE_ARMS; do run "$w" $SD --methods "$m" --seeds $s --fresh none; done; done
+# 7. C-MinAtar's plain Double DQN, seeds 1 and 2
 for s in 1 2; do run "$w" --setting cminatar --methods dqn --seeds $s --fresh sample; done

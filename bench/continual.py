@@ -58,6 +58,9 @@ issue #15; on a DQN / SAC setting the ``ppo`` prefix reads ``dqn`` / ``sac``: ``
 ``ppo_vecnorm``     the plain agent on SB3's running observation normalisation (``VecNormalize``, observations only;
                     issue #29's control, :func:`normalise_observations`)
 ``ppo_fire_switch_hidden`` FIRE at every task change on the hidden layers only, the output heads untouched (issue #29)
+``ppo_l2_dohare``   Dohare et al.'s L2 agent of Slippery Ant: Adam betas (0.99, 0.99), L2 1e-3 (Adam ``weight_decay``)
+``ppo_snp_continual`` continual Shrink & Perturb (``ShrinkPerturb("continual")``, library defaults) with Adam betas
+                    (0.99, 0.99), as Dohare et al.'s regularised agents
 ==================  =======================================================================================
 
 The isometry paper's baselines (issue #15) are not in the default list: add them with ``--methods`` (e.g.
@@ -232,7 +235,9 @@ class Setting:
 _PPO_MINATAR = dict(n_steps=128, batch_size=256, n_epochs=4, learning_rate=2.5e-4, clip_range=0.1, ent_coef=0.01)
 #: update-intensive PPO (issue #14's measurement: lr 1e-3, 10 epochs)
 _PPO_MINATAR_INTENSIVE = dict(_PPO_MINATAR, n_epochs=10, learning_rate=1e-3)
-#: Dohare et al.'s PPO on Slippery Ant (rollouts of 2048 steps, minibatch 64, 10 epochs, lr 1e-4)
+#: Dohare et al.'s PPO on Slippery Ant (rollouts of 2048 steps, 10 epochs, lr 1e-4; their ``cfg/sant/std.yml``) with a
+#: minibatch of 64 where theirs is 128 (``bs`` 2048 / ``n_slices`` 16): the 200 k and 500 k interval runs were made so;
+#: ``slippery_ant_dohare`` has their 128
 _PPO_SLIPPERY = dict(n_steps=512, batch_size=64, n_epochs=10, learning_rate=1e-4, gamma=0.99, gae_lambda=0.95,
                      clip_range=0.2, ent_coef=0.0)
 
@@ -419,6 +424,16 @@ SETTINGS["slippery_ant_ppo"] = replace(
     env_id="sb3_plastic/SlipperyAnt-v0",
     description="SlipperyAnt (friction re-drawn every 200k steps), PPO [256, 256] (Dohare's settings)",
 )
+# Dohare et al.'s own Slippery Ant design (issue #28: the 200 k and 500 k intervals showed no loss of plain PPO): a new
+# friction every 2 M env steps, 10 frictions = 20 M steps (their ``n_steps: 2e7``, ``change_time: 2000000``), their
+# minibatch of 128; read in absolute return (their loss is a decline of the continual return; no fresh reference)
+SETTINGS["slippery_ant_dohare"] = replace(
+    SETTINGS["slippery_ant_ppo"],
+    change_every=500_000,
+    ppo=dict(_PPO_SLIPPERY, batch_size=128),
+    monitor_every=500_000,
+    description="SlipperyAnt (friction re-drawn every 2M steps), PPO [256, 256] (Dohare's settings, minibatch 128)",
+)
 
 #: method names for PPO settings; on a DQN / SAC setting the "ppo" prefix is the algorithm's (see method_name)
 METHODS = (
@@ -474,6 +489,16 @@ METHODS = METHODS + FIELD_METHODS
 MECHANISM_CONTROLS = ("ppo_vecnorm", "ppo_fire_switch_hidden")
 METHODS = METHODS + MECHANISM_CONTROLS
 TASK_CHANGE_METHODS = (*TASK_CHANGE_METHODS, "ppo_fire_switch_hidden")
+
+#: Dohare et al.'s regularised PPO agents of Slippery Ant (issue #28, ``slippery_ant_dohare``; their
+#: ``lop/rl/cfg/sant/*.yml``), on request. Like ``ppo_cbp_dohare`` each trains with Adam beta1 = beta2 = 0.99, the
+#: change their ``ns.yml`` isolates (``ppo_adam_equal_betas`` here): ``ppo_l2_dohare`` L2 :data:`DOHARE_L2` (Adam
+#: ``weight_decay``, their ``l2.yml``); ``ppo_snp_continual`` continual Shrink & Perturb
+#: (:class:`~sb3_plastic.callbacks.ShrinkPerturb` ``mode="continual"`` at the library defaults: L2 1e-4 in the
+#: gradient, N(0, 1e-5^2) noise after every step; they publish no Slippery Ant S&P configuration). Both act on every
+#: step: their fresh agents run them.
+DOHARE_METHODS = ("ppo_l2_dohare", "ppo_snp_continual")
+METHODS = METHODS + DOHARE_METHODS
 
 
 def method_name(method: str, algo: str) -> str:
@@ -533,6 +558,8 @@ class MethodParams:
 EQUAL_BETAS = (0.99, 0.99)
 #: Continual Backprop at Dohare's RL settings (``ppo_cbp_dohare``; his Slippery Ant PPO runs)
 DOHARE_CBP = dict(replacement_rate=1e-4, maturity_threshold=10_000, betas=(0.99, 0.99), weight_decay=1e-4)
+#: Adam ``weight_decay`` of ``ppo_l2_dohare`` (Dohare et al.'s ``cfg/sant/l2.yml``, with betas :data:`EQUAL_BETAS`)
+DOHARE_L2 = 1e-3
 
 
 # ------------------------------------------------------------------------------------------- one run
@@ -1002,8 +1029,10 @@ def build_model(method: str, setting: Setting, params: MethodParams, seed: int, 
     elif canonical == "ppo_cbp_dohare":
         adam = {k: DOHARE_CBP[k] for k in ("betas", "weight_decay")}
         policy_kwargs["optimizer_kwargs"] = dict(optimizer_kwargs, **adam)
-    elif canonical == "ppo_adam_equal_betas":
+    elif canonical in ("ppo_adam_equal_betas", "ppo_snp_continual"):
         policy_kwargs["optimizer_kwargs"] = dict(optimizer_kwargs, betas=EQUAL_BETAS)
+    elif canonical == "ppo_l2_dohare":
+        policy_kwargs["optimizer_kwargs"] = dict(optimizer_kwargs, betas=EQUAL_BETAS, weight_decay=DOHARE_L2)
     model = sb3_cls(setting.policy, env, policy_kwargs=policy_kwargs, **common)
     if fresh_task is not None and canonical in TASK_CHANGE_METHODS:
         return model, callbacks
@@ -1018,6 +1047,8 @@ def build_model(method: str, setting: Setting, params: MethodParams, seed: int, 
     elif canonical == "ppo_cbp_dohare":
         cbp = {k: DOHARE_CBP[k] for k in ("replacement_rate", "maturity_threshold")}
         callbacks.append(ContinualBackprop(**cbp))
+    elif canonical == "ppo_snp_continual":
+        callbacks.append(ShrinkPerturb("continual"))
     elif canonical == "ppo_redo":
         callbacks.append(ReDo())
     elif canonical in ("ppo_fire", "ppo_fire_switch", "ppo_fire_switch_hidden"):

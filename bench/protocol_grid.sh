@@ -34,10 +34,17 @@ for m in ppo_head_reset ppo_policy_head_reset ppo_cchain ppo_trac ppo_parseval p
   run $BANDIT --methods $m
   run $CARTPOLE --methods $m
 done
-# 4. issue #29 part 2: C-CHAIN's continual Gym control, CartPole first (~45 CPU-hours for plain + 6 methods x 5
-#    seeds): plain PPO with a fresh agent on every task (their Oracle), then the methods with a fresh sample
+# 4. issue #29 part 2: C-CHAIN's continual Gym control. First the anchor: plain PPO on CartPole with a fresh agent on
+#    every task (their Oracle), 5 seeds (~10 CPU-hours), beside their vanilla agent's published number
+run --setting cchain_cartpole --methods ppo --fresh all
+# 5. the card's environments come first (issue #28): this worker joins bench/card_envs_grid.sh as its second worker
+#    (the two share its list through the runs' claims) until that list is done
+bash bench/card_envs_grid.sh 2 || true
+# 6. the rest of the Gym-control grid: the methods on CartPole (the three whose papers report it first), then Acrobot
+#    and LunarLander (~45-65 CPU-min a run, ~120 CPU-hours in all)
 CCHAIN_METHODS="ppo_l2_init ppo_trac ppo_cchain ppo_fire_switch ppo_head_reset plastic_relu"
-for env in cchain_cartpole cchain_acrobot cchain_lunar; do
+for m in $CCHAIN_METHODS; do run --setting cchain_cartpole --methods $m --fresh sample; done
+for env in cchain_acrobot cchain_lunar; do
   run --setting $env --methods ppo --fresh all
   for m in $CCHAIN_METHODS; do run --setting $env --methods $m --fresh sample; done
 done

@@ -240,6 +240,38 @@ def test_adam_equal_betas_method_is_the_plain_agent_with_equal_betas(continual):
         assert th.equal(a, b)  # same seed, same network: only the optimizer differs
 
 
+def test_dohare_slippery_ant_is_his_design_and_his_regularised_agents(continual):
+    from sb3_plastic import ShrinkPerturb
+
+    setting = continual.SETTINGS["slippery_ant_dohare"]
+    # cfg/sant/std.yml: 20 M steps, a new friction every 2 M, rollouts of 2048 in 16 minibatches, 10 epochs, lr 1e-4
+    assert setting.task_timesteps == 2_000_000 and setting.total_timesteps == 20_000_000
+    rollout = setting.n_envs * setting.ppo["n_steps"]
+    assert rollout == 2048 and rollout // setting.ppo["batch_size"] == 16
+    assert (setting.ppo["n_epochs"], setting.ppo["learning_rate"], setting.net_arch) == (10, 1e-4, (256, 256))
+    assert "every 2M steps" in setting.description and setting.env_id == continual.SETTINGS["slippery_ant_ppo"].env_id
+    assert continual.SETTINGS["slippery_ant_ppo"].ppo["batch_size"] == 64  # the interval runs' minibatch, unchanged
+    params = continual.MethodParams()
+    plain, _ = continual.build_model("ppo", setting, params, 0, "cpu", None)
+    expected = {"ppo_l2_dohare": 1e-3, "ppo_snp_continual": 0.0}
+    for method, weight_decay in expected.items():
+        for fresh_task in (None, 3):  # both act on every step: their fresh agents run them too
+            model, callbacks = continual.build_model(method, setting, params, 0, "cpu", None, fresh_task=fresh_task)
+            (group,) = model.policy.optimizer.param_groups
+            assert group["betas"] == (0.99, 0.99) and group["weight_decay"] == weight_decay
+            assert group["eps"] == 1e-5 and model.batch_size == 128
+            if method == "ppo_snp_continual":
+                (snp,) = callbacks
+                assert isinstance(snp, ShrinkPerturb) and snp.mode == "continual"
+                assert (snp.weight_decay, snp.noise_std, snp.weight_decay_mode) == (1e-4, 1e-5, "coupled")
+            else:
+                assert callbacks == []
+            for a, b in zip(model.policy.parameters(), plain.policy.parameters()):
+                assert th.equal(a, b)
+            model.env.close()
+    assert not set(continual.DOHARE_METHODS) & set(continual.DEFAULT_METHODS)
+
+
 class _Interrupted(RuntimeError):
     pass
 

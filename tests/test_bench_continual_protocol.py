@@ -57,8 +57,8 @@ def test_minatar_plain_baseline_builds_the_plastic_runs_network(continual):
 
 
 @pytest.mark.parametrize("name", ["minatar_intensive", "minatar_switching", "slippery_halfcheetah_ppo",
-                                  "slippery_ant_ppo", "minatar_dqn_replay", "slippery_halfcheetah_sac_replay",
-                                  "cartpole_obs"])
+                                  "slippery_ant_ppo", "slippery_ant_dohare", "minatar_dqn_replay",
+                                  "slippery_halfcheetah_sac_replay", "cartpole_obs"])
 def test_every_setting_builds_the_plain_and_a_plastic_agent(continual, name):
     setting = continual.SETTINGS[name]
     assert setting.description and setting.tasks >= 2
