@@ -41,6 +41,10 @@ run "$w" $SA --methods ppo --seeds 0 --fresh sample --change-every 125000 --out 
 METHODS="ppo_snp ppo_fire_switch plastic_relu plastic_maxmin ppo_adam_equal_betas ppo_cbp_dohare ppo_l2_init
          ppo_head_reset ppo_nap ppo_spectral"
 for m in $METHODS; do run "$w" $MI --methods "$m" --seeds 0 --fresh sample; done
+#    and ReLU + AdamO at the library's default coefficient (0.02, a tenth of the grid's 0.2), seed 0: is the library's
+#    own method handicapped by the grid's choice? (on PerturbedCartPole the smaller coefficient learnt faster)
+run "$w" $MI --methods plastic_relu --seeds 0 --fresh sample --isometry-coef 0.02 \
+    --out bench/results/continual/minatar_intensive_iso0.02
 # 4. Slippery Ant at Dohare et al.'s own design (slippery_ant_dohare: a new friction every 2 M steps, 20 M steps, their
 #    minibatch of 128; ~6-7.5 CPU-hours a run, checkpointed), plain PPO seed 0 first: does plain PPO's decline show at
 #    all before the methods are run on it (bench/README: the 200 k and 500 k intervals showed none)

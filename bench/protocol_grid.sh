@@ -29,11 +29,11 @@ nice -n -5 python bench/grid.py --storage "$STORAGE" --study issue29-controls --
 for m in plastic_relu_rect plastic_relu_s2 plastic_maxmin_rect plastic_relu_s2_rect; do run $BANDIT --methods $m; done
 for m in plastic_relu_rect plastic_relu_s2 plastic_maxmin_rect plastic_relu_s2_rect; do run $CARTPOLE --methods $m; done
 # 3. issue #30: the field's methods, and head reset on the bandit
-for m in ppo_head_reset ppo_policy_head_reset ppo_cchain ppo_trac ppo_parseval ppo_layernorm ppo_crelu ppo_fourier \
-         ppo_injection ppo_adam_equal_betas; do
-  run $BANDIT --methods $m
-  run $CARTPOLE --methods $m
-done
+#    (the bandit's rows first: ~8 CPU-min a method, its table complete before the cartpole_obs rows)
+FIELD="ppo_head_reset ppo_policy_head_reset ppo_cchain ppo_trac ppo_parseval ppo_layernorm ppo_crelu ppo_fourier
+       ppo_injection ppo_adam_equal_betas"
+for m in $FIELD; do run $BANDIT --methods $m; done
+for m in $FIELD; do run $CARTPOLE --methods $m; done
 # 4. issue #29 part 2: C-CHAIN's continual Gym control. First the anchor: plain PPO on CartPole with a fresh agent on
 #    every task (their Oracle), 5 seeds (~10 CPU-hours), beside their vanilla agent's published number
 run --setting cchain_cartpole --methods ppo --fresh all
