@@ -817,12 +817,15 @@ def _network_diagnostics(
             if k not in initial or initial[k].shape != p.shape
         ]
         if no_origin:
+            # once per network: an intervention that adds layers repeatedly (plasticity injection at every task
+            # switch) would otherwise warn at every pass after every addition
             _warn_once(
                 warned,
-                ("init_shape", net, tuple(no_origin)),
+                ("init_shape", net),
                 f"diagnostics: network '{net}' has parameters without a saved initial value of their shape (a layer "
-                f"resized or added after the initial weights were taken): {', '.join(no_origin)}; their layers have no "
-                "dist_from_init and the network's dist_from_init leaves them out",
+                f"resized or added after the initial weights were taken): {', '.join(no_origin)}; their layers, and "
+                "those added later, have no dist_from_init and the network's dist_from_init leaves them out (this "
+                "warning is not repeated for this network)",
             )
     head_ids = {id(h) for h in spec.heads()}
     total_dfi = hidden_dfi = 0.0

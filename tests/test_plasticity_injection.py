@@ -207,3 +207,21 @@ def test_churn_reduction_follows_an_injection():
     model.learn(160, callback=[PlasticityInjection(at=96), churn])
     assert sum(1 for _ in churn._shadow.parameters()) == sum(1 for _ in model.q_net.parameters())
     assert np.isfinite(churn.state["reg_losses"]).all()
+
+
+def test_monitor_warns_once_per_network_about_the_injected_branches():
+    """Every injection adds parameters without an initial value of the monitor's: one warning per network says so
+    (the first one names them), not one per injection (a continual run injects at every switch)."""
+    import warnings
+
+    from sb3_plastic.callbacks import PlasticityMonitor
+
+    model = PPO("MlpPolicy", "CartPole-v1", policy_kwargs=NET, **PPO_FAST)
+    monitor = PlasticityMonitor(every=32, probe_size=32, ntk_probe_size=8, max_overhead=None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.learn(256, callback=[PlasticityInjection(layers=2, every=64), monitor])
+    messages = [str(w.message) for w in caught if "without a saved initial value" in str(w.message)]
+    assert len(messages) == 1, messages
+    assert "plasticity_injection0.new" in messages[0] and "and those added later" in messages[0].replace(",", "")
+    assert len(model.policy.value_net._modules) == 1 + 3  # three injections happened after the first pass
