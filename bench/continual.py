@@ -49,6 +49,8 @@ issue #15; on a DQN / SAC setting the ``ppo`` prefix reads ``dqn`` / ``sac``: ``
                     et al., 2022; issue #29's control); ``ppo_policy_head_reset`` / ``ppo_value_head_reset`` one head
                     (DQN: the Q head)
 ``ppo_injection``   :class:`~sb3_plastic.callbacks.PlasticityInjection` of a 2-layer head at every task change
+``ppo_head2_reset`` LayerReset of the last 2 layers of every path at every task change: the layers ``ppo_injection``
+                    freezes and replaces, re-drawn instead (the injection's control)
 ``ppo_cchain``      :class:`~sb3_plastic.callbacks.ChurnReduction` (C-CHAIN, Tang et al., 2025) at the reference settings
 ``ppo_trac``        the plain agent's network, TRAC around Adam (``optimizer="trac"``, Muppidi et al., 2024)
 ``ppo_parseval``    :class:`~sb3_plastic.callbacks.ParsevalRegularisation` (Chung et al., 2024; ``--parseval-coef``)
@@ -461,9 +463,11 @@ TASK_CHANGE_METHODS = ("ppo_snp", "ppo_fire", "ppo_fire_switch")
 #: Head reset at every task switch (issue #29's control; :class:`~sb3_plastic.callbacks.LayerReset`, Nikishin et al.,
 #: 2022), on request: ``ppo_head_reset`` both heads, ``ppo_policy_head_reset`` the action head, ``ppo_value_head_reset``
 #: the value head (on a DQN setting each is the Q head). They act only at task changes: their fresh agent is the plain
-#: one. Each maps to the ``layers`` of its LayerReset.
-HEAD_RESET_METHODS = {"ppo_head_reset": "heads", "ppo_policy_head_reset": "policy_head",
-                      "ppo_value_head_reset": "value_head"}
+#: one. Each maps to the ``layers`` of its LayerReset. ``ppo_head2_reset`` re-draws the last 2 layers of every path,
+#: the layers ``ppo_injection`` replaces: the control that tells whether injection's frozen old heads (kept in the sum)
+#: are what costs it, since both give the same layers fresh trainable weights at every switch.
+HEAD_RESET_METHODS: dict[str, Any] = {"ppo_head_reset": "heads", "ppo_policy_head_reset": "policy_head",
+                                      "ppo_value_head_reset": "value_head", "ppo_head2_reset": 2}
 METHODS = METHODS + tuple(HEAD_RESET_METHODS) + ("ppo_injection",)
 #: ``ppo_injection``: :class:`~sb3_plastic.callbacks.PlasticityInjection` (Nikishin et al., 2023) of a 2-layer head at
 #: every task change (the paper injects once; every switch is the continual use), on request.

@@ -481,6 +481,16 @@ def test_head_reset_methods_reset_their_heads_at_switches_and_reuse_plain_fresh_
     (injection,) = continual.build_model("ppo_injection", setting, params, 0, "cpu", None)[1]
     assert isinstance(injection, PlasticityInjection) and injection.on_task_change and injection.at is None
     assert continual.build_model("ppo_injection", setting, params, 0, "cpu", None, fresh_task=1)[1] == []
+    # the injection's control re-draws exactly the layers an injection freezes and replaces
+    model, (reset,) = continual.build_model("ppo_head2_reset", setting, params, 0, "cpu", None)
+    assert isinstance(reset, LayerReset) and reset.layers == 2 and reset.on_task_change
+    assert "ppo_head2_reset" in continual.TASK_CHANGE_METHODS
+    reset.init_callback(model)
+    from sb3_plastic.callbacks.plasticity_injection import head_chains
+    from sb3_plastic.common.surgery import find_networks
+
+    injected = [id(layer) for spec in find_networks(model) for chain in head_chains(spec, 2) for layer in chain]
+    assert sorted(id(layer) for _, layer in reset.selected()) == sorted(injected) and len(injected) == 4
     record = continual.run_one("ppo_head_reset", 1, setting, params, str(tmp_path), "cpu", 1)
     assert record["task"] == [0, 1]
 
