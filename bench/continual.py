@@ -1394,6 +1394,10 @@ class NoRunsError(RuntimeError):
     """No finished run under ``--out``: nothing to build a table from (and nothing is written)."""
 
 
+class SettingMismatchError(ValueError):
+    """Runs under ``--out`` made with another setting than the command's (:func:`check_records_setting`)."""
+
+
 def load_records(out: str) -> list[dict]:
     """Every finished run under ``out/runs`` (continual and fresh; a fresh record has ``fresh_task`` set)."""
     records = []
@@ -1865,6 +1869,33 @@ def rounded(value: Any, digits: int = SUMMARY_DIGITS) -> Any:
     return value
 
 
+#: The fields of a run's recorded setting that its summary depends on (the task index, the score and its window), with
+#: the command-line flag that sets each where one does.
+SUMMARY_FIELDS = {"env_id": "--setting", "tasks": "--tasks", "change_every": "--change-every", "n_envs": "--setting",
+                  "score": "--setting", "tail": "--setting"}
+
+
+def check_records_setting(records: list[dict], setting: Setting, setting_name: str) -> None:
+    """Refuse to summarise runs with a setting other than the command's: a folder of runs made with
+    ``--change-every 125000`` summarised at the setting's default would cut its tasks elsewhere, silently.
+
+    :raises SettingMismatchError: naming the field, the command's value, the runs' value and the flag that sets
+        it.
+    """
+    for record in records:
+        recorded = record.get("setting")
+        if not isinstance(recorded, dict):
+            continue  # runs written before settings were recorded
+        for name, flag in SUMMARY_FIELDS.items():
+            if name in recorded and recorded[name] != getattr(setting, name):
+                what = "fresh agent" if record.get("fresh_task") is not None else "run"
+                raise SettingMismatchError(
+                    f"the {what} {record['method']} seed {record['seed']} was made with {name}={recorded[name]!r}, "
+                    f"the command's setting {setting_name!r} has {name}={getattr(setting, name)!r}: pass the runs' "
+                    f"value ({flag}) to summarise them, or another --out for runs of this setting"
+                )
+
+
 def report(out: str, setting_name: str, setting: Setting, methods: Optional[list[str]], diagnostics: bool = True,
            tb_plots: bool = False) -> dict[str, Any]:
     """Tables on stdout, ``summary.json``, ``summary.md`` and the figures, from the run JSONs under ``out`` alone
@@ -1872,7 +1903,9 @@ def report(out: str, setting_name: str, setting: Setting, methods: Optional[list
     TensorBoard events under ``plots/`` (the events are not committed).
 
     :raises NoRunsError: when ``out`` holds no finished run of ``methods``; nothing is written then.
+    :raises SettingMismatchError: when the runs were made with another setting (:func:`check_records_setting`).
     """
+    check_records_setting(load_records(out), setting, setting_name)
     rebuilt = add_hidden_dfi(out)
     if rebuilt:
         print(f"rebuilt the hidden-layer DfI (dfi_hidden) from the TensorBoard events of {rebuilt} run JSONs", flush=True)
@@ -2088,7 +2121,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             return 0
     try:  # the folder's tables and figures summarise every method found there, not only the ones this call ran
         report(out, args.setting, setting, None, diagnostics=not args.no_diagnostics_plots, tb_plots=args.tb_plots)
-    except NoRunsError as exc:
+    except (NoRunsError, SettingMismatchError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0

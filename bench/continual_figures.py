@@ -28,6 +28,8 @@ FIG_WIDTH, DPI = 9.0, 110
 COLUMNS = 4
 #: the colours of the small multiples: the panel's method, the plain baseline, the fresh level
 METHOD_COLOR, PLAIN_COLOR, FRESH_COLOR = "tab:blue", "black", "0.45"
+#: fresh lines carry markers: with ``--fresh sample`` they have values on a few tasks only, between NaNs
+FRESH_MARKER = "x"
 #: colours of the diagnostics' methods (tab10 without its grey, kept for references), then line styles: 36 styles
 PALETTE = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive",
            "tab:cyan")
@@ -159,10 +161,12 @@ def _small_multiples(summary: dict[str, Any], plain: str, title: str, ylabel: st
         if reference is not None:
             ax.axhline(reference, color=FRESH_COLOR, linestyle="--", linewidth=1.1, gid="fresh")
         elif base is not None and base[3] is not None:
-            ax.plot(np.arange(len(base[3])), base[3], color=FRESH_COLOR, linestyle="--", linewidth=1.1, gid="fresh")
+            ax.plot(np.arange(len(base[3])), base[3], color=FRESH_COLOR, linestyle="--", linewidth=1.1,
+                    marker=FRESH_MARKER, markersize=3, gid="fresh")
         if own is not None and method != plain and (base is None or base[3] is None or len(base[3]) != len(own)
                                                     or not np.allclose(own, base[3], equal_nan=True)):
-            ax.plot(x, own, color=METHOD_COLOR, linestyle=":", linewidth=1.3, gid=f"fresh:{method}")
+            ax.plot(x, own, color=METHOD_COLOR, linestyle=":", linewidth=1.3, marker=FRESH_MARKER, markersize=3,
+                    gid=f"fresh:{method}")
             own_drawn = True
         ax.fill_between(x, low, high, color=METHOD_COLOR, alpha=0.22, linewidth=0)
         ax.plot(x, line, color=METHOD_COLOR, linewidth=1.8, marker="o", markersize=2.5, gid=f"method:{method}")
@@ -182,10 +186,10 @@ def _small_multiples(summary: dict[str, Any], plain: str, title: str, ylabel: st
         handles.append(Line2D([], [], color=FRESH_COLOR, linestyle="--"))
         labels.append(f"fresh agent (= {reference:g})")
     elif base is not None and base[3] is not None:
-        handles.append(Line2D([], [], color=FRESH_COLOR, linestyle="--"))
+        handles.append(Line2D([], [], color=FRESH_COLOR, linestyle="--", marker=FRESH_MARKER, markersize=3))
         labels.append(f"fresh agents of {plain} (IQM)")
     if own_drawn:
-        handles.append(Line2D([], [], color=METHOD_COLOR, linestyle=":"))
+        handles.append(Line2D([], [], color=METHOD_COLOR, linestyle=":", marker=FRESH_MARKER, markersize=3))
         labels.append("the method's own fresh agents (IQM)")
     _header(fig, title, handles, labels)
     return fig

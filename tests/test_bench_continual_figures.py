@@ -177,3 +177,19 @@ def test_a_committed_summary_rebuilds_byte_for_byte_from_its_committed_runs(tmp_
                            "--plot-only", "--no-diagnostics-plots"]) == 0
     for name in ("summary.json", "summary.md"):
         assert (tmp_path / name).read_bytes() == (committed / name).read_bytes(), name
+
+
+def test_fresh_agents_on_a_sample_of_tasks_are_visible(continual, tmp_path):
+    """With --fresh sample a fresh line has values on a few tasks only, between NaNs: a line alone draws nothing
+    there, so the fresh lines carry markers (the method's own and the plain baseline's)."""
+    setting = _tiny_bandit(continual, tasks=4)
+    result, _ = _summary(continual, tmp_path, setting)
+    for method in ("ppo", "ppo_l2"):
+        fresh = result["methods"][method]["fresh_iqm"]
+        result["methods"][method]["fresh_iqm"] = [None if k % 2 == 0 else v for k, v in enumerate(fresh)]
+    fig = continual.continual_figures.end_of_task_figure(result["methods"], setting, "ppo")
+    lines = {line.get_gid(): line for line in fig.axes[0].get_lines() if line.get_gid()}
+    for gid in ("fresh", "fresh:ppo_l2"):
+        y = np.asarray(lines[gid].get_ydata(), dtype=float)
+        assert np.isnan(y[0]) and np.isfinite(y[1]) and np.isnan(y[2]), gid  # isolated values
+        assert lines[gid].get_marker() not in (None, "None", "", " ") and lines[gid].get_markersize() > 0, gid

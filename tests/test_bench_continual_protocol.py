@@ -520,3 +520,23 @@ def test_field_methods_build_their_callbacks_and_keep_them_in_fresh_agents(conti
             model, callbacks = continual.build_model(method, setting, params, 0, "cpu", None, fresh_task=fresh_task)
             assert callbacks == [] and type(model.policy.mlp_extractor.policy_net[1]).__name__ == act
             assert model.policy.mlp_extractor.policy_net[0].out_features == setting.net_arch[0] // 2
+
+
+def test_plot_only_refuses_runs_made_with_another_setting(continual, tmp_path, capsys):
+    """Runs made with --change-every 1000 summarised at the setting's default (2000) would be cut into tasks
+    elsewhere, silently: the rebuild names the field and the flag and writes nothing; with the runs' value it builds."""
+    rng = np.random.default_rng(0)
+    bandit = continual.SETTINGS["bandit"]
+    cont, fresh = rng.uniform(0.2, 0.9, size=(3, bandit.tasks)), rng.uniform(0.8, 0.9, size=(3, bandit.tasks))
+    _synthetic_runs(tmp_path, bandit, {"ppo": (cont, fresh)})
+    recorded = dict(env_id=bandit.env_id, tasks=bandit.tasks, change_every=1000, n_envs=bandit.n_envs,
+                    score=bandit.score, tail=bandit.tail)
+    for path in (tmp_path / "runs").rglob("*.json"):
+        path.write_text(json.dumps(dict(json.loads(path.read_text()), setting=recorded)))
+    args = ["--setting", "bandit", "--out", str(tmp_path), "--plot-only", "--no-diagnostics-plots"]
+    assert continual.main(args) == 2
+    err = capsys.readouterr().err
+    assert "change_every=1000" in err and "change_every=2000" in err and "--change-every" in err
+    assert not (tmp_path / "summary.json").exists()
+    assert continual.main([*args, "--change-every", "1000"]) == 0
+    assert (tmp_path / "summary.json").exists()
