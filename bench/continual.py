@@ -581,7 +581,14 @@ def _task_recorder(setting: Setting, results: dict[str, list[float]], progress_p
     With ``setting.rollout_reset`` it also records ``iteration_return`` per task: TRAC / C-CHAIN's per-iteration score
     (their ``itr_mean_return``), the mean over the rollouts that end in the task's tail of each rollout's mean episode
     return, where the episodes are those ending in the rollout plus the one its end cuts (with the partial return it
-    reached; the next rollout starts new episodes)."""
+    reached; the next rollout starts new episodes).
+
+    The head's statistics (:func:`head_statistics`) are read twice per task: over the last :data:`HEAD_PROBE_STEPS`
+    steps of its tail (``head_*``) and as the task finds the network, ``switch_head_*``: the mean over the task's
+    first :data:`HEAD_PROBE_STEPS` steps, each step's observations read with the network of that step (a PPO task
+    that starts at a rollout's start is read before any update on it). Task 0's reading is the initial network's; a
+    later task's tells a head saturated by the switch (the old head on the new observations) from one that
+    saturates while it trains."""
     from stable_baselines3.common.callbacks import BaseCallback
 
     tail_start = round((1.0 - setting.tail) * setting.change_every)
@@ -593,6 +600,7 @@ def _task_recorder(setting: Setting, results: dict[str, list[float]], progress_p
             self._counts = np.zeros(2)
             self._returns: list[float] = []
             self._recent: list[np.ndarray] = []  # the last HEAD_PROBE_STEPS steps' observations of the task's tail
+            self._switch: dict[str, list[float]] = {}  # head statistics of the task's first HEAD_PROBE_STEPS steps
             self._rollout_returns: list[float] = []  # returns of the episodes ended in the rollout in progress
             self._iteration_means: list[float] = []  # the task's rollouts' mean returns (rollout_reset)
             self._task_step = 0
@@ -625,6 +633,8 @@ def _task_recorder(setting: Setting, results: dict[str, list[float]], progress_p
                 results.setdefault("iteration_return", []).append(float(np.mean(means)) if means else float("nan"))
             for key, value in head_statistics(self.model, self._recent).items():
                 results.setdefault(key, []).append(value)
+            for key, values in self._switch.items():
+                _append_per_task(results, "switch_" + key, float(np.mean(values)))
             self.logger.record("continual/end_of_task_reward", end)
             self.logger.record("continual/end_of_task_return", end_return)
             self.logger.record("continual/task_mean_reward", mean)
@@ -639,10 +649,15 @@ def _task_recorder(setting: Setting, results: dict[str, list[float]], progress_p
             if task != self._task:
                 self._close_task()
                 self._task, self._sums[:], self._counts[:], self._returns = task, 0.0, 0.0, []
-                self._recent, self._iteration_means = [], []
+                self._recent, self._iteration_means, self._switch = [], [], {}
             task_step = self._task_step = int(infos[0].get("task_step", 0))
             if task_step > setting.change_every:
                 return True  # past the task's length: a fresh agent's last rollout (see above)
+            obs = self.locals.get("new_obs")
+            if HEAD_PROBE_STEPS and task_step <= HEAD_PROBE_STEPS and isinstance(obs, np.ndarray):
+                # the head as the task finds it: each of its first steps read with the network of that step
+                for key, value in head_statistics(self.model, [obs]).items():
+                    self._switch.setdefault(key, []).append(value)
             self._rollout_returns.extend(float(i["episode"]["r"]) for i in infos if "episode" in i)
             rewards = np.asarray(self.locals["rewards"], dtype=np.float64)
             self._sums[0] += rewards.sum()
@@ -651,7 +666,6 @@ def _task_recorder(setting: Setting, results: dict[str, list[float]], progress_p
                 self._sums[1] += rewards.sum()
                 self._counts[1] += rewards.size
                 self._returns.extend(float(i["episode"]["r"]) for i in infos if "episode" in i)
-                obs = self.locals.get("new_obs")
                 if HEAD_PROBE_STEPS and isinstance(obs, np.ndarray):
                     self._recent.append(obs.copy())
                     del self._recent[:-HEAD_PROBE_STEPS]
@@ -663,14 +677,23 @@ def _task_recorder(setting: Setting, results: dict[str, list[float]], progress_p
     return TaskRecorder()
 
 
-#: env steps (of every copy) whose observations probe the output head at a task's end (:func:`head_statistics`;
-#: 0: no probe)
+#: env steps (of every copy) whose observations probe the output head at a task's end and at its start
+#: (:func:`head_statistics`; 0: no probe)
 HEAD_PROBE_STEPS = 32
 
 
+def _append_per_task(results: dict[str, list[float]], key: str, value: float) -> None:
+    """Append the reading of the task just closed (the last entry of ``results["task"]``) to ``results[key]``,
+    first padding with NaN the tasks that have none (a run resumed from a checkpoint written before the key
+    existed, or a task resumed past its start), so that the list stays aligned with ``results["task"]``."""
+    values = results.setdefault(key, [])
+    values.extend([float("nan")] * (len(results["task"]) - 1 - len(values)))
+    values.append(value)
+
+
 def head_statistics(model: Any, observations: list[np.ndarray]) -> dict[str, float]:
-    """What the output head does on ``observations`` (the last observations of a task's tail), so a collapse can
-    be read per task: for a policy with a categorical distribution (PPO), ``head_entropy`` (mean entropy of
+    """What the output head does on ``observations`` (the last observations of a task's tail, or its first ones),
+    so a collapse can be read per task: for a policy with a categorical distribution (PPO), ``head_entropy`` (mean entropy of
     pi(.|s)), ``head_max_prob`` (mean probability of the most likely action) and ``head_logit_std`` (mean over
     states of the standard deviation of the logits across actions: the logit scale); for a Q-network (DQN),
     ``head_q_std`` (the same spread of Q(s, .)) and ``head_q_max`` (mean max_a Q(s, a)). Forward passes only, in the

@@ -226,6 +226,55 @@ def test_a_run_records_head_statistics_per_task_without_changing_training(contin
     finally:
         continual.HEAD_PROBE_STEPS = old
     assert again["end_reward"] == saved["end_reward"] and "head_entropy" not in again
+    assert "switch_head_entropy" not in again and len(record["switch_head_entropy"]) == 2
+
+
+def test_a_run_records_the_head_as_each_task_finds_it(continual):
+    """``switch_head_*``: the head's statistics over each task's first HEAD_PROBE_STEPS steps, each step read with the
+    network of that step. With a learning rate of 0 every step's network is the initial one, so the reading must be
+    head_statistics over those steps' observations, collected here by hand."""
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    tiny = _tiny_bandit(continual, tasks=3)
+    setting = replace(tiny, ppo=dict(tiny.ppo, learning_rate=0.0))
+
+    class FirstSteps(BaseCallback):
+        def _on_training_start(self) -> None:
+            self.obs: dict[int, list[np.ndarray]] = {}
+
+        def _on_step(self) -> bool:
+            info = self.locals["infos"][0]
+            if 1 <= info["task_step"] <= continual.HEAD_PROBE_STEPS:
+                self.obs.setdefault(int(info["task_id"]), []).append(self.locals["new_obs"].copy())
+            return True
+
+    model, _ = continual.build_model("ppo", setting, continual.MethodParams(), 0, "cpu", None)
+    initial = [p.detach().clone() for p in model.policy.parameters()]
+    results = {"task": [], "mean_reward": [], "end_reward": [], "end_return": [], "end_episodes": []}
+    spy = FirstSteps()
+    model.learn(setting.total_timesteps, callback=[continual._task_recorder(setting, results), spy])
+    assert all(th.equal(a, b) for a, b in zip(initial, model.policy.parameters()))  # lr 0: the network never moved
+    assert results["task"] == [0, 1, 2] and sorted(spy.obs) == [0, 1, 2]
+    for k in range(3):
+        assert len(spy.obs[k]) == continual.HEAD_PROBE_STEPS
+        expected = continual.head_statistics(model, spy.obs[k])
+        for key in ("head_entropy", "head_max_prob", "head_logit_std"):
+            assert results["switch_" + key][k] == pytest.approx(expected[key], rel=1e-9)
+    # the initial policy (SB3's action head at gain 0.01) is close to uniform over the bandit's actions
+    n_actions = model.action_space.n
+    assert results["switch_head_entropy"][0] == pytest.approx(np.log(n_actions), rel=1e-3)
+    model.env.close()
+
+
+def test_a_per_task_key_missing_for_the_first_tasks_is_padded_to_stay_aligned(continual):
+    """A run resumed from a checkpoint written before a key existed reads it from the resumed task on: the earlier
+    tasks get NaN, so the key's list stays aligned with the tasks."""
+    results = {"task": [0, 1, 2]}
+    continual._append_per_task(results, "switch_head_entropy", 0.5)
+    assert np.isnan(results["switch_head_entropy"][:2]).all() and results["switch_head_entropy"][2] == 0.5
+    results["task"].append(3)
+    continual._append_per_task(results, "switch_head_entropy", 0.25)
+    assert results["switch_head_entropy"][3] == 0.25 and len(results["switch_head_entropy"]) == 4
 
 
 def test_adam_equal_betas_method_is_the_plain_agent_with_equal_betas(continual):
