@@ -1255,7 +1255,8 @@ def run_one(method: str, seed: int, setting: Setting, params: MethodParams, out:
 
 
 #: the task recorder's internals a checkpoint keeps (the rest of its state is the ``results`` dict)
-_RECORDER_FIELDS = ("_task", "_sums", "_counts", "_returns", "_recent", "_iteration_means", "_task_step")
+_RECORDER_FIELDS = ("_task", "_sums", "_counts", "_returns", "_recent", "_iteration_means", "_task_step",
+                    "_switch")
 
 
 #: what a checkpoint keeps of the evaluation callback besides its env (SB3's EvalCallback counts calls for its

@@ -373,6 +373,9 @@ def test_an_interrupted_run_resumes_from_its_checkpoint_exactly(continual, tmp_p
         assert resumed[key] == whole[key], key
     head = [k for k in whole if k.startswith("head_")]
     assert head and all(resumed[k] == whole[k] for k in head)
+    # the cut falls inside task 1's first HEAD_PROBE_STEPS steps: its switch reading is resumed, not restarted
+    switch = [k for k in whole if k.startswith("switch_head_")]
+    assert switch and all(np.array_equal(resumed[k], whole[k], equal_nan=True) for k in switch)
     assert not Path(root).exists()  # removed with the finished run
 
 
