@@ -63,6 +63,8 @@ issue #15; on a DQN / SAC setting the ``ppo`` prefix reads ``dqn`` / ``sac``: ``
 ``ppo_l2_dohare``   Dohare et al.'s L2 agent of Slippery Ant: Adam betas (0.99, 0.99), L2 1e-3 (Adam ``weight_decay``)
 ``ppo_snp_continual`` continual Shrink & Perturb (``ShrinkPerturb("continual")``, library defaults) with Adam betas
                     (0.99, 0.99), as Dohare et al.'s regularised agents
+``ppo_cchain_vanilla`` the plain agent on C-CHAIN's vanilla PPO targets (advantages normalised per rollout, lambda = 1
+                    value targets; bench/cchain_vanilla.py): the Gym-control anchor's check (issue #29)
 ==================  =======================================================================================
 
 The isometry paper's baselines (issue #15) are not in the default list: add them with ``--methods`` (e.g.
@@ -504,10 +506,25 @@ TASK_CHANGE_METHODS = (*TASK_CHANGE_METHODS, "ppo_fire_switch_hidden")
 DOHARE_METHODS = ("ppo_l2_dohare", "ppo_snp_continual")
 METHODS = METHODS + DOHARE_METHODS
 
+#: Issue #29 part 2's check of the Gym-control anchor, on request: ``ppo_cchain_vanilla`` the plain agent trained on
+#: the targets of C-CHAIN's vanilla PPO (:func:`cchain_vanilla.their_targets`: advantages normalised once per rollout,
+#: lambda = 1 value targets), the two differences between our plain agent and theirs that SB3's PPO can be given. It
+#: acts on every update: its fresh agents run it.
+ANCHOR_CHECKS = ("ppo_cchain_vanilla",)
+METHODS = METHODS + ANCHOR_CHECKS
+#: methods that exist for PPO settings only (not offered on a DQN / SAC setting)
+PPO_ONLY_METHODS = ANCHOR_CHECKS
+
 
 def method_name(method: str, algo: str) -> str:
     """The name of ``method`` (a :data:`METHODS` entry) on a setting of ``algo``: ``ppo_l2`` -> ``dqn_l2``."""
     return algo + method[3:] if method.startswith("ppo") else method
+
+
+def methods_of(algo: str) -> list[str]:
+    """The method names of a setting of ``algo`` (:data:`METHODS` on its algorithm, :data:`PPO_ONLY_METHODS` for PPO
+    only)."""
+    return [method_name(m, algo) for m in METHODS if algo == "ppo" or m not in PPO_ONLY_METHODS]
 
 
 def canonical_method(name: str) -> str:
@@ -992,8 +1009,8 @@ def build_model(method: str, setting: Setting, params: MethodParams, seed: int, 
 
     if setting.algo not in ALGOS:
         raise ValueError(f"unknown algo {setting.algo!r} of the setting; allowed: {', '.join(ALGOS)}")
-    allowed = [method_name(m, setting.algo) for m in METHODS]
-    if method not in allowed and method not in METHODS:
+    allowed = methods_of(setting.algo)
+    if method not in allowed and (method not in METHODS or method in PPO_ONLY_METHODS):
         raise ValueError(f"unknown method {method!r} for a {setting.algo} setting; allowed: {', '.join(allowed)}")
     canonical = canonical_method(method)
     sb3_name, plastic_name = ALGOS[setting.algo]
@@ -1100,6 +1117,10 @@ def build_model(method: str, setting: Setting, params: MethodParams, seed: int, 
         from sb3_plastic import LayerReset
 
         callbacks.append(LayerReset(HEAD_RESET_METHODS[canonical], on_task_change=True))
+    elif canonical == "ppo_cchain_vanilla":
+        import cchain_vanilla
+
+        callbacks.append(cchain_vanilla.their_targets())
     return model, callbacks
 
 
@@ -2044,11 +2065,11 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     algo = SETTINGS[args.setting].algo
     if args.methods is not None:
         if "all" in args.methods:
-            args.methods = [method_name(m, algo) for m in METHODS]
-        wrong = [m for m in args.methods if m not in {method_name(x, algo) for x in METHODS}]
+            args.methods = methods_of(algo)
+        wrong = [m for m in args.methods if m not in methods_of(algo)]
         if wrong:
             p.error(f"--methods {' '.join(wrong)}: not a method of the {algo} setting {args.setting!r}; allowed: "
-                    + ", ".join(method_name(m, algo) for m in METHODS))
+                    + ", ".join(methods_of(algo)))
     return args
 
 

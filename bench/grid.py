@@ -63,8 +63,11 @@ def grid_config(args: argparse.Namespace) -> dict[str, Any]:
 
 def grid_methods(continual: Any, methods: list[str]) -> list[str]:
     """The grid's method axis: ``methods`` (any algorithm's names, or ``all``) as :data:`continual.METHODS` names;
-    a cell runs the method under its name on the cell's setting (``ppo_l2`` on a DQN setting: ``dqn_l2``)."""
-    chosen = list(continual.METHODS) if "all" in methods else methods
+    a cell runs the method under its name on the cell's setting (``ppo_l2`` on a DQN setting: ``dqn_l2``). ``all``
+    leaves out the PPO-only methods (:data:`continual.PPO_ONLY_METHODS`), which a DQN setting's cells could not run;
+    name them to have them."""
+    everything = [m for m in continual.METHODS if m not in continual.PPO_ONLY_METHODS]
+    chosen = everything if "all" in methods else methods
     return list(dict.fromkeys(continual.canonical_method(m) for m in chosen))
 
 

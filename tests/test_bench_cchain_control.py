@@ -3,6 +3,7 @@ SB3 allows, every rollout starting new episodes and their per-iteration score, c
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import replace
 
@@ -218,3 +219,85 @@ def test_summary_records_the_new_fields_only_where_they_are_set(continual):
     new = continual.setting_config(continual.SETTINGS["cchain_lunar"])
     assert (new["activation"], new["reward_scale"], new["rollout_reset"]) == ("leaky_relu", 20.0, True)
     assert new["policy_kwargs"] == {"ortho_init": False, "optimizer_kwargs": {"eps": 1e-8}}
+
+
+def _their_episode_targets(rewards, values, last_value, gamma, lam):
+    """C-CHAIN's ``Episode.end_episode`` written out here: GAE(gamma, lam) advantages and the discounted
+    return-to-go, both bootstrapped with ``last_value`` (0 at a termination)."""
+    rewards = [*rewards, last_value]
+    values = [*values, last_value]
+    advantages, returns, gae, ret = [], [], 0.0, last_value
+    for t in reversed(range(len(rewards) - 1)):
+        delta = rewards[t] + gamma * values[t + 1] - values[t]
+        gae = delta + gamma * lam * gae
+        ret = rewards[t] + gamma * ret
+        advantages.append(gae)
+        returns.append(ret)
+    return advantages[::-1], returns[::-1]
+
+
+class _BufferSpy(BaseCallback):
+    """What the agent trains on: the rollout buffer after every other callback's on_rollout_end, with the
+    rollout's last values and dones."""
+
+    def _on_training_start(self) -> None:
+        self.rollouts: list[dict] = []
+
+    def _on_rollout_end(self) -> None:
+        buf = self.model.rollout_buffer
+        self.rollouts.append(dict(rewards=buf.rewards[:, 0].copy(), values=buf.values[:, 0].copy(),
+                                  starts=buf.episode_starts[:, 0].copy(), advantages=buf.advantages[:, 0].copy(),
+                                  returns=buf.returns[:, 0].copy(), last_value=float(self.locals["values"][0]),
+                                  last_done=bool(self.locals["dones"][0])))
+
+    def _on_step(self) -> bool:
+        return True
+
+
+def test_cchain_vanilla_trains_on_their_targets_written_out_by_hand(continual):
+    """``ppo_cchain_vanilla``: per rollout, the advantages are their per-episode GAE normalised over the whole rollout
+    (numpy std + 1e-5) and the value targets their discounted return-to-go, bootstrapped at the rollout's cut; SB3's
+    per-minibatch normalisation is off. Plain ``ppo`` keeps SB3's targets (GAE(0.95) returns)."""
+    setting = replace(continual.SETTINGS["cchain_cartpole"], change_every=1600, tasks=1, monitor_every=10**9,
+                      ppo=dict(continual.SETTINGS["cchain_cartpole"].ppo, n_epochs=1))
+    gamma, lam = setting.ppo["gamma"], setting.ppo["gae_lambda"]
+    trained = {}
+    for method in ("ppo_cchain_vanilla", "ppo"):
+        model, callbacks = continual.build_model(method, setting, continual.MethodParams(), 0, "cpu", None)
+        spy = _BufferSpy()
+        model.learn(setting.total_timesteps, callback=[continual._rollout_reset(), *callbacks, spy])
+        trained[method] = (model, spy)
+        assert len(spy.rollouts) == 2
+        for r in spy.rollouts:
+            assert r["starts"][0] == 1.0  # rollout_reset: the rollout starts a new episode
+            cuts = [*np.flatnonzero(r["starts"]), len(r["rewards"])]
+            advantages, returns = [], []
+            for begin, end in itertools.pairwise(cuts):
+                terminated = end < len(r["rewards"]) or r["last_done"]  # the next step starts a new episode
+                last_value = 0.0 if terminated else r["last_value"]
+                a, g = _their_episode_targets(r["rewards"][begin:end], r["values"][begin:end], last_value, gamma, lam)
+                advantages += a
+                returns += g
+            advantages = np.array(advantages)
+            if method == "ppo_cchain_vanilla":
+                np.testing.assert_allclose(r["returns"], returns, rtol=1e-4, atol=1e-5)
+                expected = (advantages - advantages.mean()) / (advantages.std() + 1e-5)
+                np.testing.assert_allclose(r["advantages"], expected, rtol=1e-4, atol=1e-5)
+            else:  # SB3's: unnormalised GAE, and the GAE(lambda) return as the value target
+                np.testing.assert_allclose(r["advantages"], advantages, rtol=1e-4, atol=1e-6)
+                np.testing.assert_allclose(r["returns"], advantages + r["values"], rtol=1e-4, atol=1e-6)
+                assert not np.allclose(r["returns"], returns, rtol=1e-3, atol=1e-4)
+        model.env.close()
+    assert trained["ppo_cchain_vanilla"][0].normalize_advantage is False
+    assert trained["ppo"][0].normalize_advantage is True
+
+
+def test_cchain_vanilla_is_a_ppo_method_only(continual):
+    dqn_setting = continual.SETTINGS["cminatar"]
+    assert "dqn_cchain_vanilla" not in continual.methods_of("dqn") and "ppo_cchain_vanilla" in continual.methods_of("ppo")
+    for name in ("ppo_cchain_vanilla", "dqn_cchain_vanilla"):
+        with pytest.raises(ValueError, match=f"unknown method '{name}' for a dqn setting; allowed: dqn, "):
+            continual.build_model(name, dqn_setting, continual.MethodParams(), 0, "cpu", None)
+    with pytest.raises(SystemExit):
+        continual.parse_args(["--setting", "cminatar", "--methods", "dqn_cchain_vanilla"])
+    assert "dqn_cchain_vanilla" not in continual.parse_args(["--setting", "cminatar", "--methods", "all"]).methods
