@@ -31,6 +31,9 @@ for m in plastic_relu_rect plastic_relu_s2 plastic_maxmin_rect plastic_relu_s2_r
 # 2b. issue #29 part 2's anchor before the toy settings' remaining rows (a published number first): plain PPO's five
 #    continual runs on C-CHAIN's CartPole (~40 CPU-min each; their fresh agents, the Oracle, come at step 4)
 run --setting cchain_cartpole --methods ppo --fresh none
+#    and its check: the plain agent on C-CHAIN's vanilla PPO targets (advantages normalised per rollout, lambda = 1
+#    value targets; bench/cchain_vanilla.py): do the two differences SB3's PPO can be given move our level to theirs?
+run --setting cchain_cartpole --methods ppo_cchain_vanilla --fresh none
 # 3. issue #30: the field's methods, and head reset on the bandit
 #    (the bandit's rows first: ~8 CPU-min a method, its table complete before the cartpole_obs rows)
 FIELD="ppo_head_reset ppo_policy_head_reset ppo_cchain ppo_trac ppo_parseval ppo_layernorm ppo_crelu ppo_fourier
