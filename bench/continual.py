@@ -193,6 +193,10 @@ class Setting:
         returns and every score stay in the env's units); 1: the env's rewards.
     :param rollout_reset: start every rollout with new episodes (every env copy reset at the rollout start: TRAC's
         and C-CHAIN's PPO iterations); the episode the rollout's end cuts is bootstrapped by PPO, as theirs is.
+    :param floor_below: a score below it is the env's floor, what a collapsed policy gets (CartPole: 20, about twice
+        the ~9.4 steps of a policy that always pushes one way; Acrobot: -399, the 400-step cap without a swing-up).
+        The summary counts the last-half cells at the floor beside the IQM, which drops the lowest quarter of the
+        cells and so can hide them; ``None``: no count.
     """
 
     env_id: str
@@ -215,6 +219,7 @@ class Setting:
     policy_kwargs: dict[str, Any] = field(default_factory=dict)
     reward_scale: float = 1.0
     rollout_reset: bool = False
+    floor_below: Optional[float] = None
 
     def __post_init__(self) -> None:
         if self.score not in SCORES:
@@ -356,6 +361,7 @@ SETTINGS: dict[str, Setting] = {
         monitor_every=50_000,
         description="PerturbedCartPole (a new N(0, 1) observation offset every 100k steps), PPO [64, 64]",
         score="end_return",
+        floor_below=20.0,
     ),
 }
 
@@ -421,6 +427,7 @@ for _name, _env, _title in (("cchain_cartpole", "CartPole", "CartPole-v1"), ("cc
         policy_kwargs=dict(ortho_init=False, optimizer_kwargs=dict(eps=1e-8)),
         reward_scale=20.0,
         rollout_reset=True,
+        floor_below={"CartPole": 20.0, "Acrobot": -399.0}.get(_env),
     )
 
 SETTINGS["slippery_ant_ppo"] = replace(
@@ -1740,6 +1747,8 @@ def summarise(records: list[dict], methods: list[str], setting: Setting) -> dict
             "cpu_seconds_mean": float(np.mean([r["cpu_seconds"] for r in runs])),
             "device": runs[0]["device"],
         }
+        if setting.floor_below is not None:
+            entry["at_floor_last_half"] = _at_floor(ends[:, half], setting.floor_below)
         evaluations = evaluation_summary(runs, n)
         if evaluations:
             entry["evaluations"] = evaluations
@@ -1776,6 +1785,8 @@ def summarise(records: list[dict], methods: list[str], setting: Setting) -> dict
             if checks:
                 entry["fresh_sample_check"] = checks
             entry.update(_paired_fresh_last_half(ends[:, half], paired[:, half]))
+            if setting.floor_below is not None:
+                entry["fresh_at_floor_last_half"] = _at_floor(fresh[:, half], setting.floor_below)
             if seen.all():
                 entry["vs_fresh"] = _too_few(len(runs)) or compare(
                     entry["iqm_last_half"], entry["iqm_fresh_last_half"], "below fresh (plasticity lost)", "above fresh")
@@ -1803,6 +1814,12 @@ def summarise(records: list[dict], methods: list[str], setting: Setting) -> dict
     return {"metrics": metrics_source, "plain": plain, "methods": summary}
 
 
+def _at_floor(cells: np.ndarray, floor_below: float) -> dict[str, int]:
+    """How many of the scored ``cells`` (NaN: no run) are below the setting's ``floor_below``."""
+    scored = cells[np.isfinite(cells)]
+    return {"cells": int((scored < floor_below).sum()), "of": int(scored.size)}
+
+
 def markdown_table(result: dict[str, Any], setting_name: str, setting: Setting) -> str:
     summary = result["methods"]
     score = SCORE_LABELS[setting.score]
@@ -1822,15 +1839,25 @@ def markdown_table(result: dict[str, Any], setting_name: str, setting: Setting) 
     if with_entropy:
         lines[2] = lines[2].replace(" CPU min / run |", " policy entropy: continual / fresh | CPU min / run |")
         lines[3] += "---|"
+    with_floor = setting.floor_below is not None and any("at_floor_last_half" in s for s in summary.values())
+    if with_floor:
+        lines[0] += (f" At the floor: the last-half cells scoring below {setting.floor_below:g} (a collapsed policy's "
+                     "score; the IQM drops the lowest quarter of the cells), continual / fresh agents.")
+        lines[2] = lines[2].replace(" | continual | ", " | continual | at the floor: continual / fresh | ")
+        lines[3] += "---|"
     for method, s in summary.items():
         poi = s.get("poi_vs_plain")
         entropy = ""
         if with_entropy:
             cells = [s.get("entropy_last_half"), s.get("fresh_entropy_last_half")]
             entropy = " / ".join("-" if c is None else f"{c:.3f}" for c in cells) + " | "
+        floor = ""
+        if with_floor:
+            counts = [s.get("at_floor_last_half"), s.get("fresh_at_floor_last_half")]
+            floor = " / ".join("-" if c is None else f"{c['cells']} of {c['of']}" for c in counts) + " | "
         lines.append(
             f"| {method} | {len(s['seeds'])} | {_ci_text(s.get('iqm_fresh_last_half'))} | {_ci_text(s['iqm_last_half'])} "
-            f"| {_ci_text(s.get('iqm_plasticity_last_half'))} | {_ratio_text(s.get('plasticity_ratio_last_half'))} "
+            f"| {floor}{_ci_text(s.get('iqm_plasticity_last_half'))} | {_ratio_text(s.get('plasticity_ratio_last_half'))} "
             f"| {s.get('vs_fresh', '-')} "
             f"| {_ci_text(poi, 2)} | {s.get('vs_plain', '-')} | {entropy}{s['cpu_seconds_mean'] / 60:.1f} |"
         )

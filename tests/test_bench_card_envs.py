@@ -462,3 +462,39 @@ def test_a_replay_buffer_is_saved_compactly_and_comes_back_equal(continual, tmp_
     np.random.seed(0)
     b = back.sample(8)
     assert all(th.equal(x, y) for x, y in zip(a, b) if isinstance(x, th.Tensor))
+
+
+def test_the_summary_counts_the_late_cells_at_the_floor_that_the_iqm_drops(continual, tmp_path):
+    """A setting with a floor (CartPole's collapsed policy) reports how many last-half cells sit below it, for the
+    continual runs and the fresh agents, beside the IQM (which trims the lowest quarter of the cells)."""
+    import scipy.stats
+
+    assert continual.SETTINGS["cartpole_obs"].floor_below == 20.0
+    assert continual.SETTINGS["cchain_cartpole"].floor_below == 20.0
+    assert continual.SETTINGS["cchain_acrobot"].floor_below == -399.0
+    assert continual.SETTINGS["cchain_lunar"].floor_below is None and continual.SETTINGS["bandit"].floor_below is None
+    rng = np.random.default_rng(5)
+    setting = replace(_tiny_bandit(continual, tasks=8), floor_below=20.0)
+    fresh = rng.uniform(300, 500, size=(5, 8))
+    ends = rng.uniform(300, 500, size=(5, 8))
+    floor_cells = [(0, 4), (1, 6), (3, 7), (4, 5)]  # 4 of the 20 late cells collapse: within the IQM's trimmed quarter
+    for seed, task in floor_cells:
+        ends[seed, task] = 9.3
+    fresh[2, 6] = 9.4
+    _synthetic_runs(tmp_path, setting, {"ppo": (ends, fresh)})
+    result = continual.summarise(continual.load_records(str(tmp_path)), ["ppo"], setting)
+    entry = result["methods"]["ppo"]
+    assert entry["at_floor_last_half"] == {"cells": 4, "of": 20}
+    assert entry["fresh_at_floor_last_half"] == {"cells": 1, "of": 20}
+    # the IQM does not see them: it is the trimmed mean of the late cells, far above the floor
+    assert entry["iqm_last_half"]["iqm"] == pytest.approx(scipy.stats.trim_mean(ends[:, 4:].ravel(), 0.25))
+    assert entry["iqm_last_half"]["iqm"] > 300
+    table = continual.markdown_table(result, "tiny", setting)
+    assert "| continual | at the floor: continual / fresh | plasticity |" in table
+    assert "below 20 (a collapsed policy's score" in table
+    row = next(line for line in table.splitlines() if line.startswith("| ppo | 5 |"))
+    assert "| 4 of 20 / 1 of 20 |" in row
+    # a setting without a floor has no such column
+    plain = continual.summarise(continual.load_records(str(tmp_path)), ["ppo"], replace(setting, floor_below=None))
+    assert "at_floor_last_half" not in plain["methods"]["ppo"]
+    assert "at the floor" not in continual.markdown_table(plain, "tiny", replace(setting, floor_below=None))
