@@ -45,6 +45,10 @@ for m in $METHODS; do run "$w" $MI --methods "$m" --seeds 0 --fresh sample; done
 #    own method handicapped by the grid's choice? (on PerturbedCartPole the smaller coefficient learnt faster)
 run "$w" $MI --methods plastic_relu --seeds 0 --fresh sample --isometry-coef 0.02 \
     --out bench/results/continual/minatar_intensive_iso0.02
+#    and L2-init at a tenth of the grid's coefficient (1e-4), seed 0: its fresh agents at 1e-3 learn as slowly as
+#    ReLU + AdamO's (10.6-13.1 against plain PPO's 20-31); is the pull or its strength what costs the speed?
+run "$w" $MI --methods ppo_l2_init --seeds 0 --fresh sample --l2-init-coef 1e-4 \
+    --out bench/results/continual/minatar_intensive_l2init1e-4
 # 4. Slippery Ant at Dohare et al.'s own design (slippery_ant_dohare: a new friction every 2 M steps, 20 M steps, their
 #    minibatch of 128; ~6-7.5 CPU-hours a run, checkpointed), plain PPO seed 0 first: does plain PPO's decline show at
 #    all before the methods are run on it (bench/README: the 200 k and 500 k intervals showed none)
