@@ -1172,9 +1172,11 @@ def run_parts(setting: Setting, fresh: str, seed: Optional[int] = None) -> list[
     return [None] + (list(range(setting.tasks)) if fresh == "all" else [])
 
 
-#: Setting fields added by issue #29 (the cchain settings); summary.json leaves them out where they are at their
-#: defaults, so the tables of the settings before them rebuild byte for byte
-LATE_FIELDS = ("activation", "policy_kwargs", "reward_scale", "rollout_reset")
+#: Setting fields added by issue #29 (the cchain settings) and after; summary.json leaves them out where they are at
+#: their defaults, so the tables of the settings before them rebuild byte for byte
+LATE_FIELDS = ("activation", "policy_kwargs", "reward_scale", "rollout_reset", "floor_below")
+#: Setting fields that change how runs are summarised, not how they run: :func:`same_setting` ignores them
+REPORT_FIELDS = ("floor_below",)
 
 
 def setting_config(setting: Setting) -> dict[str, Any]:
@@ -1189,12 +1191,14 @@ def setting_config(setting: Setting) -> dict[str, Any]:
 
 def same_setting(recorded: dict[str, Any], setting: Setting) -> bool:
     """Whether a run JSON's ``setting`` is ``setting``; a field the JSON lacks (written before the field existed)
-    counts as that field's default."""
+    counts as that field's default, and the :data:`REPORT_FIELDS` (how runs are summarised) are not compared."""
     defaults = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
                 for f in dataclasses.fields(Setting)
                 if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING}
     current = json.loads(json.dumps(asdict(setting)))
-    return {**json.loads(json.dumps(defaults)), **recorded} == current
+    run = {**json.loads(json.dumps(defaults)), **recorded}
+    return {k: v for k, v in run.items() if k not in REPORT_FIELDS} == {
+        k: v for k, v in current.items() if k not in REPORT_FIELDS}
 
 
 def _reuse_plain_fresh(method: str, seed: int, setting: Setting, out: str, fresh_task: Optional[int]) -> Optional[dict]:

@@ -203,22 +203,29 @@ def test_runs_recorded_before_the_new_setting_fields_still_match_their_setting(c
     one that differs in a new field is not."""
     setting = continual.SETTINGS["cartpole_obs"]
     old = json.loads(json.dumps(continual.asdict(setting)))
-    for name in ("activation", "policy_kwargs", "reward_scale", "rollout_reset"):
+    for name in ("activation", "policy_kwargs", "reward_scale", "rollout_reset", "floor_below"):
         del old[name]
     assert continual.same_setting(old, setting)
     assert not continual.same_setting(dict(old, policy_kwargs={"ortho_init": False}), setting)
+    # floor_below only changes how runs are summarised, not how they run: a run with another floor is the same run
+    assert continual.same_setting(dict(old, floor_below=5.0), setting)
 
 
 def test_summary_records_the_new_fields_only_where_they_are_set(continual):
     """summary.json's setting_config of a setting from before issue #29 is what it was (its tables rebuild byte for
     byte); a cchain setting's names its activation, policy keywords, reward scale and rollout reset."""
-    old = continual.setting_config(continual.SETTINGS["cartpole_obs"])
+    old = continual.setting_config(continual.SETTINGS["bandit"])
     assert not set(continual.LATE_FIELDS) & set(old)
-    assert old == {k: v for k, v in continual.asdict(continual.SETTINGS["cartpole_obs"]).items()
+    assert old == {k: v for k, v in continual.asdict(continual.SETTINGS["bandit"]).items()
                    if k not in continual.LATE_FIELDS}
     new = continual.setting_config(continual.SETTINGS["cchain_lunar"])
     assert (new["activation"], new["reward_scale"], new["rollout_reset"]) == ("leaky_relu", 20.0, True)
     assert new["policy_kwargs"] == {"ortho_init": False, "optimizer_kwargs": {"eps": 1e-8}}
+    assert "floor_below" not in new  # LunarLander has no floor
+    # a floor is recorded where a setting has one (the cartpole_obs summaries were rebuilt with it)
+    assert continual.setting_config(continual.SETTINGS["cchain_cartpole"])["floor_below"] == 20.0
+    for name in ("bandit", "minatar_intensive", "slippery_ant_ppo"):  # their committed summaries rebuild as they were
+        assert "floor_below" not in continual.setting_config(continual.SETTINGS[name])
 
 
 def _their_episode_targets(rewards, values, last_value, gamma, lam):
