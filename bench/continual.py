@@ -720,9 +720,12 @@ def head_statistics(model: Any, observations: list[np.ndarray]) -> dict[str, flo
     so a collapse can be read per task: for a policy with a categorical distribution (PPO), ``head_entropy`` (mean entropy of
     pi(.|s)), ``head_max_prob`` (mean probability of the most likely action) and ``head_logit_std`` (mean over
     states of the standard deviation of the logits across actions: the logit scale); for a Q-network (DQN),
-    ``head_q_std`` (the same spread of Q(s, .)) and ``head_q_max`` (mean max_a Q(s, a)). Forward passes only, in the
-    policy's current mode, no random numbers drawn (training is unchanged). ``{}`` without observations or for
-    other heads."""
+    ``head_q_std`` (the same spread of Q(s, .)) and ``head_q_max`` (mean max_a Q(s, a)); for a diagonal Gaussian
+    policy (PPO on MuJoCo), ``head_action_std`` (mean over states and action dimensions of the policy's standard
+    deviation) and ``head_mean_abs`` (the same of |mean action|: a mean driven far outside the action bounds is the
+    Gaussian head's saturation, the clipped action no longer moving with it). Forward passes only, in the policy's
+    current mode, no random numbers drawn (training is unchanged). ``{}`` without observations or for other heads
+    (SAC's squashed actor)."""
     import torch as th
 
     if not observations:
@@ -737,6 +740,9 @@ def head_statistics(model: Any, observations: list[np.ndarray]) -> dict[str, flo
         if not hasattr(policy, "get_distribution"):
             return {}
         dist = policy.get_distribution(tensor).distribution
+        if isinstance(dist, th.distributions.Normal):
+            return {"head_action_std": float(dist.stddev.double().mean()),
+                    "head_mean_abs": float(dist.mean.double().abs().mean())}
         logits = getattr(dist, "logits", None)
         if logits is None:
             return {}

@@ -211,6 +211,14 @@ def test_head_statistics_match_the_policy_distribution_and_q_values(continual):
         q = dqn.q_net(th.as_tensor(np.concatenate(obs))).double()
     assert stats == pytest.approx({"head_q_std": float(q.std(dim=1).mean()), "head_q_max": float(q.max(1).values.mean())})
     assert continual.head_statistics(ppo, []) == {}
+    # a diagonal Gaussian policy (PPO on a continuous env): its standard deviation and |mean action|
+    gaussian = PPO("MlpPolicy", "Pendulum-v1", seed=0, policy_kwargs=dict(log_std_init=-0.5))
+    states = [np.random.default_rng(1).standard_normal((8, 3)).astype(np.float32)]
+    stats = continual.head_statistics(gaussian, states)
+    with th.no_grad():
+        mean = gaussian.policy.get_distribution(th.as_tensor(states[0])).distribution.mean.double()
+    assert stats["head_action_std"] == pytest.approx(np.exp(-0.5), rel=1e-6)
+    assert stats["head_mean_abs"] == pytest.approx(float(mean.abs().mean()), rel=1e-6) and stats["head_mean_abs"] > 0
 
 
 def test_a_run_records_head_statistics_per_task_without_changing_training(continual, tmp_path):
