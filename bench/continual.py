@@ -1613,14 +1613,18 @@ def _mean_se(values: np.ndarray) -> dict[str, Any]:
     return {"mean": float(np.mean(values)), "se": se, "per_seed": [float(v) for v in values], "seeds": len(values)}
 
 
-def run_average_summary(ends: np.ndarray, fresh: np.ndarray) -> dict[str, Any]:
+def run_average_summary(ends: np.ndarray, fresh: np.ndarray, floor_below: Optional[float] = None) -> dict[str, Any]:
     """TRAC / C-CHAIN's Table 1 statistic for a setting scored by ``iteration_return`` (runs x tasks in ``ends``,
     the fresh agents' scores or NaN in ``fresh``): ``run_average``, per run the mean over all its tasks (every task has
     the same number of iterations: the mean over all the run's iterations, their "average performance"), then the
     mean and standard error over runs; ``fresh_run_average``, the same over each run's fresh agents (a new network and
     optimizer at every task: their "Oracle"), over the tasks that have one (``fresh_tasks`` of them, all tasks with
-    ``--fresh all``; a sample of the late tasks with ``--fresh sample``)."""
+    ``--fresh all``; a sample of the late tasks with ``--fresh sample``). With a ``floor_below``, ``later_at_floor``
+    counts the cells of every task after the first (the tasks the statistic averages over besides task 0) that sit
+    at the floor: a run's average moves by whole cells that leave it (C-CHAIN's vanilla CartPole: ~3 of 54)."""
     out: dict[str, Any] = {"run_average": _mean_se(ends.mean(axis=1))}
+    if floor_below is not None:
+        out["later_at_floor"] = _at_floor(ends[:, 1:], floor_below)
     seen = np.isfinite(fresh)
     rows = seen.any(axis=1)
     if rows.any():
@@ -1763,7 +1767,7 @@ def summarise(records: list[dict], methods: list[str], setting: Setting) -> dict
         if evaluations:
             entry["evaluations"] = evaluations
         if setting.score == "iteration_return":
-            entry.update(run_average_summary(ends, fresh))
+            entry.update(run_average_summary(ends, fresh, setting.floor_below))
         entropy = _entropy_last_half(runs, records, method, n)
         if entropy:
             entry.update(entropy)
@@ -1907,11 +1911,21 @@ def markdown_table(result: dict[str, Any], setting_name: str, setting: Setting) 
                   "iteration's mean episode return, mean ± standard error over runs; fresh agents (their 'Oracle': a new "
                   "network and optimizer at every task): the same over the tasks with a fresh agent", "",
                   "| method | runs | continual, whole run | fresh agents (tasks) |", "|---|---|---|---|"]
+        floors = any("later_at_floor" in s for s in averaged.values())
+        if floors:
+            lines[-4] += (f"; later tasks at the floor: the cells of tasks 1-{n_tasks - 1} scoring below "
+                          f"{setting.floor_below:g}")
+            lines[-2] = lines[-2].replace(" fresh agents (tasks) |", " fresh agents (tasks) | later tasks at the floor |")
+            lines[-1] += "---|"
         for method, s in averaged.items():
             a, f = s["run_average"], s.get("fresh_run_average")
             fresh_text = "-" if not f else (f"{f['mean']:.4g} ± {f['se']:.2g} ({'all' if f['complete'] else f['fresh_tasks']}"
                                             f"{'' if f['complete'] else ' per run'})")
-            lines.append(f"| {method} | {a['seeds']} | {a['mean']:.4g} ± {a['se']:.2g} | {fresh_text} |")
+            floor = ""
+            if floors:
+                c = s.get("later_at_floor")
+                floor = " " + ("-" if c is None else f"{c['cells']} of {c['of']}") + " |"
+            lines.append(f"| {method} | {a['seeds']} | {a['mean']:.4g} ± {a['se']:.2g} | {fresh_text} |{floor}")
     diagnosed = {m: s["diagnostics_last_half"] for m, s in summary.items() if s.get("diagnostics_last_half")}
     if diagnosed:
         names = {"dormant_fraction": "dormant fraction", "ntk_erank": "NTK effective rank",

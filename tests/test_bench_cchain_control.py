@@ -308,3 +308,29 @@ def test_cchain_vanilla_is_a_ppo_method_only(continual):
     with pytest.raises(SystemExit):
         continual.parse_args(["--setting", "cminatar", "--methods", "dqn_cchain_vanilla"])
     assert "dqn_cchain_vanilla" not in continual.parse_args(["--setting", "cminatar", "--methods", "all"]).methods
+
+
+def test_their_statistic_counts_the_later_tasks_at_the_floor(continual, tmp_path):
+    """Their whole-run average moves by whole (seed, task) cells that leave CartPole's floor: the table beside it
+    counts the cells of every task after the first that sit at the floor (here 3 runs x 5 later tasks, 2 recovered)."""
+    from test_bench_continual_protocol import _synthetic_runs
+
+    setting = replace(continual.SETTINGS["cchain_cartpole"], tasks=6)
+    ends = np.full((3, 6), 9.3)
+    ends[:, 0] = [370.0, 360.0, 380.0]  # task 0 learnt by every run
+    ends[0, 2] = ends[2, 4] = 400.0  # two later cells recover to the cap
+    fresh = np.full((3, 6), 300.0)
+    _synthetic_runs(tmp_path, setting, {"ppo": (ends, fresh)})
+    result = continual.summarise(continual.load_records(str(tmp_path)), ["ppo"], setting)
+    entry = result["methods"]["ppo"]
+    assert entry["later_at_floor"] == {"cells": 13, "of": 15}
+    assert entry["run_average"]["per_seed"] == pytest.approx(ends.mean(axis=1))
+    table = continual.markdown_table(result, "cchain_cartpole", setting)
+    assert "later tasks at the floor: the cells of tasks 1-5 scoring below 20" in table
+    assert "| method | runs | continual, whole run | fresh agents (tasks) | later tasks at the floor |" in table
+    assert f"| ppo | 3 | {ends.mean(axis=1).mean():.4g} ± " in table and "| 13 of 15 |" in table
+    # a Gym-control setting without a floor (LunarLander) has no such column
+    lunar = replace(continual.SETTINGS["cchain_lunar"], tasks=6)
+    result = continual.summarise(continual.load_records(str(tmp_path)), ["ppo"], lunar)
+    assert "later_at_floor" not in result["methods"]["ppo"]
+    assert "later tasks at the floor" not in continual.markdown_table(result, "cchain_lunar", lunar)
