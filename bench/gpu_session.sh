@@ -7,13 +7,15 @@
 #     bench/gpu_session.sh --download-wheels          # into .whl/ (git-ignored through .git/info/exclude), ~4 MB
 #
 # then, through the device tool: run(command="bench/gpu_session.sh", carry=[".whl"], timeout_s=600).
-# Stages, each under its own `timeout` so the whole command ends inside the tool's 10 minutes (~7-8 minutes):
+# Stages, each under its own `timeout` so the whole command ends inside ~8 minutes (a lease has 15 minutes of
+# device time, the machine's start included); the likeliest to overrun (torch.compile) comes last:
 #   1. install the wheels and this package (no network, no dependencies resolved)
-#   2. the CUDA tests (tests/test_cuda.py and the tests named *cuda* elsewhere; pytest's -k ignores case)
+#   2. the CUDA tests (tests/test_cuda.py and the tests named *cuda* / *gpu* elsewhere; pytest's -k ignores case)
 #   3. bench/step_cost.py --device cuda over the entries that carry a target (wall clock, synchronised)
-#   4. bench/step_cost.py --device cuda --compile all over three train-step entries
+#   4. bench/step_cost.py --device cuda --whole-run over PPO MinAtar ReLU + AdamO and MaxMin + AdamO (fps ratios)
 #   5. bench/maxmin_paths.py --device cuda
-# The transcript (session.log) and the three JSONs go to $OUT (bench/results/step_cost/gpu_<date>/ when OUT is unset).
+#   6. bench/step_cost.py --device cuda --compile all over three train-step entries
+# The transcript (session.log) and the four JSONs go to $OUT (bench/results/step_cost/gpu_<date>/ when OUT is unset).
 #
 # SB3P_GPU_DEVICE=cpu SB3P_GPU_QUICK=1 bench/gpu_session.sh runs the same stages here at toy size (a smoke check of
 # the script itself; its numbers mean nothing).
@@ -36,7 +38,7 @@ QUICK="${SB3P_GPU_QUICK:-0}"
 OUT="${OUT:-bench/results/step_cost/gpu_$(date -u +%Y-%m-%d)}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
-PY=python3
+PY="python3 -P"   # -P: the checkout's sb3_plastic/ (without envs/ mapped in) must not shadow the installed package
 
 exec > >(tee -a "$OUT/session.log") 2>&1   # the whole transcript; the tool's reply holds only its tail
 
@@ -62,7 +64,7 @@ PYEOF
 
 if [ "$QUICK" = 1 ]; then
     ROUNDS=(--rounds 2 --min-run-time 0.01); ENTRIES=(dqn-mlp-relu); COMPILED=(dqn-mlp-relu); SHAPES=(--only 1 7)
-    TESTS=(tests/test_bench_maxmin_paths.py -k gpu)
+    TESTS=(tests/test_bench_maxmin_paths.py -k gpu); WHOLE=(--whole-run 256 --only dqn-mlp-relu)
 else
     ROUNDS=(--rounds 3 --min-run-time 0.3)
     ENTRIES=(ppo-minatar-relu ppo-minatar-auto ppo-minatar-maxmin ppo-minatar-maxmin-forward ppo-nature-relu
@@ -71,23 +73,28 @@ else
     COMPILED=(ppo-minatar-relu ppo-nature-relu sac-mlp-relu)
     SHAPES=()
     TESTS=(tests/test_cuda.py tests/test_isometry_core.py tests/test_regularisers.py tests/test_bench_continual_protocol.py
-           tests/test_save_plastic_state_device.py tests/test_shrink_perturb_rng.py -k cuda)
+           tests/test_save_plastic_state_device.py tests/test_shrink_perturb_rng.py tests/test_bench_maxmin_paths.py
+           -k "cuda or gpu")
+    WHOLE=(--whole-run 16384 --only ppo-minatar-relu ppo-minatar-maxmin)
 fi
 
 stage "2. CUDA tests"
-timeout 150 $PY -m pytest -q -p no:cacheprovider -p no:randomly -rs "${TESTS[@]}"
+timeout 90 $PY -m pytest -q -p no:cacheprovider -p no:randomly -rs "${TESTS[@]}"
 
 stage "3. step_cost --device $DEVICE"
-timeout 240 $PY bench/step_cost.py --device "$DEVICE" "${ROUNDS[@]}" --only "${ENTRIES[@]}" \
+timeout 150 $PY bench/step_cost.py --device "$DEVICE" "${ROUNDS[@]}" --only "${ENTRIES[@]}" \
     --json "$OUT/step_cost.json"
 
-stage "4. step_cost --device $DEVICE --compile all"
-timeout 120 $PY bench/step_cost.py --device "$DEVICE" "${ROUNDS[@]}" --only "${COMPILED[@]}" --compile all \
-    --json "$OUT/step_cost_compile.json"
+stage "4. step_cost --device $DEVICE ${WHOLE[*]}"
+timeout 90 $PY bench/step_cost.py --device "$DEVICE" --rounds 3 "${WHOLE[@]}" --json "$OUT/whole_run.json"
 
 stage "5. maxmin_paths --device $DEVICE"
-timeout 60 $PY bench/maxmin_paths.py --device "$DEVICE" --rounds 3 --min-run-time 0.1 "${SHAPES[@]}" \
+timeout 40 $PY bench/maxmin_paths.py --device "$DEVICE" --rounds 3 --min-run-time 0.1 "${SHAPES[@]}" \
     --json "$OUT/maxmin_paths.json"
+
+stage "6. step_cost --device $DEVICE --compile all"
+timeout 90 $PY bench/step_cost.py --device "$DEVICE" "${ROUNDS[@]}" --only "${COMPILED[@]}" --compile all \
+    --json "$OUT/step_cost_compile.json"
 
 stage "done"
 ls -la "$OUT"
