@@ -17,22 +17,31 @@
 #   6. bench/step_cost.py --device cuda --compile all over three train-step entries
 # The transcript (session.log) and the four JSONs go to $OUT (bench/results/step_cost/gpu_<date>/ when OUT is unset).
 #
+# A lease of 15 minutes held part 1 of these stages at most (the twentieth session: stages 3-6 ran out of their
+# timeouts), so `bench/gpu_session.sh --part 2` runs what part 1 leaves: the CUDA test that needs rliable, the SAC
+# and DQN-Nature-auto train-step entries, MaxMin's whole run, the MLP shapes of maxmin_paths and torch.compile of the
+# two other entries (~5 minutes). `--part 1` (the default) runs stages 2-6 as listed above.
+#
 # SB3P_GPU_DEVICE=cpu SB3P_GPU_QUICK=1 bench/gpu_session.sh runs the same stages here at toy size (a smoke check of
 # the script itself; its numbers mean nothing).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 WHEELS=(stable-baselines3==2.9.2 sb3-contrib==2.9.2 gymnasium==1.4.0 farama-notifications==0.0.6 minatar==1.0.15
-        ale-py==0.12.1)
+        ale-py==0.12.1 arch==7.2.0)
 
 if [ "${1:-}" = "--download-wheels" ]; then
     mkdir -p .git/info .whl
     grep -qx "/.whl/" .git/info/exclude 2>/dev/null || echo "/.whl/" >> .git/info/exclude
-    exec python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
-        --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl "${WHEELS[@]}"
+        --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl "${WHEELS[@]}" || exit
+    # rliable (the bench's statistics, read by bench/continual.py's report) has no wheel on the index: built here
+    exec python3 -m pip wheel -q --no-deps -w .whl rliable==1.2.0
 fi
 
+PART=1
+[ "${1:-}" = "--part" ] && PART="${2:-1}"
 DEVICE="${SB3P_GPU_DEVICE:-cuda}"
 QUICK="${SB3P_GPU_QUICK:-0}"
 OUT="${OUT:-bench/results/step_cost/gpu_$(date -u +%Y-%m-%d)}"
@@ -46,7 +55,7 @@ stage() { echo; echo "=== $(date -u +%H:%M:%S) $*"; }
 
 stage "1. environment"
 nvidia-smi -L 2>/dev/null || echo "no nvidia-smi"
-if ! $PY -c "import stable_baselines3, minatar, ale_py" 2>/dev/null; then
+if ! $PY -c "import stable_baselines3, minatar, ale_py, rliable" 2>/dev/null; then
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
         && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} || echo "WARNING: the wheels did not install"
 fi
@@ -77,23 +86,34 @@ else
            -k "cuda or gpu")
     WHOLE=(--whole-run 16384 --only ppo-minatar-relu ppo-minatar-maxmin)
 fi
+if [ "$QUICK" != 1 ] && [ "$PART" = 2 ]; then
+    ROUNDS=(--rounds 3 --min-run-time 0.2)
+    ENTRIES=(sac-mlp-relu sac-mlp-auto sac-mlp-maxmin dqn-nature-auto)
+    WHOLE=(--whole-run 8192 --only ppo-minatar-maxmin)
+    SHAPES=(--only 4 7 8 9)
+    COMPILED=(sac-mlp-relu)
+    TESTS=(tests/test_bench_continual_protocol.py -k "cuda or gpu")
+fi
+echo "part $PART"
+T=(90 150 90 40 90)                     # each stage's timeout, seconds
+[ "$PART" = 2 ] && T=(60 100 60 40 60)
 
 stage "2. CUDA tests"
-timeout 90 $PY -m pytest -q -p no:cacheprovider -p no:randomly -rs "${TESTS[@]}"
+timeout ${T[0]} $PY -m pytest -q -p no:cacheprovider -p no:randomly -rs "${TESTS[@]}"
 
 stage "3. step_cost --device $DEVICE"
-timeout 150 $PY bench/step_cost.py --device "$DEVICE" "${ROUNDS[@]}" --only "${ENTRIES[@]}" \
+timeout ${T[1]} $PY bench/step_cost.py --device "$DEVICE" "${ROUNDS[@]}" --only "${ENTRIES[@]}" \
     --json "$OUT/step_cost.json"
 
 stage "4. step_cost --device $DEVICE ${WHOLE[*]}"
-timeout 90 $PY bench/step_cost.py --device "$DEVICE" --rounds 3 "${WHOLE[@]}" --json "$OUT/whole_run.json"
+timeout ${T[2]} $PY bench/step_cost.py --device "$DEVICE" --rounds 3 "${WHOLE[@]}" --json "$OUT/whole_run.json"
 
 stage "5. maxmin_paths --device $DEVICE"
-timeout 40 $PY bench/maxmin_paths.py --device "$DEVICE" --rounds 3 --min-run-time 0.1 "${SHAPES[@]}" \
+timeout ${T[3]} $PY bench/maxmin_paths.py --device "$DEVICE" --rounds 3 --min-run-time 0.1 "${SHAPES[@]}" \
     --json "$OUT/maxmin_paths.json"
 
 stage "6. step_cost --device $DEVICE --compile all"
-timeout 90 $PY bench/step_cost.py --device "$DEVICE" "${ROUNDS[@]}" --only "${COMPILED[@]}" --compile all \
+timeout ${T[4]} $PY bench/step_cost.py --device "$DEVICE" "${ROUNDS[@]}" --only "${COMPILED[@]}" --compile all \
     --json "$OUT/step_cost_compile.json"
 
 stage "done"
