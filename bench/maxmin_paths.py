@@ -58,9 +58,10 @@ SHAPES: list[tuple[str, tuple[int, ...]]] = [
 @contextlib.contextmanager
 def forced(path: str) -> Iterator[None]:
     """Make MaxMin take ``path`` (``"gather"`` / ``"bitwise"``) for every eligible input while inside."""
-    saved = activations.BITWISE_MIN_PLANE, activations.BITWISE_MIN_NUMEL
+    saved = activations.BITWISE_MIN_PLANE, activations.BITWISE_MIN_NUMEL, activations.BITWISE_DEVICE_TYPES
     if path == "bitwise":
         activations.BITWISE_MIN_PLANE, activations.BITWISE_MIN_NUMEL = 1, 1
+        activations.BITWISE_DEVICE_TYPES = ("cpu", "cuda", "mps", "xpu", "meta")
     elif path == "gather":
         activations.BITWISE_MIN_NUMEL = 2**62
     else:
@@ -68,7 +69,7 @@ def forced(path: str) -> Iterator[None]:
     try:
         yield
     finally:
-        activations.BITWISE_MIN_PLANE, activations.BITWISE_MIN_NUMEL = saved
+        activations.BITWISE_MIN_PLANE, activations.BITWISE_MIN_NUMEL, activations.BITWISE_DEVICE_TYPES = saved
 
 
 def clock_of(device: str) -> Callable[[], float]:

@@ -25,6 +25,13 @@ proportional to flops (the isometry step of a weight ``(m, n)`` costs ``4 m n mi
 the smaller Gram matrix). ``measured / floor`` says how close the implementation is to it. MaxMin adds no
 matrix-product flops (its cost is memory traffic: its floor by this count is 1).
 
+**The op floor** (a GPU's floor). On a GPU these small networks are launch-bound: a PPO MinAtar ``train()`` of
+~10^9 flops takes ~18 ms on an H200, which would do those flops in microseconds. There time follows the number of
+kernels, not flops: :func:`count_ops` counts the aten operators one unit of work dispatches (views left out), and
+``ops_A / ops_B`` (``op_floor``) is the ratio a launch-bound implementation of the same kernels would reach.
+torch's Adam takes its foreach implementation on CUDA and a loop over the parameters on the CPU, so a CPU count of a
+GPU run's kernels needs ``--adam-foreach``; ``--count-only`` counts both floors without timing anything.
+
 Whole runs: ``--whole-run STEPS`` times ``learn(STEPS)`` of the three arms instead (interleaved; one call per arm
 and round, read by both clocks), for whole-run fps ratios over enough steps that start-up does not dominate. Their
 floor is counted on one ``learn(STEPS)`` of each arm before the rounds (rollout forward passes included, which
@@ -58,18 +65,20 @@ Examples::
     python bench/step_cost.py --only ppo-minatar-relu sac-mlp-relu dqn-mlp-relu --step-efficiency
     python bench/step_cost.py --only ppo-minatar-maxmin sac-mlp-relu --compile candidate
     python bench/step_cost.py --device cuda --json /tmp/step_cost_cuda.json
+    python bench/step_cost.py --count-only --adam-foreach --only ppo-minatar-relu     # a GPU run's op floor, here
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -80,6 +89,7 @@ from stable_baselines3.common.callbacks import CallbackList
 from stable_baselines3.common.env_util import make_atari_env, make_vec_env
 from stable_baselines3.common.vec_env import VecFrameStack
 from torch.utils import benchmark
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from sb3_plastic import PlasticDQN, PlasticPPO, PlasticSAC
@@ -372,6 +382,63 @@ def count_flops(work: Callable[[], Any], calls: int = 1) -> float:
     return counter.get_total_flops() / calls
 
 
+#: Operators that launch no kernel: reading a scalar out (``.item()``; on CUDA, Adam's step counters stay on the CPU)
+#: and wrapping a constant.
+NO_KERNEL_OPS = frozenset({"aten::_local_scalar_dense", "aten::lift_fresh"})
+
+
+class _OpCounter(TorchDispatchMode):
+    """Counts the aten operators dispatched that launch a kernel: views, the profiler's record-function markers and
+    :data:`NO_KERNEL_OPS` left out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
+        if not func.is_view and func.namespace == "aten" and func._schema.name not in NO_KERNEL_OPS:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count_ops(work: Callable[[], Any], calls: int = 1) -> float:
+    """Aten operators that one call of ``work`` dispatches (views and :data:`NO_KERNEL_OPS` left out), averaged over
+    ``calls`` calls: on a GPU each is about one kernel launch, and a launch-bound step's time is about proportional
+    to them (the op floor)."""
+    with _OpCounter() as counter:
+        for _ in range(calls):
+            work()
+    return counter.count / calls
+
+
+@contextlib.contextmanager
+def adam_foreach(on: bool = True) -> Iterator[None]:
+    """While inside, every ``torch.optim.Adam`` (AdamO included) built without an explicit ``foreach`` takes its
+    foreach implementation, which torch takes by default on CUDA only: an op count on the CPU then counts the
+    kernels a GPU run launches."""
+    adam_module = sys.modules[th.optim.Adam.__module__]
+    saved = adam_module._default_to_fused_or_foreach  # type: ignore[attr-defined]
+    if on:
+        adam_module._default_to_fused_or_foreach = lambda *args, **kwargs: (False, True)  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        adam_module._default_to_fused_or_foreach = saved  # type: ignore[attr-defined]
+
+
+def count_only(entry: Entry, device: str, seed: int) -> dict[str, Any]:
+    """The flop and op floors of an entry without timing it: the arms ``A`` and ``B`` built and warmed up as
+    :func:`measure` builds them, one unit of work counted."""
+    counts: dict[str, dict[str, float]] = {"flops": {}, "ops": {}}
+    for arm, build in (("A", entry.baseline), ("B", entry.candidate)):
+        _, work = prepare(entry, build, device, seed)
+        counts["flops"][arm] = count_flops(work, entry.flop_calls)
+        counts["ops"][arm] = count_ops(work, entry.flop_calls)
+    return dict(entry=entry.name, description=entry.description, work=entry.work, **counts,
+                floor=counts["flops"]["A"] / counts["flops"]["B"] if counts["flops"]["B"] else None,
+                op_floor=counts["ops"]["A"] / counts["ops"]["B"])
+
+
 def _time(work: Callable[[], Any], clock: str, min_run_time: float) -> float:
     timer = benchmark.Timer(stmt="work()", globals={"work": work}, timer=CLOCKS[clock])
     return float(timer.blocked_autorange(min_run_time=min_run_time).median)
@@ -476,6 +543,7 @@ def measure(entry: Entry, rounds: int, min_run_time: float, threads: int, device
         arms["A'"][0].learn(whole_run, reset_num_timesteps=False)  # the control arm gets the same warm-up
     else:
         flops = {arm: count_flops(work, entry.flop_calls) for arm, (_, work) in arms.items() if arm != "A'"}
+        ops = {arm: count_ops(work, entry.flop_calls) for arm, (_, work) in arms.items() if arm != "A'"}
     compiled_arms = {"off": (), "candidate": ("B",), "all": ("A", "A'", "B")}[compile]
     if compiled_arms:
         import torch._dynamo
@@ -513,6 +581,9 @@ def measure(entry: Entry, rounds: int, min_run_time: float, threads: int, device
         if result["compiled_during_rounds"]:
             log(f"  WARNING: {result['compiled_during_rounds']} graphs were compiled during the timed rounds")
     result["floor"] = flops["A"] / flops["B"] if flops["B"] else None
+    if not whole_run:
+        result["ops"] = ops
+        result["op_floor"] = ops["A"] / ops["B"]
     for clock in CLOCKS:
         a, a2, b = (times[arm][clock] for arm in ("A", "A'", "B"))
         ratios = [x / y for x, y in zip(a, b)]
@@ -541,7 +612,7 @@ def verdict(median: float, band: float, target: Optional[float]) -> str:
 
 def table(results: list[dict[str, Any]]) -> str:
     head = ("entry", "work", "target", "cpu ratio [min, max]", "A/A cpu [min, max]", "verdict (cpu)",
-            "wall ratio", "A/A wall [min, max]", "verdict (wall)", "flop floor", "cpu / floor")
+            "wall ratio", "A/A wall [min, max]", "verdict (wall)", "flop floor", "cpu / floor", "op floor")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for res in results:
         cpu, wall = res["cpu"], res["wall"]
@@ -552,6 +623,7 @@ def table(results: list[dict[str, Any]]) -> str:
             f"[{min(cpu['controls']):.3f}, {max(cpu['controls']):.3f}]", cpu["verdict"],
             f"{wall['median']:.3f}", f"[{min(wall['controls']):.3f}, {max(wall['controls']):.3f}]", wall["verdict"],
             "-" if floor is None else f"{floor:.3f}", "-" if floor is None else f"{cpu['median'] / floor:.3f}",
+            f"{res['op_floor']:.3f}" if res.get("op_floor") else "-",
         )
         lines.append("| " + " | ".join(cells) + " |")
     efficiency = [res for res in results if res.get("step_efficiency")]
@@ -582,11 +654,34 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help="also time the candidate's isometry step against its bare matrix products")
     parser.add_argument("--compile", choices=COMPILE_MODES, default="off",
                         help="torch.compile the train step of the candidate or of every arm (default off)")
+    parser.add_argument("--count-only", action="store_true",
+                        help="count the flop and op floors of the entries, time nothing")
+    parser.add_argument("--adam-foreach", action="store_true",
+                        help="every Adam takes its foreach implementation (torch's default on CUDA): with "
+                             "--count-only on the CPU, the op count of a GPU run")
     parser.add_argument("--json", help="write every timing and ratio to this file")
     args = parser.parse_args(argv)
     if args.list:
         for name, entry in REGISTRY.items():
             print(f"{name:28s} {entry.work:8s} target {entry.target}  {entry.description}")
+        return 0
+    if args.adam_foreach and not args.count_only:
+        parser.error("--adam-foreach counts a GPU run's kernels on the CPU: it goes with --count-only")
+    if args.count_only:
+        counted = []
+        print("| entry | work | flops A | flops B | flop floor | ops A | ops B | op floor |")
+        print("|---|---|---|---|---|---|---|---|")
+        for name in args.only or list(REGISTRY):
+            with adam_foreach(args.adam_foreach):
+                res = count_only(REGISTRY[name], args.device, args.seed)
+            counted.append(res)
+            floor = "-" if res["floor"] is None else f"{res['floor']:.3f}"
+            print(f"| {name} | {res['work']} | {res['flops']['A']:.4g} | {res['flops']['B']:.4g} | {floor} | "
+                  f"{res['ops']['A']:g} | {res['ops']['B']:g} | {res['op_floor']:.3f} |", flush=True)
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump(dict(argv=sys.argv[1:], torch=th.__version__, device=args.device,
+                               adam_foreach=args.adam_foreach, results=counted), fh, indent=1)
         return 0
     if args.rounds < 2:
         parser.error(f"--rounds must be >= 2 (the A/A band needs rounds), got {args.rounds}")

@@ -32,6 +32,9 @@ BITWISE_MIN_PLANE = 16
 #: CPU thread the bitwise path takes 0.4x the gather's time for ``(256, 16, 8, 8)``, but 2x for ``(256, 256)``,
 #: whose pairs are adjacent elements that elementwise kernels cannot vectorise over).
 BITWISE_MIN_NUMEL = 32768
+#: ... and only on these devices: on an H200 the gather path took 0.27-0.50x the bitwise path's time on every shape
+#: measured, conv feature maps at batch 256 included (bench/results/step_cost/gpu_2026-12-04, bench/maxmin_paths.py).
+BITWISE_DEVICE_TYPES: tuple[str, ...] = ("cpu",)
 
 
 def _pair_halves(x: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
@@ -85,6 +88,8 @@ def _takes_bitwise_path(x: th.Tensor) -> bool:
     # eager mode only: tracing, scripting, ONNX export and torch.compile see the plain gather form
     if th.jit.is_tracing() or th.jit.is_scripting() or th.onnx.is_in_onnx_export() or th.compiler.is_compiling():
         return False
+    if x.device.type not in BITWISE_DEVICE_TYPES:
+        return False
     if x.dtype not in _SAME_WIDTH_INT or x.numel() < BITWISE_MIN_NUMEL:
         return False
     return math.prod(x.shape[2:]) >= BITWISE_MIN_PLANE  # an (N, F) input has planes of 1
@@ -102,7 +107,8 @@ class MaxMin(nn.Module):
     Two implementations give the same bits: one gather with the index of each pair's larger element (forward) and
     autograd's scatter (backward) for ``(N, F)`` and small inputs; for larger ``(N, C, *spatial)`` inputs a swap of
     the raw bits under a mask, whose backward is the same swap (:data:`BITWISE_MIN_PLANE`,
-    :data:`BITWISE_MIN_NUMEL`; 1.5-2.9x faster on conv feature maps at batch 256 on CPU, bench/maxmin_paths.py).
+    :data:`BITWISE_MIN_NUMEL`; 1.5-2.9x faster on conv feature maps at batch 256 on CPU, bench/maxmin_paths.py). On a
+    GPU every input takes the gather path, which was the faster there on every shape (:data:`BITWISE_DEVICE_TYPES`).
 
     :raises ValueError: when dimension 1 has an odd size, or the input has fewer than 2 dimensions.
     """

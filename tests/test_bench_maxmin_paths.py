@@ -10,6 +10,7 @@ import torch as th
 from bench_modules import load_bench
 
 from sb3_plastic import activations
+from sb3_plastic.activations import MaxMin
 
 maxmin_paths = load_bench("maxmin_paths")
 
@@ -24,6 +25,19 @@ def test_forced_paths_switch_and_restore_the_bounds():
     assert (activations.BITWISE_MIN_PLANE, activations.BITWISE_MIN_NUMEL) == bounds
     with pytest.raises(ValueError, match="'scatter'"), maxmin_paths.forced("scatter"):
         pass
+
+
+def test_the_bitwise_path_is_taken_on_the_cpu_only_unless_forced():
+    """On an H200 (bench/results/step_cost/gpu_2026-12-04) the gather path was faster on every shape, conv maps at
+    batch 256 included (0.27-0.50 of the bitwise path's time): the bitwise path is a CPU path."""
+    conv = (256, 16, 8, 8)
+    assert activations._takes_bitwise_path(th.empty(conv))
+    assert not activations._takes_bitwise_path(th.empty(conv, device="meta"))
+    with maxmin_paths.forced("bitwise"):
+        assert activations._takes_bitwise_path(th.empty(conv, device="meta"))
+    assert not activations._takes_bitwise_path(th.empty(conv, device="meta"))
+    # a meta tensor goes through MaxMin on the gather path (the bitwise path's views need real storage to be tested)
+    assert MaxMin()(th.empty(conv, device="meta")).shape == conv
 
 
 def test_verdict_only_where_the_band_resolves_it():

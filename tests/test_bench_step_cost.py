@@ -39,6 +39,14 @@ def test_flop_count_of_a_matmul_is_the_hand_count():
     assert step_cost.count_flops(lambda: a @ b) == 2 * 5 * 7 * 3
 
 
+def test_op_count_counts_the_kernels_a_call_dispatches_and_not_its_views():
+    a, b = th.randn(5, 7), th.randn(3, 7)
+    assert step_cost.count_ops(lambda: (a @ b.t()).relu()) == 2  # mm and relu; the transpose is a view
+    assert step_cost.count_ops(lambda: a.view(7, 5)[1:3]) == 0
+    assert step_cost.count_ops(lambda: a.sum().item()) == 1  # the read of the scalar launches no kernel
+    assert step_cost.count_ops(lambda: [a.add_(1) for _ in range(3)], calls=2) == 3
+
+
 def test_a_tiny_entry_measures_three_arms_and_the_isometry_step_flops():
     entry = step_cost.Entry("tiny", "PlasticDQN relu vs DQN, [8, 8]", _tiny(DQN), _tiny(PlasticDQN, activation="relu"),
                             target=0.95, warmup=64, gradient_steps=2, batch_size=16)
@@ -47,6 +55,10 @@ def test_a_tiny_entry_measures_three_arms_and_the_isometry_step_flops():
     per_update = 4 * 8 * 4 * 4 + 4 * 8 * 8 * 8
     assert res["flops"]["B"] - res["flops"]["A"] == 2 * per_update
     assert res["floor"] == pytest.approx(res["flops"]["A"] / res["flops"]["B"]) and res["floor"] < 1
+    # the launch floor: the step adds kernels of its own to every update of the candidate
+    assert res["ops"]["B"] > res["ops"]["A"] > 0
+    assert res["op_floor"] == pytest.approx(res["ops"]["A"] / res["ops"]["B"])
+    assert "| op floor |" in step_cost.table([res])
     for clock in ("wall", "cpu"):
         assert len(res[clock]["ratios"]) == len(res[clock]["controls"]) == 2
         assert res[clock]["band"] >= 1 and res[clock]["verdict"] in ("PASS", "FAIL", "not resolved")
@@ -211,3 +223,43 @@ def test_the_json_keeps_every_finished_entry_when_a_run_is_cut_short(tmp_path, m
     assert step_cost.main(["--only", "tiny", "--rounds", "2", "--min-run-time", "0.01", "--json", str(out)]) == 0
     done = json.loads(out.read_text())
     assert done["complete"] and len(done["results"]) == 1 and len(done["results"][0]["cpu"]["ratios"]) == 2
+
+
+def test_adam_foreach_makes_adam_dispatch_its_ops_once_for_all_parameters_and_is_undone():
+    th.manual_seed(0)
+
+    def step_ops(n_params: int, foreach_on: bool) -> float:
+        params = [th.nn.Parameter(th.randn(4, 3)) for _ in range(n_params)]
+        for p in params:
+            p.grad = th.randn_like(p)
+        with step_cost.adam_foreach(foreach_on):
+            opt = th.optim.Adam(params, lr=1e-3)
+            opt.step()  # the first step also builds the state
+            return step_cost.count_ops(opt.step)
+
+    # the loop dispatches its elementwise ops once per parameter; foreach once for all of them
+    assert step_ops(6, False) > step_ops(3, False)
+    assert step_ops(6, True) == step_ops(3, True) < step_ops(3, False)
+    loop = step_ops(3, False)
+    assert step_ops(3, False) == loop  # the patch was undone on leaving
+
+
+def test_count_only_counts_both_floors_and_times_nothing(tmp_path, monkeypatch, capsys):
+    entry = step_cost.Entry("tiny", "PlasticDQN relu vs DQN, [8, 8]", _tiny(DQN), _tiny(PlasticDQN, activation="relu"),
+                            target=0.95, warmup=64, gradient_steps=2, batch_size=16)
+    monkeypatch.setitem(step_cost.REGISTRY, "tiny", entry)
+    monkeypatch.setattr(step_cost, "_time", lambda *a, **k: pytest.fail("--count-only timed something"))
+    out = tmp_path / "count.json"
+    assert step_cost.main(["--count-only", "--only", "tiny", "--json", str(out)]) == 0
+    loop = json.loads(out.read_text())["results"][0]
+    assert step_cost.main(["--count-only", "--adam-foreach", "--only", "tiny", "--json", str(out)]) == 0
+    foreach = json.loads(out.read_text())
+    assert foreach["adam_foreach"] is True
+    foreach = foreach["results"][0]
+    # the flops do not depend on Adam's implementation; the plain arm's kernels do (one per op for all parameters)
+    assert foreach["flops"] == loop["flops"]
+    assert foreach["ops"]["A"] < loop["ops"]["A"]
+    assert loop["op_floor"] == pytest.approx(loop["ops"]["A"] / loop["ops"]["B"]) and loop["op_floor"] < 1
+    assert "| tiny | train |" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        step_cost.main(["--adam-foreach", "--only", "tiny"])
