@@ -24,13 +24,14 @@ def _seed_torch(request):
 
 
 @pytest.fixture
-def continual():
+def continual(monkeypatch):
     """bench/continual.py as a module (``bench_continual``), with fewer bootstrap resamples (enough for the checks,
-    fast); the torch thread count is restored afterwards (a run sets its own)."""
+    fast; set where the statistics read them, bench/continual_report.py, and restored afterwards: that module is
+    shared by every load); the torch thread count is restored afterwards (a run sets its own)."""
     from bench_modules import load_bench
 
     threads = th.get_num_threads()
     module = load_bench("continual")
-    module.REPS = 200
+    monkeypatch.setattr(module.continual_report, "REPS", 200)
     yield module
     th.set_num_threads(threads)

@@ -228,11 +228,12 @@ def test_a_run_records_head_statistics_per_task_without_changing_training(contin
     assert all(0 < p <= 1 for p in record["head_max_prob"]) and all(v > 0 for v in record["head_logit_std"])
     # the probe draws no random numbers: a run without it (the recorder's head statistics off) trains identically
     saved = json.loads(Path(continual.run_path(str(tmp_path), "ppo", 0)).read_text())
-    continual.HEAD_PROBE_STEPS, old = 0, continual.HEAD_PROBE_STEPS
+    recorder = continual.continual_recorder  # where the recorder reads it
+    recorder.HEAD_PROBE_STEPS, old = 0, recorder.HEAD_PROBE_STEPS
     try:
         again = continual.run_one("ppo", 0, setting, continual.MethodParams(), str(tmp_path / "b"), "cpu", 1)
     finally:
-        continual.HEAD_PROBE_STEPS = old
+        recorder.HEAD_PROBE_STEPS = old
     assert again["end_reward"] == saved["end_reward"] and "head_entropy" not in again
     assert "switch_head_entropy" not in again and len(record["switch_head_entropy"]) == 2
 
@@ -252,7 +253,7 @@ def test_a_run_records_the_head_as_each_task_finds_it(continual):
 
         def _on_step(self) -> bool:
             info = self.locals["infos"][0]
-            if 1 <= info["task_step"] <= continual.HEAD_PROBE_STEPS:
+            if 1 <= info["task_step"] <= continual.continual_recorder.HEAD_PROBE_STEPS:
                 self.obs.setdefault(int(info["task_id"]), []).append(self.locals["new_obs"].copy())
             return True
 
@@ -264,7 +265,7 @@ def test_a_run_records_the_head_as_each_task_finds_it(continual):
     assert all(th.equal(a, b) for a, b in zip(initial, model.policy.parameters()))  # lr 0: the network never moved
     assert results["task"] == [0, 1, 2] and sorted(spy.obs) == [0, 1, 2]
     for k in range(3):
-        assert len(spy.obs[k]) == continual.HEAD_PROBE_STEPS
+        assert len(spy.obs[k]) == continual.continual_recorder.HEAD_PROBE_STEPS
         expected = continual.head_statistics(model, spy.obs[k])
         for key in ("head_entropy", "head_max_prob", "head_logit_std"):
             assert results["switch_" + key][k] == pytest.approx(expected[key], rel=1e-9)
@@ -351,7 +352,7 @@ def _interrupt_once_at(continual, monkeypatch, step):
         model, callbacks = build(*args, **kwargs)
         return model, callbacks + ([] if fired else [Stop()])
 
-    monkeypatch.setattr(continual, "build_model", build_model)
+    monkeypatch.setattr(continual.continual_runs, "build_model", build_model)  # where a run builds its model
     return fired
 
 
@@ -367,7 +368,7 @@ def test_an_interrupted_run_resumes_from_its_checkpoint_exactly(continual, tmp_p
     params = continual.MethodParams(cbp_rate=0.05, cbp_maturity=5)  # CBP replaces units within the tiny run
     whole = continual.run_one(method, 0, setting, params, str(tmp_path / "whole"), "cpu", 1)
     assert "resumed_at" not in whole
-    monkeypatch.setattr(continual, "CHECKPOINT_SECONDS", 0.0)  # a checkpoint at every rollout start
+    monkeypatch.setattr(continual.continual_runs, "CHECKPOINT_SECONDS", 0.0)  # a checkpoint at every rollout start
     fired = _interrupt_once_at(continual, monkeypatch, step=setting.task_timesteps + 100)  # inside task 1
     out = str(tmp_path / "cut")
     with pytest.raises(_Interrupted):
@@ -389,7 +390,7 @@ def test_an_interrupted_run_resumes_from_its_checkpoint_exactly(continual, tmp_p
 
 def test_a_checkpoint_that_cannot_be_written_warns_and_the_run_goes_on(continual, tmp_path, monkeypatch):
     setting = _tiny_bandit(continual, tasks=2)
-    monkeypatch.setattr(continual, "CHECKPOINT_SECONDS", 0.0)
+    monkeypatch.setattr(continual.continual_runs, "CHECKPOINT_SECONDS", 0.0)
 
     def broken(*args, **kwargs):
         raise TypeError("cannot pickle this env")
@@ -428,7 +429,7 @@ def test_cminatar_run_records_greedy_evaluations_and_resumes_them_exactly(contin
     evals = whole["evaluations"]
     assert [e[0] for e in evals] == [100, 200, 300, 400]  # every eval_every timesteps
     assert [e[1] for e in evals] == [0, 1, 1, 2]  # the game just trained (a boundary eval: the finished game)
-    monkeypatch.setattr(continual, "CHECKPOINT_SECONDS", 0.0)
+    monkeypatch.setattr(continual.continual_runs, "CHECKPOINT_SECONDS", 0.0)
     _interrupt_once_at(continual, monkeypatch, step=230)
     out = str(tmp_path / "cut")
     with pytest.raises(_Interrupted):

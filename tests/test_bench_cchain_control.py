@@ -166,7 +166,7 @@ def test_an_interrupted_run_resumes_exactly_with_rollout_resets(continual, tmp_p
     setting = replace(base, change_every=1600, tasks=2, monitor_every=10**9, ppo=dict(base.ppo, n_epochs=1))
     params = continual.MethodParams()
     whole = continual.run_one("ppo", 0, setting, params, str(tmp_path / "whole"), "cpu", 1)
-    monkeypatch.setattr(continual, "CHECKPOINT_SECONDS", 0.0)  # a checkpoint at every rollout start
+    monkeypatch.setattr(continual.continual_runs, "CHECKPOINT_SECONDS", 0.0)  # a checkpoint at every rollout start
     fired = _interrupt_once_at(continual, monkeypatch, step=setting.task_timesteps + 100)
     out = str(tmp_path / "cut")
     with pytest.raises(_Interrupted):

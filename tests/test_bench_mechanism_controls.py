@@ -132,7 +132,7 @@ def test_an_interrupted_vecnorm_run_with_evaluations_resumes_exactly(continual, 
     params = continual.MethodParams()
     whole = continual.run_one("ppo_vecnorm", 0, setting, params, str(tmp_path / "whole"), "cpu", 1)
     assert len(whole["evaluations"]) >= 4
-    monkeypatch.setattr(continual, "CHECKPOINT_SECONDS", 0.0)
+    monkeypatch.setattr(continual.continual_runs, "CHECKPOINT_SECONDS", 0.0)
     fired = _interrupt_once_at(continual, monkeypatch, step=setting.task_timesteps + 40)  # inside task 1
     out = str(tmp_path / "cut")
     with pytest.raises(_Interrupted):

@@ -1,0 +1,355 @@
+"""The methods of bench/continual.py: the method names (:data:`METHODS` and its groups, the names per algorithm),
+their hyperparameters (:class:`MethodParams`), and the env and agent of a run (:func:`make_env`,
+:func:`build_model`)."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from continual_settings import ALGOS, PLAIN_ACTIVATIONS, Setting
+
+#: method names for PPO settings; on a DQN / SAC setting the "ppo" prefix is the algorithm's (see method_name)
+METHODS = (
+    "ppo", "ppo_l2", "ppo_snp", "ppo_cbp", "ppo_cbp_dohare", "ppo_redo", "ppo_fire", "ppo_fire_switch",
+    "plastic_relu", "plastic_maxmin", "ppo_adam_equal_betas",
+)
+#: The isometry paper's baselines (issue #15), on request (``--methods``).
+BASELINE_METHODS = ("ppo_l2_init", "ppo_spectral", "ppo_nap")
+#: The isometry penalty's options in its authors' convention (issue #27), on request: keywords of the plastic algorithm
+ISOMETRY_VARIANTS: dict[str, dict[str, Any]] = {
+    "plastic_relu_rect": dict(isometry_rect_scale=True),
+    "plastic_relu_s2": dict(isometry_scale=2.0),
+    "plastic_relu_s2_rect": dict(isometry_scale=2.0, isometry_rect_scale=True),
+    "plastic_maxmin_rect": dict(isometry_rect_scale=True),
+}
+METHODS = METHODS + BASELINE_METHODS + tuple(ISOMETRY_VARIANTS)
+DEFAULT_METHODS = tuple(
+    m for m in METHODS
+    if m not in ("ppo_fire_switch", "ppo_cbp_dohare", "ppo_redo", "ppo_adam_equal_betas")
+    and m not in BASELINE_METHODS + tuple(ISOMETRY_VARIANTS)
+)
+#: methods whose interventions act only at task changes or at the continual run's midpoint: off in a fresh agent
+TASK_CHANGE_METHODS = ("ppo_snp", "ppo_fire", "ppo_fire_switch")
+
+#: Head reset at every task switch (issue #29's control; :class:`~sb3_plastic.callbacks.LayerReset`, Nikishin et al.,
+#: 2022), on request: ``ppo_head_reset`` both heads, ``ppo_policy_head_reset`` the action head, ``ppo_value_head_reset``
+#: the value head (on a DQN setting each is the Q head). They act only at task changes: their fresh agent is the plain
+#: one. Each maps to the ``layers`` of its LayerReset. ``ppo_head2_reset`` re-draws the last 2 layers of every path,
+#: the layers ``ppo_injection`` replaces: the control that tells whether injection's frozen old heads (kept in the sum)
+#: are what costs it, since both give the same layers fresh trainable weights at every switch.
+HEAD_RESET_METHODS: dict[str, Any] = {"ppo_head_reset": "heads", "ppo_policy_head_reset": "policy_head",
+                                      "ppo_value_head_reset": "value_head", "ppo_head2_reset": 2}
+METHODS = METHODS + tuple(HEAD_RESET_METHODS) + ("ppo_injection",)
+#: ``ppo_injection``: :class:`~sb3_plastic.callbacks.PlasticityInjection` (Nikishin et al., 2023) of a 2-layer head at
+#: every task change (the paper injects once; every switch is the continual use), on request.
+TASK_CHANGE_METHODS = TASK_CHANGE_METHODS + tuple(HEAD_RESET_METHODS) + ("ppo_injection",)
+
+#: The field's methods (issue #30), on request: ``ppo_cchain`` C-CHAIN (:class:`~sb3_plastic.callbacks.ChurnReduction`,
+#: Tang et al., 2025) at its reference settings for the agent; ``ppo_trac`` the plain agent's network with TRAC around
+#: its Adam (``optimizer="trac"``, Muppidi et al., 2024); ``ppo_parseval``
+#: :class:`~sb3_plastic.callbacks.ParsevalRegularisation` (Chung et al., 2024) at ``--parseval-coef``; ``ppo_crelu`` /
+#: ``ppo_fourier`` the plain agent's network with CReLU (Abbas et al., 2023) / deep Fourier features (Lewandowski et al.,
+#: 2024) in place of ReLU (half the units per layer); ``ppo_layernorm`` the plain agent with a layer norm before every
+#: ReLU and no projection (``nap=True, nap_project="none"``: NaP without its projection); Adam beta1 = beta2 = 0.99 is
+#: ``ppo_adam_equal_betas`` above. They act within a task: their fresh agents run them.
+FIELD_METHODS = ("ppo_cchain", "ppo_trac", "ppo_parseval", "ppo_crelu", "ppo_fourier", "ppo_layernorm")
+METHODS = METHODS + FIELD_METHODS
+
+#: Issue #29's mechanism controls besides the head resets, on request. ``ppo_vecnorm``: the plain agent on SB3's
+#: running observation normalisation (:func:`normalise_observations`); it acts on every step, so its fresh agent runs
+#: it too, with statistics of its own from the fresh agent's first observation. ``ppo_fire_switch_hidden``: FIRE at every
+#: task change on the hidden layers only (``FIRE(layers="hidden")``, the output heads untouched: does the polar factor
+#: of the representation alone restore learning, where FIRE on every layer also rewrites the saturated head?); a
+#: task-change method, its fresh agent is the plain one.
+MECHANISM_CONTROLS = ("ppo_vecnorm", "ppo_fire_switch_hidden")
+METHODS = METHODS + MECHANISM_CONTROLS
+TASK_CHANGE_METHODS = (*TASK_CHANGE_METHODS, "ppo_fire_switch_hidden")
+
+#: Dohare et al.'s regularised PPO agents of Slippery Ant (issue #28, ``slippery_ant_dohare``; their
+#: ``lop/rl/cfg/sant/*.yml``), on request. Like ``ppo_cbp_dohare`` each trains with Adam beta1 = beta2 = 0.99, the
+#: change their ``ns.yml`` isolates (``ppo_adam_equal_betas`` here): ``ppo_l2_dohare`` L2 :data:`DOHARE_L2` (Adam
+#: ``weight_decay``, their ``l2.yml``); ``ppo_snp_continual`` continual Shrink & Perturb
+#: (:class:`~sb3_plastic.callbacks.ShrinkPerturb` ``mode="continual"`` at the library defaults: L2 1e-4 in the
+#: gradient, N(0, 1e-5^2) noise after every step; they publish no Slippery Ant S&P configuration). Both act on every
+#: step: their fresh agents run them.
+DOHARE_METHODS = ("ppo_l2_dohare", "ppo_snp_continual")
+METHODS = METHODS + DOHARE_METHODS
+
+#: Issue #29 part 2's check of the Gym-control anchor, on request: ``ppo_cchain_vanilla`` the plain agent trained on
+#: the targets of C-CHAIN's vanilla PPO (:func:`cchain_vanilla.their_targets`: advantages normalised once per rollout,
+#: lambda = 1 value targets), the two differences between our plain agent and theirs that SB3's PPO can be given. It
+#: acts on every update: its fresh agents run it.
+ANCHOR_CHECKS = ("ppo_cchain_vanilla",)
+METHODS = METHODS + ANCHOR_CHECKS
+#: methods that exist for PPO settings only (not offered on a DQN / SAC setting)
+PPO_ONLY_METHODS = ANCHOR_CHECKS
+
+
+def method_name(method: str, algo: str) -> str:
+    """The name of ``method`` (a :data:`METHODS` entry) on a setting of ``algo``: ``ppo_l2`` -> ``dqn_l2``."""
+    return algo + method[3:] if method.startswith("ppo") else method
+
+
+def methods_of(algo: str) -> list[str]:
+    """The method names of a setting of ``algo`` (:data:`METHODS` on its algorithm, :data:`PPO_ONLY_METHODS` for PPO
+    only)."""
+    return [method_name(m, algo) for m in METHODS if algo == "ppo" or m not in PPO_ONLY_METHODS]
+
+
+def canonical_method(name: str) -> str:
+    """The :data:`METHODS` entry of a method name of any algorithm (``dqn_l2`` -> ``ppo_l2``)."""
+    for algo in ALGOS:
+        if name == algo or name.startswith(algo + "_"):
+            return "ppo" + name[len(algo):]
+    return name
+
+
+ALL_METHOD_NAMES = tuple(dict.fromkeys(method_name(m, a) for a in ALGOS for m in METHODS))
+
+
+@dataclass(frozen=True)
+class MethodParams:
+    """Hyperparameters of the methods (flags of the script), fixed before the grid.
+
+    :param l2: Adam ``weight_decay`` of ``ppo_l2``.
+    :param shrink: ``lambda`` of Shrink & Perturb (event form).
+    :param perturb: ``p`` of Shrink & Perturb.
+    :param cbp_rate: Continual Backprop replacement rate per optimizer step of ``ppo_cbp`` (library default).
+    :param cbp_maturity: Continual Backprop maturity threshold (optimizer steps) of ``ppo_cbp`` (library default,
+        Dohare's RL value).
+    :param isometry_coef: ``lambda`` of the isometry penalty (AdamO) of the plastic methods, in the authors' convention
+        ``1/2 ||Gram - s I||_F^2`` (issue #27): 0.2, the same penalty as the 0.1 of the runs made before it.
+    :param l2_init_coef: ``lambda`` of ``ppo_l2_init``.
+    :param spectral_coef: ``lambda`` of ``ppo_spectral``.
+    :param fire_head_scale: ``head_scale`` of the FIRE methods (``"init"``, the library default, or ``"reference"``).
+    :param fire_iterations: ``iterations`` of the FIRE methods: 0 for the library default (the exact polar factor),
+        ``k`` for ``k`` Newton–Schulz steps (10: the reference implementation).
+    :param isometry_interval: ``isometry_interval`` of the plastic methods: an int ``k`` or ``"auto"``
+        (``"1"``: the exact per-update AdamO step, the library default).
+    :param parseval_coef: ``lambda`` of ``ppo_parseval`` (Plasticine's 1e-3).
+    """
+
+    l2: float = 1e-3
+    shrink: float = 0.4
+    perturb: float = 0.1
+    cbp_rate: float = 1e-4
+    cbp_maturity: int = 10_000
+    isometry_coef: float = 0.2
+    l2_init_coef: float = 1e-3
+    spectral_coef: float = 1e-3
+    fire_head_scale: str = "init"
+    fire_iterations: int = 0
+    isometry_interval: str = "1"
+    parseval_coef: float = 1e-3
+
+
+#: Adam's betas of ``ppo_adam_equal_betas`` (Dohare et al., 2023, *Overcoming policy collapse in deep RL*: beta1 = beta2
+#: keeps Adam's update bounded after a change of the gradient's scale; the library's ``optimizer="adam_equal_betas"``)
+EQUAL_BETAS = (0.99, 0.99)
+#: Continual Backprop at Dohare's RL settings (``ppo_cbp_dohare``; his Slippery Ant PPO runs)
+DOHARE_CBP = dict(replacement_rate=1e-4, maturity_threshold=10_000, betas=(0.99, 0.99), weight_decay=1e-4)
+#: Adam ``weight_decay`` of ``ppo_l2_dohare`` (Dohare et al.'s ``cfg/sant/l2.yml``, with betas :data:`EQUAL_BETAS`)
+DOHARE_L2 = 1e-3
+
+
+def _plain_cnn_kwargs(setting: Setting) -> dict[str, Any]:
+    """``policy_kwargs`` that give SB3's plain algorithm the library's CNN (:class:`~sb3_plastic.networks.PlasticCNN`
+    with ReLU, ``arch="auto"``: the MinAtar CNN on 10x10 frames), the network the plastic methods build; SB3's
+    NatureCNN rejects MinAtar's boolean frames and is too large for them."""
+    if setting.policy != "CnnPolicy":
+        return {}
+    from sb3_plastic.networks import PlasticCNN
+
+    return dict(features_extractor_class=PlasticCNN, features_extractor_kwargs=dict(activation="relu", arch="auto"))
+
+
+def scaled_reward(reward: float, scale: float) -> float:
+    """``reward / scale``: what the agent of a setting with ``reward_scale`` trains on (TRAC / C-CHAIN's
+    ``reward / reward_scale``)."""
+    return reward / scale
+
+
+def make_env(setting: Setting, seed: int, fresh_task: Optional[int] = None, env_seed: Optional[int] = None) -> Any:
+    """The vector env of run seed ``seed``: ``task_seed = seed`` (independent task sequences per seed); with
+    ``fresh_task`` every copy is pinned to that task of the sequence (``pin_task``) for a fresh-agent reference;
+    ``env_seed`` seeds the env copies (default ``seed``; an evaluation env's differs, its task sequence does not)."""
+    from stable_baselines3.common.env_util import make_vec_env
+
+    import sb3_plastic.envs  # noqa: F401  (registers the ids)
+
+    scaled = {}
+    if setting.reward_scale != 1:  # outside the Monitor: episode returns stay in the env's units
+        from gymnasium.wrappers import TransformReward
+
+        scaled = dict(wrapper_class=TransformReward,
+                      wrapper_kwargs=dict(func=functools.partial(scaled_reward, scale=setting.reward_scale)))
+    env = make_vec_env(
+        setting.env_id,
+        n_envs=setting.n_envs,
+        seed=seed if env_seed is None else env_seed,
+        env_kwargs=dict(change_every=setting.change_every, task_seed=seed, **setting.env_kwargs),
+        **scaled,
+    )
+    if fresh_task is not None:
+        env.env_method("pin_task", int(fresh_task))
+    return env
+
+
+def normalise_observations(env: Any, training: bool = True) -> Any:
+    """``env`` wrapped in SB3's :class:`~stable_baselines3.common.vec_env.VecNormalize` with ``norm_obs=True`` and
+    ``norm_reward=False`` (SB3's defaults otherwise: ``clip_obs=10``, ``epsilon=1e-8``): the observation method
+    ``ppo_vecnorm`` of issue #29.
+
+    Every observation is standardised by the running mean and variance of all observations seen so far (updated
+    first, then applied), per dimension. On a setting whose tasks add a fixed offset to the observation an offset is
+    exactly what a normaliser removes, so the arm tells an input-shift problem from a loss of plasticity of the
+    network. Rewards are left alone (``norm_reward=False``): the control changes one thing, the observation, and the
+    score (episode returns from SB3's ``Monitor``, under VecNormalize) and the value targets stay on the plain agent's
+    scale; a reward normaliser would also rescale PPO's value loss and advantages, a second change that the
+    comparison with plain PPO could not separate from the first.
+
+    SB3's statistics are cumulative (:class:`~stable_baselines3.common.running_mean_std.RunningMeanStd`: a running
+    mean over every step since the start, no forgetting), kept across task switches: one wrapper serves the whole
+    continual run, so after task ``k`` its mean is the step-weighted mean of the offsets of tasks ``0..k`` and its
+    variance includes their spread. It removes the average offset, not the current one: a new offset is removed
+    only as far as the task's own steps move the running mean (less each task). A fresh agent gets a wrapper of its
+    own (statistics from its first observation). A checkpoint (:mod:`run_checkpoint`) keeps the statistics with
+    the env (:func:`run_checkpoint.dumps_env`).
+
+    :param env: the vector env of :func:`make_env`.
+    :param training: update the statistics (``False`` for an evaluation env, whose statistics SB3's ``EvalCallback``
+        copies from the training env before every evaluation).
+    """
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    return VecNormalize(env, training=training, norm_obs=True, norm_reward=False)
+
+
+def build_model(method: str, setting: Setting, params: MethodParams, seed: int, device: str, tb_dir: Optional[str],
+                fresh_task: Optional[int] = None) -> Any:
+    """The agent of ``method`` and the callbacks it trains with (besides the monitor and the recorder).
+
+    :param method: a :data:`METHODS` name, or its name on the setting's algorithm (``dqn_l2``).
+    :param fresh_task: build the fresh-agent reference of that task (pinned env; no task-change / midpoint
+        interventions, which cannot trigger within one task).
+    """
+    import sb3_plastic
+    from sb3_plastic import FIRE, ContinualBackprop, L2Init, ReDo, ShrinkPerturb, SpectralRegularisation
+
+    if setting.algo not in ALGOS:
+        raise ValueError(f"unknown algo {setting.algo!r} of the setting; allowed: {', '.join(ALGOS)}")
+    allowed = methods_of(setting.algo)
+    if method not in allowed and (method not in METHODS or method in PPO_ONLY_METHODS):
+        raise ValueError(f"unknown method {method!r} for a {setting.algo} setting; allowed: {', '.join(allowed)}")
+    canonical = canonical_method(method)
+    sb3_name, plastic_name = ALGOS[setting.algo]
+    import stable_baselines3
+
+    sb3_cls = getattr(stable_baselines3, sb3_name)
+    plastic_cls = getattr(sb3_plastic, plastic_name)
+    env = make_env(setting, seed, fresh_task)
+    if canonical == "ppo_vecnorm":
+        env = normalise_observations(env)
+    common = dict(setting.ppo, seed=seed, device=device, tensorboard_log=tb_dir, verbose=0)
+    if setting.exploration_steps:
+        steps = setting.task_timesteps if fresh_task is not None else setting.total_timesteps
+        common["exploration_fraction"] = setting.exploration_steps / steps
+    if "double_q" in common and not canonical.startswith("plastic_") and canonical != "ppo_nap":
+        # SB3's DQN has no Double DQN target: the plain methods run PlasticDQN with plasticity off, which is SB3's
+        # DQN exactly (tests/test_sb3_parity.py) plus the double_q target
+        sb3_cls = functools.partial(plastic_cls, isometry_mode="off", optimizer="adam")
+    net_arch = list(setting.net_arch)
+    callbacks: list[Any] = []
+    shared = {k: v for k, v in setting.policy_kwargs.items() if k != "optimizer_kwargs"}
+    shared_optimizer = dict(setting.policy_kwargs.get("optimizer_kwargs") or {})
+    # the plastic algorithms on the plain agent's network: its activation (a class through policy_kwargs where it has
+    # no name of the library's), the setting's shared policy keywords
+    net_kwargs = dict(net_arch=net_arch, **shared, **(dict(optimizer_kwargs=shared_optimizer) if shared_optimizer else {}))
+    plain_net: dict[str, Any] = dict(activation="relu", policy_kwargs=net_kwargs)
+    if setting.activation != "relu":
+        plain_net = dict(activation=None, policy_kwargs=dict(net_kwargs, activation_fn=PLAIN_ACTIVATIONS[setting.activation]))
+    if canonical.startswith("plastic_"):
+        activation = canonical.removeprefix("plastic_").split("_")[0]
+        model = plastic_cls(
+            setting.policy,
+            env,
+            activation=activation,
+            **ISOMETRY_VARIANTS.get(canonical, {}),
+            isometry_coef=params.isometry_coef,
+            isometry_interval="auto" if params.isometry_interval == "auto" else int(params.isometry_interval),
+            policy_kwargs=net_kwargs,
+            **common,
+        )
+        return model, callbacks
+    if canonical in ("ppo_trac", "ppo_layernorm", "ppo_nap"):
+        field: dict[str, Any] = dict(isometry_mode="off", optimizer="trac" if canonical == "ppo_trac" else "adam")
+        if canonical == "ppo_layernorm":
+            field.update(nap=True, nap_project="none")
+        elif canonical == "ppo_nap":
+            field.update(nap=True)
+        return plastic_cls(setting.policy, env, **plain_net, **field, **common), callbacks
+    if canonical in ("ppo_crelu", "ppo_fourier"):
+        activation = {"ppo_crelu": "crelu", "ppo_fourier": "fourier"}[canonical]
+        field = dict(activation=activation, isometry_mode="off", optimizer="adam")
+        return plastic_cls(setting.policy, env, policy_kwargs=net_kwargs, **field, **common), callbacks
+    policy_kwargs: dict[str, Any] = dict(net_arch=net_arch, activation_fn=PLAIN_ACTIVATIONS[setting.activation],
+                                         **_plain_cnn_kwargs(setting), **shared)
+    optimizer_kwargs = {**(dict(eps=1e-5) if setting.algo == "ppo" else {}), **shared_optimizer}  # SB3's defaults
+    if shared_optimizer:
+        policy_kwargs["optimizer_kwargs"] = optimizer_kwargs
+    if canonical == "ppo_l2":
+        policy_kwargs["optimizer_kwargs"] = dict(optimizer_kwargs, weight_decay=params.l2)
+    elif canonical == "ppo_cbp_dohare":
+        adam = {k: DOHARE_CBP[k] for k in ("betas", "weight_decay")}
+        policy_kwargs["optimizer_kwargs"] = dict(optimizer_kwargs, **adam)
+    elif canonical in ("ppo_adam_equal_betas", "ppo_snp_continual"):
+        policy_kwargs["optimizer_kwargs"] = dict(optimizer_kwargs, betas=EQUAL_BETAS)
+    elif canonical == "ppo_l2_dohare":
+        policy_kwargs["optimizer_kwargs"] = dict(optimizer_kwargs, betas=EQUAL_BETAS, weight_decay=DOHARE_L2)
+    model = sb3_cls(setting.policy, env, policy_kwargs=policy_kwargs, **common)
+    if fresh_task is not None and canonical in TASK_CHANGE_METHODS:
+        return model, callbacks
+    if canonical == "ppo_snp":
+        callbacks.append(ShrinkPerturb("event", shrink=params.shrink, perturb=params.perturb, on_task_change=True))
+    elif canonical == "ppo_l2_init":
+        callbacks.append(L2Init(params.l2_init_coef))
+    elif canonical == "ppo_spectral":
+        callbacks.append(SpectralRegularisation(params.spectral_coef))
+    elif canonical == "ppo_cbp":
+        callbacks.append(ContinualBackprop(replacement_rate=params.cbp_rate, maturity_threshold=params.cbp_maturity))
+    elif canonical == "ppo_cbp_dohare":
+        cbp = {k: DOHARE_CBP[k] for k in ("replacement_rate", "maturity_threshold")}
+        callbacks.append(ContinualBackprop(**cbp))
+    elif canonical == "ppo_snp_continual":
+        callbacks.append(ShrinkPerturb("continual"))
+    elif canonical == "ppo_redo":
+        callbacks.append(ReDo())
+    elif canonical in ("ppo_fire", "ppo_fire_switch", "ppo_fire_switch_hidden"):
+        fire: dict[str, Any] = dict(head_scale=params.fire_head_scale, iterations=params.fire_iterations or None)
+        if canonical == "ppo_fire_switch_hidden":  # FIRE's own layer selection; a head scale has nothing to act on
+            fire = dict(layers="hidden", iterations=fire["iterations"])
+        trigger = dict(at=0.5) if canonical == "ppo_fire" else dict(at=None, on_task_change=True)
+        callbacks.append(FIRE(**trigger, **fire))
+    elif canonical == "ppo_parseval":
+        from sb3_plastic import ParsevalRegularisation
+
+        callbacks.append(ParsevalRegularisation(params.parseval_coef))
+    elif canonical == "ppo_cchain":
+        from sb3_plastic import ChurnReduction
+
+        callbacks.append(ChurnReduction())
+    elif canonical == "ppo_injection":
+        from sb3_plastic import PlasticityInjection
+
+        callbacks.append(PlasticityInjection(layers=2, at=None, on_task_change=True))
+    elif canonical in HEAD_RESET_METHODS:
+        from sb3_plastic import LayerReset
+
+        callbacks.append(LayerReset(HEAD_RESET_METHODS[canonical], on_task_change=True))
+    elif canonical == "ppo_cchain_vanilla":
+        import cchain_vanilla
+
+        callbacks.append(cchain_vanilla.their_targets())
+    return model, callbacks

@@ -1,0 +1,621 @@
+"""The report of bench/continual.py: the run JSONs read back (:func:`load_records`), their statistics
+(:func:`summarise`: IQMs, plasticity, ratios of means, probability of improvement, verdicts), the tables
+(:func:`markdown_table`), summary.json's rounding, and :func:`report` (tables, summary files and figures)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, Optional
+
+import continual_figures
+import numpy as np
+from continual_methods import ALL_METHOD_NAMES, method_name
+from continual_recorder import DIAGNOSTICS, TRAIN_SCALARS, add_hidden_dfi, add_train_scalars
+from continual_runs import fresh_sample
+from continual_settings import SCORE_LABELS, Setting, setting_config
+from rl_stats import bootstrap_mean_ci, iqm_ci, ratio_of_means_ci, rliable_metrics, stratified_bootstrap
+
+#: bootstrap resamples of the tables (stratified for IQM / probability of improvement, per task for the bands)
+REPS = 2000
+
+
+class NoRunsError(RuntimeError):
+    """No finished run under ``--out``: nothing to build a table from (and nothing is written)."""
+
+
+class SettingMismatchError(ValueError):
+    """Runs under ``--out`` made with another setting than the command's (:func:`check_records_setting`)."""
+
+
+def load_records(out: str) -> list[dict]:
+    """Every finished run under ``out/runs`` (continual and fresh; a fresh record has ``fresh_task`` set)."""
+    records = []
+    root = os.path.join(out, "runs")
+    for method in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+        for folder in (os.path.join(root, method), os.path.join(root, method, "fresh")):
+            for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+                if name.endswith(".json"):
+                    with open(os.path.join(folder, name)) as f:
+                        records.append(json.load(f))
+    return records
+
+
+def _score(record: dict, setting: Setting) -> list[float]:
+    # records written before the end_return field (the bandit's runs) score by reward per env step
+    return record.get(setting.score, record["end_reward"])
+
+
+def _entropy_last_half(runs: list[dict], records: list[dict], method: str, n: int) -> dict[str, float]:
+    """PPO's policy entropy (``-train/entropy_loss``, :data:`TRAIN_SCALARS`) averaged over runs x last-half tasks of
+    the continual runs and over the matching fresh agents, where the run JSONs carry it; else ``{}``."""
+    tag = "train/entropy_loss"
+
+    def mean(lists: list[list[Optional[float]]]) -> Optional[float]:
+        values = [-v for values in lists for v in values if v is not None]
+        return float(np.mean(values)) if values else None
+
+    cont = [r["train_scalars"][tag][n // 2: n] for r in runs if tag in r.get("train_scalars", {})]
+    seeds = {r["seed"] for r in runs}
+    fresh = [r["train_scalars"][tag] for r in records if r["method"] == method and r.get("fresh_task") is not None
+             and n // 2 <= r["fresh_task"] < n and r["seed"] in seeds and tag in r.get("train_scalars", {})]
+    out = {}
+    if cont and mean(cont) is not None:
+        out["entropy_last_half"] = mean(cont)
+    if fresh and mean(fresh) is not None:
+        out["fresh_entropy_last_half"] = mean(fresh)
+    return out
+
+
+#: the diagnostics of the summary table (:func:`diagnostics_last_half`); the condition number as its log10
+TABLE_DIAGNOSTICS = ("dormant_fraction", "ntk_erank", "ntk_cond", "dfi", "dfi_hidden")
+
+
+def _network(records: list[dict]) -> str:
+    """The network whose diagnostics are summarised and plotted: ``policy`` where the runs have it, else the first."""
+    keys = [k for r in records for k in (r.get("diagnostics") or {})]
+    if not keys:
+        return "policy"
+    return "policy" if any(k.startswith("plasticity/policy/") for k in keys) else keys[0].split("/")[1]
+
+
+def diagnostics_last_half(runs: list[dict], records: list[dict], method: str, n: int,
+                          setting: Setting) -> dict[str, dict[str, float]]:
+    """Per metric of :data:`TABLE_DIAGNOSTICS` (``ntk_cond`` as ``log10``): the continual runs' mean over the
+    passes in the last half of the tasks (steps after ``n // 2`` tasks), then the mean, min and max over seeds; and
+    ``fresh``: the fresh agents' last pass on their task, averaged over the last-half tasks and seeds. Metrics no
+    run recorded are left out."""
+    network = _network(runs)
+    start = (n // 2) * setting.task_timesteps
+    fresh_runs = [r for r in records if r["method"] == method and r.get("fresh_task") is not None
+                  and n // 2 <= r["fresh_task"] < n and r["seed"] in {x["seed"] for x in runs}]
+    out: dict[str, dict[str, float]] = {}
+    for metric in TABLE_DIAGNOSTICS:
+        key = f"plasticity/{network}/{metric}"
+        transform = np.log10 if metric == "ntk_cond" else (lambda x: x)
+        per_seed = []
+        for r in runs:
+            values = [v for step, v in (r.get("diagnostics") or {}).get(key, []) if step > start]
+            if values:
+                per_seed.append(float(np.mean(transform(np.asarray(values, dtype=float)))))
+        if not per_seed:
+            continue
+        entry = {"mean": float(np.mean(per_seed)), "min": float(np.min(per_seed)), "max": float(np.max(per_seed)),
+                 "seeds": len(per_seed)}
+        ends = [float(transform(float(r["diagnostics"][key][-1][1]))) for r in fresh_runs
+                if (r.get("diagnostics") or {}).get(key)]
+        if ends:
+            entry["fresh"] = float(np.mean(ends))
+        out["log10_ntk_cond" if metric == "ntk_cond" else metric] = entry
+    return out
+
+
+def _ci_text(v: Optional[dict], digits: int = 3) -> str:
+    if not v:
+        return "-"
+    part = f" ({v['runs']} of {v['of']} runs)" if "runs" in v else ""
+    return f"{v['iqm']:.{digits}g} [{v['low']:.{digits}g}, {v['high']:.{digits}g}]{part}"
+
+
+def _ratio_text(v: Optional[dict]) -> str:
+    if not v:
+        return "-"
+    return f"{v['ratio']:.3g} [{v['low']:.3g}, {v['high']:.3g}]" + ("" if v.get("complete", True) else " (sample)")
+
+
+def _iqm_entry(matrix: np.ndarray) -> Optional[dict]:
+    if matrix.size == 0 or not np.all(np.isfinite(matrix)):
+        return None
+    point, low, high = iqm_ci({"x": matrix}, reps=REPS)["x"]
+    return {"iqm": point, "low": low, "high": high}
+
+
+def _iqm_of_complete_runs(matrix: np.ndarray) -> Optional[dict]:
+    """The IQM entry over the runs (rows) with every cell finite, with ``runs`` and ``of`` (how many runs of how
+    many): the fresh level of a ``--fresh all`` grid in progress. ``None`` when no run is complete."""
+    rows = np.isfinite(matrix).all(axis=1)
+    entry = _iqm_entry(matrix[rows]) if rows.any() else None
+    return entry and {**entry, "runs": int(rows.sum()), "of": len(matrix)}
+
+
+#: fewest runs per method for a verdict: a bootstrap over one or two runs gives an interval that says nothing
+MIN_VERDICT_SEEDS = 3
+
+
+def _too_few(seeds: int) -> str:
+    """The verdict text when ``seeds`` runs are too few for one (else ``""``)."""
+    return f"too few seeds ({seeds} < {MIN_VERDICT_SEEDS})" if seeds < MIN_VERDICT_SEEDS else ""
+
+
+def compare(a: Optional[dict], b: Optional[dict], lower: str, higher: str) -> str:
+    """``lower`` when the CI of ``a`` lies wholly below that of ``b``, ``higher`` when above, else "not resolved"."""
+    if not a or not b:
+        return "-"
+    if a["high"] < b["low"]:
+        return lower
+    if a["low"] > b["high"]:
+        return higher
+    return "not resolved"
+
+
+def evaluation_summary(runs: list[dict], tasks: int) -> dict[str, Any]:
+    """The greedy evaluations of the continual runs (settings with ``eval_every``): per run the mean return over all
+    its evaluations (C-CHAIN's Table 4 statistic as read from their code: the evaluation curve averaged over the
+    whole run), then its mean and standard error over runs (``mean``, ``se``, ``per_seed``); and per task the mean
+    over runs of each run's mean over the evaluations of that task (``per_task``). Empty without evaluations."""
+    with_evals = [r for r in runs if r.get("evaluations")]
+    if not with_evals:
+        return {}
+    per_seed = [float(np.mean([e[2] for e in r["evaluations"]])) for r in with_evals]
+    per_task = []
+    for k in range(tasks):
+        means = [float(np.mean(v)) for r in with_evals if (v := [e[2] for e in r["evaluations"] if e[1] == k])]
+        per_task.append(float(np.mean(means)) if means else None)
+    se = float(np.std(per_seed, ddof=1) / np.sqrt(len(per_seed))) if len(per_seed) > 1 else float("nan")
+    return {"mean": float(np.mean(per_seed)), "se": se, "per_seed": per_seed, "per_task": per_task,
+            "seeds": len(per_seed)}
+
+
+def _mean_se(values: np.ndarray) -> dict[str, Any]:
+    se = float(np.std(values, ddof=1) / np.sqrt(len(values))) if len(values) > 1 else float("nan")
+    return {"mean": float(np.mean(values)), "se": se, "per_seed": [float(v) for v in values], "seeds": len(values)}
+
+
+def run_average_summary(ends: np.ndarray, fresh: np.ndarray, floor_below: Optional[float] = None) -> dict[str, Any]:
+    """TRAC / C-CHAIN's Table 1 statistic for a setting scored by ``iteration_return`` (runs x tasks in ``ends``,
+    the fresh agents' scores or NaN in ``fresh``): ``run_average``, per run the mean over all its tasks (every task has
+    the same number of iterations: the mean over all the run's iterations, their "average performance"), then the
+    mean and standard error over runs; ``fresh_run_average``, the same over each run's fresh agents (a new network and
+    optimizer at every task: their "Oracle"), over the tasks that have one (``fresh_tasks`` of them, all tasks with
+    ``--fresh all``; a sample of the late tasks with ``--fresh sample``). With a ``floor_below``, ``later_at_floor``
+    counts the cells of every task after the first (the tasks the statistic averages over besides task 0) that sit
+    at the floor: a run's average moves by whole cells that leave it (C-CHAIN's vanilla CartPole: ~3 of 54)."""
+    out: dict[str, Any] = {"run_average": _mean_se(ends.mean(axis=1))}
+    if floor_below is not None:
+        out["later_at_floor"] = _at_floor(ends[:, 1:], floor_below)
+    seen = np.isfinite(fresh)
+    rows = seen.any(axis=1)
+    if rows.any():
+        per_run = np.array([fresh[i, seen[i]].mean() for i in np.flatnonzero(rows)])
+        out["fresh_run_average"] = dict(_mean_se(per_run), fresh_tasks=int(seen[rows].sum(axis=1).min()),
+                                        complete=bool(seen.all()))
+    return out
+
+
+def _paired_fresh_last_half(cont: np.ndarray, fresh: np.ndarray) -> dict[str, Any]:
+    """The paired statistics over the last-half cells (runs x tasks) that have a fresh agent (all of them, or
+    :func:`fresh_sample`'s): ``plasticity_ratio_last_half``, the ratio of aggregates sum(continual) / sum(fresh) with a
+    paired bootstrap over runs (:func:`rl_stats.ratio_of_means_ci`; ``low`` / ``high`` are its 95 % CI), and
+    ``minus_fresh_last_half``, the mean of continual - fresh over those cells with the same bootstrap; with a sample
+    of equal size per run also the IQMs of both over the sampled cells (``iqm_fresh_last_half``,
+    ``iqm_sampled_last_half``). Empty when no last-half cell has a fresh agent."""
+    cells = np.isfinite(fresh) & np.isfinite(cont)
+    if not cells.any():
+        return {}
+    out: dict[str, Any] = {}
+    count = int(cells.sum())
+    if np.nansum(np.where(cells, fresh, np.nan)) > 0:
+        point, low, high = ratio_of_means_ci(np.where(cells, cont, np.nan), np.where(cells, fresh, np.nan),
+                                             n_boot=REPS)
+        out["plasticity_ratio_last_half"] = {"ratio": point, "low": low, "high": high, "cells": count,
+                                             "complete": bool(cells.all())}
+    diff = np.where(cells, cont - fresh, 0.0)
+    per_run, counts = diff.sum(axis=1), cells.sum(axis=1)
+    rows = np.random.default_rng(0).integers(0, len(diff), size=(REPS, len(diff)))
+    boot = per_run[rows].sum(axis=1) / np.maximum(counts[rows].sum(axis=1), 1)
+    out["minus_fresh_last_half"] = {"mean": float(per_run.sum() / count), "low": float(np.quantile(boot, 0.025)),
+                                    "high": float(np.quantile(boot, 0.975)), "cells": count}
+    per = cells.sum(axis=1)
+    if not cells.all() and per.min() == per.max() > 0:
+        out["iqm_fresh_last_half"] = _iqm_entry(fresh[cells].reshape(len(fresh), -1))
+        out["iqm_sampled_last_half"] = _iqm_entry(cont[cells].reshape(len(cont), -1))
+    return out
+
+
+def fresh_sample_cells(cont: np.ndarray, fresh: np.ndarray, seeds: list[int],
+                       setting: Setting) -> tuple[np.ndarray, list[dict[str, Any]]]:
+    """The fresh scores (runs x tasks) the paired estimator reads when a grid mixes ``--fresh sample`` and ``--fresh
+    all`` (issue #28: every seed on its sample of the late tasks, one seed also on every task to check the sample):
+    when some run has fresh agents on exactly its :func:`fresh_sample` (a part of the last half), a run with more
+    enters with its own sample only (every seed weighs alike), and when it has every late task its other fresh agents
+    go into the check: the fresh level over its sample against the level over every late task (mean, standard
+    deviation over the tasks) and the ratio of means over both. Otherwise (every run on every task, or a ``--fresh
+    all`` grid still in progress) the scores come back unchanged and there is no check."""
+    n = fresh.shape[1]
+    late = list(range(n // 2, n))
+    if n != setting.tasks:
+        return fresh, []
+    samples = [fresh_sample(setting, seed) for seed in seeds]
+    present = [[k for k in late if np.isfinite(fresh[i, k])] for i in range(len(fresh))]
+    # the sample design is in use when some run holds exactly its sample, a part of the last half (a --fresh all grid
+    # still in progress does not: its runs enter with every fresh agent they have)
+    if not any(p == sample and len(sample) < len(late) for p, sample in zip(present, samples)):
+        return fresh, []
+    out, checks = fresh.copy(), []
+    for i, sample in enumerate(samples):
+        counts = len(present[i])
+        if counts <= len(sample) or not set(sample) <= set(present[i]):
+            continue  # a run on its sample (or short of it) enters as it is
+        out[i, [k for k in late if k not in sample]] = np.nan
+        if counts < len(late):  # the check waits for every late fresh agent of the run
+            continue
+        checks.append({"seed": seeds[i], "sample": sample, "late_tasks": late,
+                       "fresh_sample_mean": float(fresh[i, sample].mean()),
+                       "fresh_late_mean": float(fresh[i, late].mean()),
+                       "fresh_late_sd": float(fresh[i, late].std(ddof=1)),
+                       "fresh_late": fresh[i, late].tolist(),
+                       "ratio_sample": float(cont[i, sample].sum() / fresh[i, sample].sum()),
+                       "ratio_late": float(cont[i, late].sum() / fresh[i, late].sum())})
+    return out, checks
+
+
+def _ratio_per_task(cont: np.ndarray, fresh: np.ndarray) -> Optional[dict[str, list[Optional[float]]]]:
+    """Plasticity per task as the ratio of means over the seeds with a fresh agent on that task, sum(continual) /
+    sum(fresh), with its paired bootstrap 95 % CI over seeds (:func:`ratio_of_means_ci`; NaN with one seed):
+    ``{"ratio": [...], "low": [...], "high": [...]}`` over tasks, ``None`` for a task without fresh agents or whose
+    fresh scores do not sum to a positive number; ``None`` when no task has one."""
+    out: dict[str, list[Optional[float]]] = {"ratio": [], "low": [], "high": []}
+    for k in range(cont.shape[1]):
+        cells = np.isfinite(cont[:, k]) & np.isfinite(fresh[:, k])
+        if cells.any() and fresh[cells, k].sum() > 0:
+            values = ratio_of_means_ci(cont[cells][:, [k]], fresh[cells][:, [k]], n_boot=REPS)
+        else:
+            values = (None, None, None)
+        for key, value in zip(("ratio", "low", "high"), values):
+            out[key].append(value)
+    return out if any(v is not None for v in out["ratio"]) else None
+
+
+def summarise(records: list[dict], methods: list[str], setting: Setting) -> dict[str, Any]:
+    """Per method: per-task continual and fresh scores (mean and 95 % bootstrap CI over seeds), plasticity per task
+    (continual / fresh of the same method), and over the last half of the tasks the IQM with a stratified bootstrap
+    95 % CI of the continual score, the fresh score and plasticity, the probability of improvement over the plain
+    baseline, and verdicts ("not resolved" where the intervals overlap)."""
+    iqm, poi, metrics_source = rliable_metrics()
+    plain = method_name("ppo", setting.algo)
+    summary: dict[str, Any] = {}
+    for method in methods:
+        runs = sorted((r for r in records if r["method"] == method and r.get("fresh_task") is None),
+                      key=lambda r: r["seed"])
+        if not runs:
+            continue
+        n = min(len(r["end_reward"]) for r in runs)
+        ends = np.array([_score(r, setting)[:n] for r in runs], dtype=float)  # seeds x tasks
+        fresh_by = {(r["seed"], r["fresh_task"]): _score(r, setting)[0]
+                    for r in records if r["method"] == method and r.get("fresh_task") is not None and r["task"]}
+        fresh = np.array([[fresh_by.get((r["seed"], k), np.nan) for k in range(n)] for r in runs], dtype=float)
+        half = slice(n // 2, n)
+        first, last_half = ends[:, 0], ends[:, half].mean(axis=1)
+        bands = [bootstrap_mean_ci(ends[:, k], n_boot=REPS) for k in range(n)]
+        iqm_bands = [iqm_ci({"x": ends[:, [k]]}, reps=REPS)["x"] for k in range(n)]  # per task, over seeds
+        entry: dict[str, Any] = {
+            "seeds": [r["seed"] for r in runs],
+            "tasks": n,
+            "score": setting.score,
+            "end_reward_mean": ends.mean(axis=0).tolist(),
+            "end_reward_min": ends.min(axis=0).tolist(),
+            "end_reward_max": ends.max(axis=0).tolist(),
+            "score_ci_low": [b[0] for b in bands],
+            "score_ci_high": [b[1] for b in bands],
+            "score_iqm": [b[0] for b in iqm_bands],
+            "score_iqm_ci_low": [b[1] for b in iqm_bands],
+            "score_iqm_ci_high": [b[2] for b in iqm_bands],
+            "task0": float(first.mean()),
+            "last_half": float(last_half.mean()),
+            "last_half_per_seed": last_half.tolist(),
+            "retained": float(last_half.mean() / first.mean()) if first.mean() > 0 else float("nan"),
+            "iqm_last_half": _iqm_entry(ends[:, half]),
+            "wall_seconds_mean": float(np.mean([r["wall_seconds"] for r in runs])),
+            "cpu_seconds_mean": float(np.mean([r["cpu_seconds"] for r in runs])),
+            "device": runs[0]["device"],
+        }
+        if setting.floor_below is not None:
+            entry["at_floor_last_half"] = _at_floor(ends[:, half], setting.floor_below)
+        evaluations = evaluation_summary(runs, n)
+        if evaluations:
+            entry["evaluations"] = evaluations
+        if setting.score == "iteration_return":
+            entry.update(run_average_summary(ends, fresh, setting.floor_below))
+        entropy = _entropy_last_half(runs, records, method, n)
+        if entropy:
+            entry.update(entropy)
+        diagnostics = diagnostics_last_half(runs, records, method, n, setting)
+        if diagnostics:
+            entry["diagnostics_last_half"] = diagnostics
+            entry["diagnostics_network"] = _network(runs)
+        seen = np.isfinite(fresh)
+        if seen.any():
+            entry["fresh_mean"] = [float(np.nanmean(fresh[:, k])) if seen[:, k].any() else None for k in range(n)]
+            entry["fresh_iqm"] = [float(iqm(fresh[seen[:, k], k][:, None])) if seen[:, k].any() else None
+                                  for k in range(n)]
+            per_task = _ratio_per_task(ends, fresh)
+            if per_task:
+                entry["plasticity_ratio_per_task"] = per_task
+            entry["fresh_complete"] = bool(seen.all())
+            entry["iqm_fresh_last_half"] = _iqm_entry(fresh[:, half]) or _iqm_of_complete_runs(fresh[:, half])
+            if seen.all() and np.all(fresh > 0):
+                ratio = ends / fresh
+                entry["plasticity_mean"] = ratio.mean(axis=0).tolist()
+                ratio_bands = [bootstrap_mean_ci(ratio[:, k], n_boot=REPS) for k in range(n)]
+                entry["plasticity_ci_low"] = [b[0] for b in ratio_bands]
+                entry["plasticity_ci_high"] = [b[1] for b in ratio_bands]
+                entry["iqm_plasticity_last_half"] = _iqm_entry(ratio[:, half])
+            else:  # a ratio needs positive fresh scores (rewards can be negative): the difference is reported
+                entry["plasticity_mean"] = None
+            entry["iqm_minus_fresh_last_half"] = _iqm_entry(ends[:, half] - fresh[:, half]) if seen.all() else None
+            paired, checks = fresh_sample_cells(ends, fresh, entry["seeds"], setting)
+            if checks:
+                entry["fresh_sample_check"] = checks
+            entry.update(_paired_fresh_last_half(ends[:, half], paired[:, half]))
+            if setting.floor_below is not None:
+                entry["fresh_at_floor_last_half"] = _at_floor(fresh[:, half], setting.floor_below)
+            if seen.all():
+                entry["vs_fresh"] = _too_few(len(runs)) or compare(
+                    entry["iqm_last_half"], entry["iqm_fresh_last_half"], "below fresh (plasticity lost)", "above fresh")
+            else:  # a sample of fresh agents (--fresh sample): the paired ratio of means decides
+                ratio = entry.get("plasticity_ratio_last_half")
+                one = {"low": 1.0, "high": 1.0}
+                entry["vs_fresh"] = _too_few(len(runs)) or (compare(
+                    ratio, one, "below fresh (plasticity lost)", "above fresh") if ratio else "-")
+        summary[method] = entry
+    if plain in summary:
+        base = summary[plain]
+        base_ends = np.array([_score(r, setting)[: base["tasks"]] for r in records
+                              if r["method"] == plain and r.get("fresh_task") is None], dtype=float)
+        for method, entry in summary.items():
+            entry["vs_plain"] = "-" if method == plain else _too_few(min(len(entry["seeds"]), len(base["seeds"]))) or compare(
+                entry["iqm_last_half"], base["iqm_last_half"], f"below {plain}", f"above {plain}")
+            if method == plain:
+                continue
+            ends = np.array([_score(r, setting)[: entry["tasks"]] for r in records
+                             if r["method"] == method and r.get("fresh_task") is None], dtype=float)
+            n = min(ends.shape[1], base_ends.shape[1])
+            half = slice(n // 2, n)
+            point, low, high = stratified_bootstrap(poi, ends[:, half], base_ends[:, half], reps=REPS)
+            entry["poi_vs_plain"] = {"iqm": point, "low": low, "high": high}  # (the point is P, not an IQM)
+    return {"metrics": metrics_source, "plain": plain, "methods": summary}
+
+
+def _at_floor(cells: np.ndarray, floor_below: float) -> dict[str, int]:
+    """How many of the scored ``cells`` (NaN: no run) are below the setting's ``floor_below``."""
+    scored = cells[np.isfinite(cells)]
+    return {"cells": int((scored < floor_below).sum()), "of": int(scored.size)}
+
+
+def markdown_table(result: dict[str, Any], setting_name: str, setting: Setting) -> str:
+    summary = result["methods"]
+    score = SCORE_LABELS[setting.score]
+    lines = [
+        f"setting={setting_name}: {setting.description}. Score: {score} over the last {setting.tail:.0%} of each task. "
+        f"Last half of the tasks: IQM over runs x tasks [stratified bootstrap 95 % CI] ({result['metrics']}); "
+        "plasticity = IQM of continual / fresh agent of the same method on the same task, per cell; ratio of means = "
+        "sum(continual) / sum(fresh) over the last-half cells with a fresh agent [paired bootstrap over runs] "
+        f"('sample': fresh agents on a sample of the late tasks); P(> {result['plain']}): "
+        "probability of improvement over the plain baseline [95 % CI]; 'not resolved': the intervals overlap.",
+        "",
+        "| method | seeds | fresh agent | continual | plasticity | plasticity, ratio of means | continual vs fresh "
+        "| P(> plain) | vs plain | CPU min / run |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    with_entropy = any("entropy_last_half" in s for s in summary.values())
+    if with_entropy:
+        lines[2] = lines[2].replace(" CPU min / run |", " policy entropy: continual / fresh | CPU min / run |")
+        lines[3] += "---|"
+    with_floor = setting.floor_below is not None and any("at_floor_last_half" in s for s in summary.values())
+    if with_floor:
+        lines[0] += (f" At the floor: the last-half cells scoring below {setting.floor_below:g} (a collapsed policy's "
+                     "score; the IQM drops the lowest quarter of the cells), continual / fresh agents.")
+        lines[2] = lines[2].replace(" | continual | ", " | continual | at the floor: continual / fresh | ")
+        lines[3] += "---|"
+    for method, s in summary.items():
+        poi = s.get("poi_vs_plain")
+        entropy = ""
+        if with_entropy:
+            cells = [s.get("entropy_last_half"), s.get("fresh_entropy_last_half")]
+            entropy = " / ".join("-" if c is None else f"{c:.3f}" for c in cells) + " | "
+        floor = ""
+        if with_floor:
+            counts = [s.get("at_floor_last_half"), s.get("fresh_at_floor_last_half")]
+            floor = " / ".join("-" if c is None else f"{c['cells']} of {c['of']}" for c in counts) + " | "
+        lines.append(
+            f"| {method} | {len(s['seeds'])} | {_ci_text(s.get('iqm_fresh_last_half'))} | {_ci_text(s['iqm_last_half'])} "
+            f"| {floor}{_ci_text(s.get('iqm_plasticity_last_half'))} | {_ratio_text(s.get('plasticity_ratio_last_half'))} "
+            f"| {s.get('vs_fresh', '-')} "
+            f"| {_ci_text(poi, 2)} | {s.get('vs_plain', '-')} | {entropy}{s['cpu_seconds_mean'] / 60:.1f} |"
+        )
+    n_tasks = max(s["tasks"] for s in summary.values())
+    shown = sorted({0, 1, n_tasks // 2, n_tasks - 1} & set(range(n_tasks)))
+    lines += ["", "Per task (mean over seeds): continual score / plasticity (continual / fresh)", "",
+              "| method | " + " | ".join(f"task {k}" for k in shown) + " |", "|---|" + "---|" * len(shown)]
+    for method, s in summary.items():
+        ratio = s.get("plasticity_mean")
+        cells = [f"{s['end_reward_mean'][k]:.3g}" + (f" / {ratio[k]:.2f}" if ratio else "") if k < s["tasks"] else "-"
+                 for k in shown]
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    checked = {m: s["fresh_sample_check"] for m, s in summary.items() if s.get("fresh_sample_check")}
+    if checked:
+        lines += ["", "Fresh-sample check (runs with a fresh agent on every late task; the ratio of means above uses "
+                  "their sample only): the fresh level over the run's sample against every late task (mean, SD over "
+                  "the tasks), and the ratio of means over both", "",
+                  "| method | seed | sample | fresh, sample | fresh, every late task | ratio of means, sample / every "
+                  "late task |", "|---|---|---|---|---|---|"]
+        for method, runs in checked.items():
+            for c in runs:
+                lines.append(f"| {method} | {c['seed']} | {' '.join(map(str, c['sample']))} | "
+                             f"{c['fresh_sample_mean']:.3g} | {c['fresh_late_mean']:.3g} ± {c['fresh_late_sd']:.2g} | "
+                             f"{c['ratio_sample']:.3g} / {c['ratio_late']:.3g} |")
+    evaluated = {m: s["evaluations"] for m, s in summary.items() if s.get("evaluations")}
+    if evaluated:
+        lines += ["", f"Greedy evaluations ({setting.eval_episodes} episodes every {setting.eval_every} timesteps, the "
+                  "task just trained): mean over all evaluations of a run, mean ± standard error over runs; per task: "
+                  "mean over runs", "", "| method | runs | whole run | " + " | ".join(
+                      f"task {k}" for k in range(n_tasks)) + " |", "|---|---|---|" + "---|" * n_tasks]
+        for method, e in evaluated.items():
+            cells = ["-" if v is None else f"{v:.3g}" for v in e["per_task"]]
+            lines.append(f"| {method} | {e['seeds']} | {e['mean']:.3g} ± {e['se']:.2g} | " + " | ".join(cells) + " |")
+    averaged = {m: s for m, s in summary.items() if s.get("run_average")}
+    if averaged:
+        lines += ["", "TRAC / C-CHAIN's statistic (their Table 1): per run the mean over all its PPO iterations of the "
+                  "iteration's mean episode return, mean ± standard error over runs; fresh agents (their 'Oracle': a new "
+                  "network and optimizer at every task): the same over the tasks with a fresh agent", "",
+                  "| method | runs | continual, whole run | fresh agents (tasks) |", "|---|---|---|---|"]
+        floors = any("later_at_floor" in s for s in averaged.values())
+        if floors:
+            lines[-4] += (f"; later tasks at the floor: the cells of tasks 1-{n_tasks - 1} scoring below "
+                          f"{setting.floor_below:g}")
+            lines[-2] = lines[-2].replace(" fresh agents (tasks) |", " fresh agents (tasks) | later tasks at the floor |")
+            lines[-1] += "---|"
+        for method, s in averaged.items():
+            a, f = s["run_average"], s.get("fresh_run_average")
+            fresh_text = "-" if not f else (f"{f['mean']:.4g} ± {f['se']:.2g} ({'all' if f['complete'] else f['fresh_tasks']}"
+                                            f"{'' if f['complete'] else ' per run'})")
+            floor = ""
+            if floors:
+                c = s.get("later_at_floor")
+                floor = " " + ("-" if c is None else f"{c['cells']} of {c['of']}") + " |"
+            lines.append(f"| {method} | {a['seeds']} | {a['mean']:.4g} ± {a['se']:.2g} | {fresh_text} |{floor}")
+    diagnosed = {m: s["diagnostics_last_half"] for m, s in summary.items() if s.get("diagnostics_last_half")}
+    if diagnosed:
+        names = {"dormant_fraction": "dormant fraction", "ntk_erank": "NTK effective rank",
+                 "log10_ntk_cond": "log10 NTK cond", "dfi": "DfI, all layers", "dfi_hidden": "DfI, hidden layers"}
+        shown_metrics = [m for m in names if any(m in d for d in diagnosed.values())]
+        network = next(s.get("diagnostics_network", "policy") for s in summary.values() if s.get("diagnostics_last_half"))
+        lines += ["", f"{network} network diagnostics (PlasticityMonitor) over the last half of the tasks: continual runs, "
+                  "mean over seeds [min, max over seeds]; fresh: the fresh agents' last pass on the same tasks", "",
+                  "| method | " + " | ".join(names[m] for m in shown_metrics) + " |", "|---|" + "---|" * len(shown_metrics)]
+        for method, d in diagnosed.items():
+            cells = []
+            for m in shown_metrics:
+                e = d.get(m)
+                fewer = e is not None and e.get("seeds", len(summary[method]["seeds"])) < len(summary[method]["seeds"])
+                cells.append("-" if e is None else f"{e['mean']:.3g} [{e['min']:.3g}, {e['max']:.3g}]"
+                             + (f" ({e['seeds']} seeds)" if fewer else "")
+                             + (f"; fresh {e['fresh']:.3g}" if "fresh" in e else ""))
+            lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+#: significant digits of the floats of summary.json (and of the tables and figures built from them): a rebuild on
+#: another machine differs in a float's last bits (numpy's sums follow the CPU's SIMD width), and a committed summary
+#: must rebuild byte for byte in a fresh clone (issue #29, part 5); 10 digits are far below every CI's resolution
+SUMMARY_DIGITS = 10
+
+
+def rounded(value: Any, digits: int = SUMMARY_DIGITS) -> Any:
+    """``value`` with every finite float (in dicts, lists and tuples, recursively; tuples become lists, as in JSON)
+    rounded to ``digits`` significant digits; NaN, infinities and everything else unchanged."""
+    if isinstance(value, float):
+        return float(f"{value:.{digits}g}") if math.isfinite(value) else value
+    if isinstance(value, dict):
+        return {k: rounded(v, digits) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [rounded(v, digits) for v in value]
+    return value
+
+
+#: The fields of a run's recorded setting that its summary depends on (the task index, the score and its window), with
+#: the command-line flag that sets each where one does.
+SUMMARY_FIELDS = {"env_id": "--setting", "tasks": "--tasks", "change_every": "--change-every", "n_envs": "--setting",
+                  "score": "--setting", "tail": "--setting"}
+
+
+def check_records_setting(records: list[dict], setting: Setting, setting_name: str) -> None:
+    """Refuse to summarise runs with a setting other than the command's: a folder of runs made with
+    ``--change-every 125000`` summarised at the setting's default would cut its tasks elsewhere, silently.
+
+    :raises SettingMismatchError: naming the field, the command's value, the runs' value and the flag that sets
+        it.
+    """
+    for record in records:
+        recorded = record.get("setting")
+        if not isinstance(recorded, dict):
+            continue  # runs written before settings were recorded
+        for name, flag in SUMMARY_FIELDS.items():
+            if name in recorded and recorded[name] != getattr(setting, name):
+                what = "fresh agent" if record.get("fresh_task") is not None else "run"
+                raise SettingMismatchError(
+                    f"the {what} {record['method']} seed {record['seed']} was made with {name}={recorded[name]!r}, "
+                    f"the command's setting {setting_name!r} has {name}={getattr(setting, name)!r}: pass the runs' "
+                    f"value ({flag}) to summarise them, or another --out for runs of this setting"
+                )
+
+
+def report(out: str, setting_name: str, setting: Setting, methods: Optional[list[str]], diagnostics: bool = True,
+           tb_plots: bool = False) -> dict[str, Any]:
+    """Tables on stdout, ``summary.json``, ``summary.md`` and the figures, from the run JSONs under ``out`` alone
+    (``methods=None``: every method found). ``tb_plots`` adds :func:`sb3_plastic.plot.plot_runs`'s figures of the
+    TensorBoard events under ``plots/`` (the events are not committed).
+
+    :raises NoRunsError: when ``out`` holds no finished run of ``methods``; nothing is written then.
+    :raises SettingMismatchError: when the runs were made with another setting (:func:`check_records_setting`).
+    """
+    check_records_setting(load_records(out), setting, setting_name)
+    rebuilt = add_hidden_dfi(out)
+    if rebuilt:
+        print(f"rebuilt the hidden-layer DfI (dfi_hidden) from the TensorBoard events of {rebuilt} run JSONs", flush=True)
+    copied = add_train_scalars(out, setting)
+    if copied:
+        print(f"copied SB3's training scalars ({', '.join(TRAIN_SCALARS)}) from the TensorBoard events into {copied} "
+              "run JSONs", flush=True)
+    records = load_records(out)
+    found = list(dict.fromkeys(r["method"] for r in records))
+    if methods is None:
+        order = {m: i for i, m in enumerate(ALL_METHOD_NAMES)}
+        methods = sorted(found, key=lambda m: order.get(m, len(order)))
+    result = rounded(summarise(records, methods, setting))
+    if not result["methods"]:
+        raise NoRunsError(
+            f"no finished runs of {', '.join(methods) or 'any method'} under {os.path.join(out, 'runs')} "
+            f"(found: {', '.join(found) or 'none'}): nothing written"
+        )
+    table = markdown_table(result, setting_name, setting)
+    print(table)
+    with open(os.path.join(out, "summary.json"), "w") as f:
+        json.dump(rounded({"setting": setting_name, "tail": setting.tail, "description": setting.description,
+                           "setting_config": setting_config(setting), **result}), f, indent=1)
+    with open(os.path.join(out, "summary.md"), "w") as f:
+        f.write(table + "\n")
+    summary = result["methods"]
+    figures = {"end_of_task.png": continual_figures.end_of_task_figure(summary, setting, result["plain"],
+                                                                         SCORE_LABELS[setting.score]),
+               "plasticity.png": continual_figures.plasticity_figure(summary, result["plain"], setting.description)}
+    if diagnostics:
+        runs = [r for r in records if r["method"] in summary]
+        figures["diagnostics.png"] = continual_figures.diagnostics_figure(runs, list(summary), setting, _network(runs),
+                                                                          result["plain"])
+    for name, fig in figures.items():
+        if fig is not None:
+            print("wrote", continual_figures.save(fig, os.path.join(out, name)))
+    if tb_plots:
+        from sb3_plastic.plot import plot_runs
+
+        metrics = [f"plasticity/policy/{m}" for m in DIAGNOSTICS] + ["continual/end_of_task_reward"]
+        tb = os.path.join(out, "tb")
+        paths = [os.path.join(tb, m, d) for m in summary if os.path.isdir(os.path.join(tb, m))
+                 for d in sorted(os.listdir(os.path.join(tb, m))) if d != "fresh"]  # the continual runs only
+        # one curve per method folder tb/<method>/ (the plain methods differ only in their callbacks)
+        for path in plot_runs(paths, os.path.join(out, "plots"), metrics=metrics, switch_every=setting.task_timesteps,
+                              group_by=r"/tb/([^/]+)/[^/]+$"):
+            print("wrote", path)
+    return summary
