@@ -220,6 +220,10 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--fresh", choices=FRESH_CHOICES, default="all",
                    help=f"fresh-agent references: one per task of every run (all), {FRESH_SAMPLE} tasks of each run's "
                         "last half (sample: for tasks alike in distribution) or none")
+    p.add_argument("--fresh-only", action="store_true",
+                   help="train only the fresh agents of each cell, not its continual run (fresh agents are short and "
+                        "independent: spread them over cores the continual runs do not use); the folder's tables "
+                        "are left as they are")
     p.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes; a GPU is shared by them)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per run")
     p.add_argument("--device", default="cpu", help="torch device of the agents: cpu, cuda, cuda:1, auto")
@@ -247,6 +251,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         value = getattr(args, name)
         if value is not None and value < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    if args.fresh_only and (args.fresh == "none" or args.plot_only):
+        p.error(f"--fresh-only trains the fresh agents of --fresh all or sample; got --fresh {args.fresh}"
+                + (" with --plot-only, which trains nothing" if args.plot_only else ""))
     algo = SETTINGS[args.setting].algo
     if args.methods is not None:
         if "all" in args.methods:
@@ -311,7 +318,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     )
     if not args.plot_only:
         os.makedirs(out, exist_ok=True)
-        cells = [(m, s, k) for s in args.seeds for m in methods for k in run_parts(setting, args.fresh, s)]
+        cells = [(m, s, k) for s in args.seeds for m in methods for k in run_parts(setting, args.fresh, s)
+                 if k is not None or not args.fresh_only]
         jobs = [(m, s, k, setting, params, out, args.device, args.threads) for m, s, k in cells
                 if not os.path.exists(run_path(out, m, s, k))]
         skipped = len(cells) - len(jobs)
@@ -344,6 +352,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                   "once that worker is done, finds them finished or resumes what it left", flush=True)
         if failures:
             print(f"{len(failures)} runs failed: {failures}", flush=True)
+        if args.fresh_only:
+            print("--fresh-only: the folder's tables and figures are left as they are (they summarise continual runs; "
+                  "rebuild them with --plot-only)", flush=True)
+            return 0
         if not finished and os.path.exists(os.path.join(out, "summary.json")):
             # a grid worker's call on cells that are done or held: rebuilding a folder of many methods costs minutes
             print("no run finished in this call: the folder's tables and figures are left as they are (rebuild them "

@@ -273,6 +273,7 @@ def _train_run(method: str, seed: int, setting: Setting, params: MethodParams, o
         "setting": asdict(setting),
         "params": asdict(params),
         "device": str(model.device),
+        "torch": th.__version__,  # the build that trained it (a run spread to another machine says so)
         "timesteps": int(model.num_timesteps),
         "wall_seconds": before_wall + time.time() - start,
         "cpu_seconds": before_cpu + time.process_time() - cpu_start,

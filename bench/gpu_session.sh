@@ -54,22 +54,7 @@ exec > >(tee -a "$OUT/session.log") 2>&1   # the whole transcript; the tool's re
 stage() { echo; echo "=== $(date -u +%H:%M:%S) $*"; }
 
 stage "1. environment"
-nvidia-smi -L 2>/dev/null || echo "no nvidia-smi"
-if ! $PY -c "import stable_baselines3, minatar, ale_py, rliable" 2>/dev/null; then
-    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-        && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} || echo "WARNING: the wheels did not install"
-fi
-if ! $PY -c "import sb3_plastic.envs" 2>/dev/null; then
-    # envs/ installs as sb3_plastic.envs, so a PYTHONPATH to the checkout alone is not enough
-    $PY -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --target /tmp/site . \
-        && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} || echo "WARNING: the package did not install"
-fi
-$PY - <<'PYEOF'
-import torch, stable_baselines3, sb3_plastic
-print(f"torch {torch.__version__}, cuda available {torch.cuda.is_available()}",
-      torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")
-print(f"stable-baselines3 {stable_baselines3.__version__}, sb3_plastic at {sb3_plastic.__file__}")
-PYEOF
+source bench/device_env.sh   # the wheels and this package
 
 if [ "$QUICK" = 1 ]; then
     ROUNDS=(--rounds 2 --min-run-time 0.01); ENTRIES=(dqn-mlp-relu); COMPILED=(dqn-mlp-relu); SHAPES=(--only 1 7)

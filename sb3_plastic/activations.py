@@ -43,13 +43,25 @@ def _pair_halves(x: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
     return first, second
 
 
+def _under_torch_func() -> bool:
+    """Whether a :mod:`torch.func` transform (``vmap``, ``grad``, ``vjp``, ``jvp``, ``jacrev``, ...) is active."""
+    return th._C._functorch.peek_interpreter_stack() is not None
+
+
 def _swap_pairs(x: th.Tensor, keep: th.Tensor) -> th.Tensor:
     """``(a, b) -> (a, b)`` where ``keep`` has all bits set, ``(b, a)`` where it is 0, on the raw bits of ``x``.
 
     ``d = (a ^ b) & keep`` is ``a ^ b`` for a kept pair and 0 for a swapped one, so ``b ^ d`` and ``a ^ d`` are
-    the pair's first and second output: a bit-exact select for every value (NaN and infinities included).
+    the pair's first and second output: a bit-exact select for every value (NaN and infinities included). Under a
+    :mod:`torch.func` transform the select is ``where`` (the same bits).
     """
-    a, b = (half.view(keep.dtype) for half in _pair_halves(x))
+    first, second = _pair_halves(x)
+    if _under_torch_func():
+        # the same select without raw bits: torch 2.11 has no batching rule for view(dtype), so a vmap through the
+        # bit form (the monitor's NTK: vjp under vmap) raised there; where() copies each element as it is
+        kept = keep != 0
+        return th.stack((th.where(kept, first, second), th.where(kept, second, first)), dim=2).flatten(1, 2)
+    a, b = first.view(keep.dtype), second.view(keep.dtype)
     d = (a ^ b) & keep
     return th.stack(((b ^ d).view(x.dtype), (a ^ d).view(x.dtype)), dim=2).flatten(1, 2)
 

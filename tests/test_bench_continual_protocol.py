@@ -540,3 +540,42 @@ def test_plot_only_refuses_runs_made_with_another_setting(continual, tmp_path, c
     assert not (tmp_path / "summary.json").exists()
     assert continual.main([*args, "--change-every", "1000"]) == 0
     assert (tmp_path / "summary.json").exists()
+
+
+def test_fresh_only_trains_the_fresh_agents_alone_and_the_report_waits_for_their_continual_run(continual, tmp_path,
+                                                                                                capsys):
+    """``--fresh-only`` (fresh agents spread over cores the continual runs do not use): the fresh agents of the cells
+    are written, the continual run is not, the folder's tables are left alone; a rebuild of a folder that holds such
+    fresh agents without their continual run summarises the complete cells and is not broken by them."""
+    argv = ["--methods", "ppo", "--seeds", "0", "--fresh", "all", "--tasks", "2", "--change-every", "16",
+            "--ppo-kwarg", "n_steps=16", "--ppo-kwarg", "batch_size=32", "--out", str(tmp_path),
+            "--no-diagnostics-plots"]
+    assert continual.main([*argv, "--fresh-only"]) == 0
+    assert "--fresh-only: the folder's tables" in capsys.readouterr().out
+    for task in (0, 1):
+        record = json.loads(Path(continual.run_path(str(tmp_path), "ppo", 0, task)).read_text())
+        assert record["fresh_task"] == task and len(record["end_return"]) == 1
+    assert not os.path.exists(continual.run_path(str(tmp_path), "ppo", 0))
+    assert not (tmp_path / "summary.md").exists()
+    # the continual run later (another worker, another machine): its fresh agents are found, not trained again
+    assert continual.main(argv) == 0
+    assert "resuming: 2 finished runs skipped" in capsys.readouterr().out
+    assert os.path.exists(continual.run_path(str(tmp_path), "ppo", 0))
+    assert "| ppo | 1 |" in (tmp_path / "summary.md").read_text()
+    # a fresh agent of a seed whose continual run is not there yet does not break a rebuild nor enter its tables
+    orphan = Path(continual.run_path(str(tmp_path), "ppo", 1, 0))
+    orphan.write_text(Path(continual.run_path(str(tmp_path), "ppo", 0, 0)).read_text().replace('"seed": 0',
+                                                                                                '"seed": 1'))
+    assert json.loads(orphan.read_text())["seed"] == 1
+    before = (tmp_path / "summary.md").read_text()
+    assert continual.main(["--plot-only", "--out", str(tmp_path), "--tasks", "2", "--change-every", "16",
+                           "--no-diagnostics-plots"]) == 0
+    assert (tmp_path / "summary.md").read_text() == before
+
+
+@pytest.mark.parametrize("extra", [["--fresh", "none"], ["--fresh", "all", "--plot-only"]])
+def test_fresh_only_without_fresh_agents_to_train_is_refused(continual, capsys, extra):
+    with pytest.raises(SystemExit) as exc:
+        continual.parse_args(["--fresh-only", *extra])
+    assert exc.value.code == 2
+    assert "--fresh-only trains the fresh agents of --fresh all or sample" in capsys.readouterr().err

@@ -132,6 +132,36 @@ def test_maxmin_bitwise_path_under_torch_func(monkeypatch):
         assert th.equal(fast[key], slow[key]), key
 
 
+def test_maxmin_bitwise_path_under_vmap_without_a_batching_rule_for_view_dtype(monkeypatch):
+    """torch 2.11 (the GPU machine's build) has no batching rule for ``Tensor.view(dtype)``: the monitor's NTK of a
+    MaxMin CNN (vjp under vmap through the bitwise path's raw-bit swap) raised "Batching rule not implemented for
+    aten::view.dtype" there. Simulated here by refusing view(dtype) on a batched tensor: under torch.func the swap
+    selects with ``where`` instead, and the NTK equals the gather path's, bit for bit."""
+    from sb3_plastic.diagnostics import empirical_ntk, module_function
+
+    view = th.Tensor.view
+
+    def view_without_batching_rule(self, *args, **kwargs):
+        if args and isinstance(args[0], th.dtype) and th._C._functorch.is_batchedtensor(self):
+            raise RuntimeError("Batching rule not implemented for aten::view.dtype")
+        return view(self, *args, **kwargs)
+
+    th.manual_seed(2)
+    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), MaxMin(), nn.Flatten(), nn.Linear(8 * 6 * 6, 3))
+    x = th.randn(5, 3, 6, 6)
+    monkeypatch.setattr(activations, "BITWISE_MIN_NUMEL", 1)
+    assert activations._takes_bitwise_path(th.randn(5, 8, 6, 6))
+    monkeypatch.setattr(th.Tensor, "view", view_without_batching_rule)
+    fn, params = module_function(net, x)
+    ntk = empirical_ntk(fn, params)
+    chunked = empirical_ntk(fn, params, max_elements=2000)  # the forward-mode product under vmap too
+    _gather_only(monkeypatch)
+    reference = empirical_ntk(fn, params)
+    assert ntk.shape == (15, 15) and th.equal(ntk, reference)
+    assert th.equal(chunked, empirical_ntk(fn, params, max_elements=2000))
+    assert th.allclose(chunked, reference, rtol=1e-4, atol=1e-6)
+
+
 def test_maxmin_path_choice():
     """The bitwise path only for large (N, C, *spatial) maps of a float dtype in eager mode; MLP inputs, small
     maps and traced modules take the gather path."""

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# bench/continual.py runs on a lent device machine's CPU cores (16 there against this machine's 2): the short,
+# independent ones, fresh agents (`--fresh-only`), which end inside one device call (a call has 10 minutes at most,
+# a session 15 minutes of device time in all; a continual run of ~50 CPU-minutes would not). The GPU is not used.
+#
+#     bench/device_runs.sh LIMIT_SECONDS <bench/continual.py arguments>
+#
+# through the device tool, with the wheels of `bench/gpu_session.sh --download-wheels` carried:
+#     run(command="bench/device_runs.sh 420 --setting minatar_intensive --methods plastic_relu ... --seeds 1 2 3 4
+#                  --fresh sample --fresh-only --jobs 16", carry=[".whl"], timeout_s=560)
+# After LIMIT_SECONDS the runs still going are stopped (their process group only) (lost: fresh agents keep no checkpoint); every run JSON this
+# call wrote comes back in $OUT/runs.tgz (paths relative to the repository root: `tar xzf runs.tgz` there adds them),
+# the transcript in $OUT/session.log. The JSONs record the torch build that trained them ("torch").
+set -uo pipefail
+cd "$(dirname "$0")/.."
+LIMIT=${1:?usage: bench/device_runs.sh LIMIT_SECONDS <bench/continual.py arguments>}
+shift
+OUT="${OUT:-/tmp/device_runs}"
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
+PY="python3 -P"   # -P for the install checks: the checkout's sb3_plastic/ must not shadow the installed package
+exec > >(tee -a "$OUT/session.log") 2>&1
+echo "=== $(date -u +%T) environment"
+source bench/device_env.sh
+marker=$(mktemp)
+echo "=== $(date -u +%T) bench/continual.py $* (stopped after ${LIMIT} s)"
+# a script's own folder (bench/) leads sys.path, the checkout root does not: the installed sb3_plastic is imported.
+# The runs get their own process group (setsid), so that stopping them stops their pool processes and nothing else
+# on the machine (a `pkill -f` here once stopped another checkout's grid workers).
+setsid python3 bench/continual.py "$@" --no-diagnostics-plots &
+runs=$!
+( sleep "$LIMIT"; kill -- -"$runs" 2>/dev/null ) &
+watchdog=$!
+wait "$runs"
+echo "=== $(date -u +%T) stopped (exit $?); packing the run JSONs written"
+kill "$watchdog" 2>/dev/null
+kill -- -"$runs" 2>/dev/null   # pool processes still going after a stop
+find bench/results -path '*/runs/*' -name '*.json' -newer "$marker" | tee "$OUT/written.txt" | tar czf "$OUT/runs.tgz" -T -
+echo "$(wc -l < "$OUT/written.txt") run JSONs in runs.tgz"
