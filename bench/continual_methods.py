@@ -63,7 +63,11 @@ METHODS = METHODS + FIELD_METHODS
 #: task change on the hidden layers only (``FIRE(layers="hidden")``, the output heads untouched: does the polar factor
 #: of the representation alone restore learning, where FIRE on every layer also rewrites the saturated head?); a
 #: task-change method, its fresh agent is the plain one.
-MECHANISM_CONTROLS = ("ppo_vecnorm", "ppo_fire_switch_hidden")
+#: ``ppo_tanh`` (twenty-first session): the plain agent with Tanh in place of its hidden activation (SB3's own
+#: ``MlpPolicy`` default), MLP settings only: bounded hidden features, the control for deep Fourier features
+#: (``ppo_fourier``, whose sin / cos are bounded too): does any bound on the features keep the head out of the saturation
+#: that an observation offset drives a ReLU network's into? It acts within a task: its fresh agent runs it.
+MECHANISM_CONTROLS = ("ppo_vecnorm", "ppo_fire_switch_hidden", "ppo_tanh")
 METHODS = METHODS + MECHANISM_CONTROLS
 TASK_CHANGE_METHODS = (*TASK_CHANGE_METHODS, "ppo_fire_switch_hidden")
 
@@ -294,7 +298,15 @@ def build_model(method: str, setting: Setting, params: MethodParams, seed: int, 
         activation = {"ppo_crelu": "crelu", "ppo_fourier": "fourier"}[canonical]
         field = dict(activation=activation, isometry_mode="off", optimizer="adam")
         return plastic_cls(setting.policy, env, policy_kwargs=net_kwargs, **field, **common), callbacks
-    policy_kwargs: dict[str, Any] = dict(net_arch=net_arch, activation_fn=PLAIN_ACTIVATIONS[setting.activation],
+    activation_fn = PLAIN_ACTIVATIONS[setting.activation]
+    if canonical == "ppo_tanh":
+        if setting.policy != "MlpPolicy":
+            raise ValueError(f"method {method!r} changes the hidden activation of an MLP policy; the setting's policy "
+                             f"is {setting.policy!r} (allowed: 'MlpPolicy')")
+        from torch import nn
+
+        activation_fn = nn.Tanh
+    policy_kwargs: dict[str, Any] = dict(net_arch=net_arch, activation_fn=activation_fn,
                                          **_plain_cnn_kwargs(setting), **shared)
     optimizer_kwargs = {**(dict(eps=1e-5) if setting.algo == "ppo" else {}), **shared_optimizer}  # SB3's defaults
     if shared_optimizer:

@@ -42,6 +42,8 @@ for m in $FIELD; do run $BANDIT --methods $m; done
 for m in $FIELD; do run $CARTPOLE --methods $m; done
 #    and the injection's control: the 2 layers an injection freezes and replaces, re-drawn at every switch instead
 for setting in "$BANDIT" "$CARTPOLE"; do run $setting --methods ppo_head2_reset; done
+# Fourier's control (twenty-first session): Tanh, bounded hidden features like sin / cos, on PerturbedCartPole
+run $CARTPOLE --methods ppo_tanh
 # 4. issue #29 part 2: C-CHAIN's continual Gym control. First the anchor: plain PPO on CartPole with a fresh agent on
 #    every task (their Oracle), 5 seeds (~10 CPU-hours), beside their vanilla agent's published number
 run --setting cchain_cartpole --methods ppo --fresh all

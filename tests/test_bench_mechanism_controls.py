@@ -194,3 +194,29 @@ def test_fire_hidden_rewrites_the_hidden_layers_at_each_switch_and_leaves_the_he
             sigma = th.linalg.svdvals(w)
             assert th.allclose(sigma, th.full_like(sigma, (w.shape[0] / w.shape[1]) ** 0.5), atol=1e-5), n
     assert fired == 2
+
+
+def test_tanh_control_is_the_plain_agent_with_bounded_hidden_features(continual):
+    """``ppo_tanh``: plain PPO's network, optimizer and initial scheme with Tanh where plain PPO has ReLU (the control
+    for deep Fourier features' bounded features); its fresh agent runs it; refused on a CNN setting."""
+    from torch import nn
+
+    setting = _tiny_cartpole(continual)
+    params = continual.MethodParams()
+    plain, _ = continual.build_model("ppo", setting, params, 0, "cpu", None)
+    tanh, callbacks = continual.build_model("ppo_tanh", setting, params, 0, "cpu", None)
+    assert callbacks == [] and "ppo_tanh" in continual.METHODS and "ppo_tanh" not in continual.TASK_CHANGE_METHODS
+
+    def kinds(model):
+        return [type(m) for m in model.policy.mlp_extractor.modules() if not isinstance(m, (nn.Sequential, nn.Linear))][1:]
+
+    assert kinds(plain) == [nn.ReLU] * 4 and kinds(tanh) == [nn.Tanh] * 4
+    # the same parameters at the start (the activation draws no random numbers) and the same optimizer
+    for (name, a), (_, b) in zip(plain.policy.named_parameters(), tanh.policy.named_parameters()):
+        assert th.equal(a, b), name
+    assert plain.policy.optimizer.defaults == tanh.policy.optimizer.defaults
+    x = th.randn(5, 4)
+    hidden = tanh.policy.mlp_extractor.forward_actor(100 * x)
+    assert hidden.abs().max() <= 1.0  # bounded, however far the input moves
+    with pytest.raises(ValueError, match="'MlpPolicy'"):
+        continual.build_model("ppo_tanh", continual.SETTINGS["minatar_intensive"], params, 0, "cpu", None)
