@@ -8,9 +8,10 @@
 # through the device tool, with the wheels of `bench/gpu_session.sh --download-wheels` carried:
 #     run(command="bench/device_runs.sh 420 --setting minatar_intensive --methods plastic_relu ... --seeds 1 2 3 4
 #                  --fresh sample --fresh-only --jobs 16", carry=[".whl"], timeout_s=560)
-# After LIMIT_SECONDS the runs still going are stopped (their process group only) (lost: fresh agents keep no checkpoint); every run JSON this
-# call wrote comes back in $OUT/runs.tgz (paths relative to the repository root: `tar xzf runs.tgz` there adds them),
-# the transcript in $OUT/session.log. The JSONs record the torch build that trained them ("torch").
+# After LIMIT_SECONDS the runs still going are stopped, their process group only (lost: fresh agents keep no
+# checkpoint); every run JSON the call wrote in its output folder comes back in $OUT/runs.tgz (paths relative to the
+# repository root: `tar xzf runs.tgz` there adds them), the transcript in $OUT/session.log. The JSONs record the
+# torch build that trained them ("torch").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LIMIT=${1:?usage: bench/device_runs.sh LIMIT_SECONDS <bench/continual.py arguments>}
@@ -35,5 +36,15 @@ wait "$runs"
 echo "=== $(date -u +%T) stopped (exit $?); packing the run JSONs written"
 kill "$watchdog" 2>/dev/null
 kill -- -"$runs" 2>/dev/null   # pool processes still going after a stop
-find bench/results -path '*/runs/*' -name '*.json' -newer "$marker" | tee "$OUT/written.txt" | tar czf "$OUT/runs.tgz" -T -
+# the call's output folder, as bench/continual.py names it (--out, else bench/results/continual/<setting>[_quick]):
+# only its runs are packed, not what other processes write elsewhere meanwhile
+folder="" setting=bandit quick="" prev=""
+for a in "$@"; do
+    case $prev in --out) folder=$a ;; --setting) setting=$a ;; esac
+    [ "$a" = --quick ] && quick=_quick
+    prev=$a
+done
+folder=${folder:-bench/results/continual/$setting$quick}
+find "$folder" -path '*/runs/*' -name '*.json' -newer "$marker" 2>/dev/null | sort | tee "$OUT/written.txt" \
+    | tar czf "$OUT/runs.tgz" -T -
 echo "$(wc -l < "$OUT/written.txt") run JSONs in runs.tgz"

@@ -11,7 +11,7 @@ The storage is the one the tuning uses (``sb3-plastic train -optimize --storage`
 PostgreSQL (``postgresql://user:password@host/db``) across machines. Resuming: a rerun of the same command continues
 the study; a finished cell (a COMPLETE trial, or JSON files on disk) is never rerun; a cell whose worker died is
 marked failed by optuna's heartbeat (``--heartbeat`` seconds) and retried once by another worker
-(:func:`retry_callback`), which takes over the dead worker's run claims (``bench/continual.py``'s ``claim_run``:
+(:func:`retry_callback`), which takes over the dead worker's run claims (``bench/continual_runs.py``'s ``claim_run``:
 a run is trained by one process at a time); a worker that finds only cells other workers are running stops.
 
 Examples::

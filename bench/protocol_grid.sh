@@ -18,6 +18,9 @@ BANDIT="--setting bandit --out bench/results/continual/bandit_protocol"
 CARTPOLE="--setting cartpole_obs"
 # 1. issue #29's control: head reset at every switch (value head; both heads and the policy head are done)
 run $CARTPOLE --methods ppo_value_head_reset
+# Fourier's control (twenty-first session): Tanh, bounded hidden features like sin / cos, on PerturbedCartPole
+# (~50 CPU-min, ahead of the rest: it tests the mechanism of the best row of the table)
+run $CARTPOLE --methods ppo_tanh
 #    and its other two controls, running observation normalisation and FIRE at every switch on the hidden layers
 #    only, through bench/grid.py's distributed path (issue #29 part 6): one optuna study on PostgreSQL, this worker and
 #    a second one started by hand with the same command; the grid's cells go to bench/results/continual/cartpole_obs
@@ -42,8 +45,6 @@ for m in $FIELD; do run $BANDIT --methods $m; done
 for m in $FIELD; do run $CARTPOLE --methods $m; done
 #    and the injection's control: the 2 layers an injection freezes and replaces, re-drawn at every switch instead
 for setting in "$BANDIT" "$CARTPOLE"; do run $setting --methods ppo_head2_reset; done
-# Fourier's control (twenty-first session): Tanh, bounded hidden features like sin / cos, on PerturbedCartPole
-run $CARTPOLE --methods ppo_tanh
 # 4. issue #29 part 2: C-CHAIN's continual Gym control. First the anchor: plain PPO on CartPole with a fresh agent on
 #    every task (their Oracle), 5 seeds (~10 CPU-hours), beside their vanilla agent's published number
 run --setting cchain_cartpole --methods ppo --fresh all
