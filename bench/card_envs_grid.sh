@@ -49,6 +49,10 @@ run "$w" $MI --methods plastic_relu --seeds 0 --fresh sample --isometry-coef 0.0
 #    ReLU + AdamO's (10.6-13.1 against plain PPO's 20-31); is the pull or its strength what costs the speed?
 run "$w" $MI --methods ppo_l2_init --seeds 0 --fresh sample --l2-init-coef 1e-4 \
     --out bench/results/continual/minatar_intensive_l2init1e-4
+#    and deep Fourier features (issue #30; not among the grid's methods, seed 0 first): on both toy settings the best
+#    method not told of the switch (PerturbedCartPole 500 [481, 500], at its fresh agents); does it carry over to the
+#    CNN? (the library's width convention: half the units per layer, the activation doubles the features)
+run "$w" $MI --methods ppo_fourier --seeds 0 --fresh sample
 # 4. Slippery Ant at Dohare et al.'s own design (slippery_ant_dohare: a new friction every 2 M steps, 20 M steps, their
 #    minibatch of 128; ~6-7.5 CPU-hours a run, checkpointed), plain PPO seed 0 first: does plain PPO's decline show at
 #    all before the methods are run on it (bench/README: the 200 k and 500 k intervals showed none)
