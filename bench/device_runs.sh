@@ -19,7 +19,8 @@ shift
 OUT="${OUT:-/tmp/device_runs}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
-PY="python3 -P"   # -P for the install checks: the checkout's sb3_plastic/ must not shadow the installed package
+PYTHON="${PYTHON:-python3}"   # the interpreter (the tests pass their own)
+PY="$PYTHON -P"   # -P for the install checks: the checkout's sb3_plastic/ must not shadow the installed package
 exec > >(tee -a "$OUT/session.log") 2>&1
 echo "=== $(date -u +%T) environment"
 source bench/device_env.sh
@@ -28,7 +29,7 @@ echo "=== $(date -u +%T) bench/continual.py $* (stopped after ${LIMIT} s)"
 # a script's own folder (bench/) leads sys.path, the checkout root does not: the installed sb3_plastic is imported.
 # The runs get their own process group (setsid), so that stopping them stops their pool processes and nothing else
 # on the machine (a `pkill -f` here once stopped another checkout's grid workers).
-setsid python3 bench/continual.py "$@" --no-diagnostics-plots &
+setsid "$PYTHON" bench/continual.py "$@" --no-diagnostics-plots &
 runs=$!
 ( sleep "$LIMIT"; kill -- -"$runs" 2>/dev/null ) &
 watchdog=$!

@@ -21,7 +21,7 @@ def test_fresh_agents_come_back_packed_and_only_its_own_runs_are_stopped(tmp_pat
     name = f"_device_runs_test_{os.getpid()}"
     out = ROOT / "bench" / "results" / "continual" / name
     decoy = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "bench/continual.py"])
-    env = dict(os.environ, OUT=str(tmp_path / "out"))
+    env = dict(os.environ, OUT=str(tmp_path / "out"), PYTHON=sys.executable)
     try:
         done = subprocess.run(
             ["bash", str(ROOT / "bench" / "device_runs.sh"), "60", "--quick", "--methods", "ppo", "--fresh", "all",
