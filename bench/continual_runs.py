@@ -105,17 +105,44 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def process_identity(pid: int) -> Optional[str]:
+    """``"<boot id>:<start time>"`` of a live process (Linux's ``/proc``), or ``None`` where it cannot be read. A pid
+    alone does not name a process: a machine that restarts (a new session) reuses pids, so an earlier session's claim
+    may name a live, unrelated process; the boot and the start time (clock ticks after boot) tell them apart."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # the command name (field 2) may hold spaces and parentheses: the fields after its last ')' start at field 3
+    return f"{boot}:{stat[stat.rindex(')') + 2:].split()[19]}"
+
+
+def _claim_holder_alive(pid: int, identity: Optional[str]) -> bool:
+    """Whether the process a claim names (pid, and its identity where the claim recorded one) is still running."""
+    if not _pid_alive(pid):
+        return False
+    if identity is None:  # a claim from before identities were recorded, or from a machine without /proc
+        return True
+    now = process_identity(pid)
+    return now is None or now == identity
+
+
 def claim_run(path: str, take_over: bool = False) -> str:
     """Claim the run whose JSON is ``path`` for this process: ``<path>.claim`` made with ``O_EXCL`` holds
-    ``host pid``. Two processes training one run would share (and the later one delete) its TensorBoard folder and
-    race on its JSON, so a claim held by a live process on this host raises :class:`RunClaimedError`; a claim left
-    by a dead process (an interrupted attempt) is taken over; one from another host is respected (remove it by hand
-    when that host is gone) unless ``take_over`` (bench/grid.py's retry of a trial whose worker optuna's heartbeat
-    declared dead). Returns the claim's path (remove it when the run is written)."""
+    ``host pid identity`` (:func:`process_identity`; ``host pid`` where it cannot be read). Two processes training
+    one run would share (and the later one delete) its TensorBoard folder and race on its JSON, so a claim held by a
+    live process on this host raises :class:`RunClaimedError`; a claim left by a dead process (an interrupted
+    attempt, or an earlier boot's process whose pid a new one reuses) is taken over; one from another host is
+    respected (remove it by hand when that host is gone) unless ``take_over`` (bench/grid.py's retry of a trial whose
+    worker optuna's heartbeat declared dead). Returns the claim's path (remove it when the run is written)."""
     import socket
 
     claim = path + ".claim"
-    me = f"{socket.gethostname()} {os.getpid()}"
+    identity = process_identity(os.getpid())
+    me = f"{socket.gethostname()} {os.getpid()}" + (f" {identity}" if identity else "")
     os.makedirs(os.path.dirname(claim) or ".", exist_ok=True)
     for _ in range(2):
         try:
@@ -123,10 +150,11 @@ def claim_run(path: str, take_over: bool = False) -> str:
         except FileExistsError:
             try:
                 with open(claim) as f:
-                    host, pid = f.read().split()
+                    host, pid, *held_identity = f.read().split()
             except (OSError, ValueError):  # being written this instant, or unreadable: treat as held
                 raise RunClaimedError(f"{path} is claimed ({claim} exists)") from None
-            if not take_over and (host != socket.gethostname() or _pid_alive(int(pid))):
+            alive = _claim_holder_alive(int(pid), held_identity[0] if held_identity else None)
+            if not take_over and (host != socket.gethostname() or alive):
                 raise RunClaimedError(f"{path} is being trained by pid {pid} on {host} ({claim})") from None
             os.remove(claim)  # a dead process's claim (or one handed over)
             continue

@@ -413,6 +413,37 @@ def test_a_run_another_live_process_trains_is_not_touched_and_a_dead_claim_is_ta
     assert record["fresh_task"] == 0 and os.path.exists(path) and not os.path.exists(path + ".claim")
 
 
+def test_a_claim_left_by_an_earlier_boot_is_taken_over_when_its_pid_is_reused(continual, tmp_path):
+    """A session's workers die with the machine; the next boot reuses pids, so a stale claim may name a live but
+    unrelated process: the claim records the process's identity (boot and start time) and only that process holds it."""
+    import socket
+
+    setting = _tiny_bandit(continual)
+    params = continual.MethodParams()
+    path = continual.run_path(str(tmp_path), "ppo", 1, 0)
+    Path(path + ".claim").parent.mkdir(parents=True, exist_ok=True)
+    me = continual.process_identity(os.getpid())
+    if me is None:
+        pytest.skip("no /proc here: a claim holds the pid alone")
+    # this live process, as the claim's own process: held
+    Path(path + ".claim").write_text(f"{socket.gethostname()} {os.getpid()} {me}")
+    with pytest.raises(continual.RunClaimedError, match=f"being trained by pid {os.getpid()}"):
+        continual.run_one("ppo", 1, setting, params, str(tmp_path), "cpu", 1, fresh_task=0)
+    # the same pid, but another boot's process (an earlier session's worker): taken over
+    Path(path + ".claim").write_text(f"{socket.gethostname()} {os.getpid()} 00000000-earlier-boot:{me.split(':')[1]}")
+    record = continual.run_one("ppo", 1, setting, params, str(tmp_path), "cpu", 1, fresh_task=0)
+    assert record["fresh_task"] == 0 and os.path.exists(path) and not os.path.exists(path + ".claim")
+    # the same boot, a process started at another time under the same pid: taken over too
+    os.remove(path)
+    Path(path + ".claim").write_text(f"{socket.gethostname()} {os.getpid()} {me.split(':')[0]}:1")
+    record = continual.run_one("ppo", 1, setting, params, str(tmp_path), "cpu", 1, fresh_task=0)
+    assert os.path.exists(path) and not os.path.exists(path + ".claim")
+    # a claim this process writes names it in full
+    os.remove(path)
+    claim = continual.claim_run(path)
+    assert Path(claim).read_text() == f"{socket.gethostname()} {os.getpid()} {me}"
+
+
 def test_fresh_agents_of_task_change_methods_are_the_plain_fresh_runs(continual, tmp_path):
     setting = _tiny_bandit(continual)
     params = continual.MethodParams()
