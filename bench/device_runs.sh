@@ -31,10 +31,16 @@ echo "=== $(date -u +%T) bench/continual.py $* (stopped after ${LIMIT} s)"
 # on the machine (a `pkill -f` here once stopped another checkout's grid workers).
 setsid "$PYTHON" bench/continual.py "$@" --no-diagnostics-plots &
 runs=$!
-( sleep "$LIMIT"; kill -- -"$runs" 2>/dev/null ) &
+( sleep "$LIMIT"; touch "$marker.limit"; kill -- -"$runs" 2>/dev/null ) &
 watchdog=$!
 wait "$runs"
-echo "=== $(date -u +%T) stopped (exit $?); packing the run JSONs written"
+code=$?
+if [ -e "$marker.limit" ]; then
+    echo "=== $(date -u +%T) runs stopped at the ${LIMIT} s limit (those unfinished are lost); packing the run JSONs written"
+else
+    echo "=== $(date -u +%T) runs finished (exit $code); packing the run JSONs written"
+fi
+rm -f "$marker.limit"
 kill "$watchdog" 2>/dev/null
 kill -- -"$runs" 2>/dev/null   # pool processes still going after a stop
 # the call's output folder, as bench/continual.py names it (--out, else bench/results/continual/<setting>[_quick]):
