@@ -31,7 +31,12 @@ echo "=== $(date -u +%T) bench/continual.py $* (stopped after ${LIMIT} s)"
 # on the machine (a `pkill -f` here once stopped another checkout's grid workers).
 setsid "$PYTHON" bench/continual.py "$@" --no-diagnostics-plots &
 runs=$!
-( sleep "$LIMIT"; touch "$marker.limit"; kill -- -"$runs" 2>/dev/null ) &
+# the watchdog's sleep must not outlive it: an orphaned sleep kept the script's output open, so the caller (the device
+# tool, a test) waited out the whole limit after the runs had ended; its output goes nowhere, and stopping the
+# watchdog stops its sleep (the trap)
+( trap 'kill "$nap" 2>/dev/null; exit 0' TERM
+  sleep "$LIMIT" & nap=$!
+  wait "$nap" && { touch "$marker.limit"; kill -- -"$runs" 2>/dev/null; } ) > /dev/null 2>&1 &
 watchdog=$!
 wait "$runs"
 code=$?
