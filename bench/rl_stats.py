@@ -5,9 +5,9 @@ rliable (Agarwal et al., 2021, "Deep RL at the Edge of the Statistical Precipice
 aggregating RL runs; it is required (the ``bench`` and ``test`` extras install it). Its own interval routine
 (``library.get_interval_estimates``) does not run with the installed arch/pandas (see :func:`stratified_bootstrap`),
 so the resampling is done here, as rliable's ``StratifiedBootstrap`` does it (every task column resampled over runs,
-independently), around rliable's metric functions; where rliable's routine imports, the intervals agree with its own
-to Monte Carlo error (``tests/test_rl_stats.py``). Imported by ``bench/stationary.py`` and ``bench/continual.py``
-(``sys.path`` holds ``bench/``).
+independently), around rliable's metric functions; the intervals agree with rliable's own routine to Monte Carlo
+error (``tests/test_rl_stats.py`` runs that routine, arch's import mended for the test). Imported by
+``bench/stationary.py`` and ``bench/continual.py`` (``sys.path`` holds ``bench/``).
 """
 
 from __future__ import annotations
