@@ -7,7 +7,9 @@
 #     nohup setsid bench/card_envs_grid.sh 2 > /tmp/grid2.log 2>&1 &
 # Every worker walks the same list; bench/continual.py skips a finished run, reports a run another live worker holds as
 # skipped (its claim) and resumes a run from its checkpoint (bench/run_checkpoint.py), so two workers share the list
-# and a new session continues where the last one stopped. At a session's end, commit what finished and the
+# and a new session continues where the last one stopped. At a session's end, stop the workers with
+# `bench/stop_workers.sh` (each run checkpoints at its next rollout start, then stops: nothing since its last
+# periodic checkpoint is lost, and no further run starts), then commit what finished and the
 # checkpoints of the runs in progress:
 #     git add bench/results/continual/*/runs && git add -f bench/results/continual/*/ckpt
 # The runs go at nice -5, and their session's autogroup at -5 too: this grid comes before other work on the machine

@@ -122,7 +122,7 @@ import continual_figures  # noqa: F401
 import continual_recorder  # noqa: F401
 import continual_report  # noqa: F401
 import continual_runs  # noqa: F401
-import run_checkpoint  # noqa: F401
+import run_checkpoint
 
 # What the CLI uses, and every name other files use as ``continual.<name>`` (bench/grid.py, seed_table.py,
 # setting_cost.py, denormals.py, the tests), or a pickle may name as ``__main__.<name>`` / ``continual.<name>`` (a
@@ -319,6 +319,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         flush=True,
     )
     if not args.plot_only:
+        run_checkpoint.install_stop_handler()  # SIGUSR1: checkpoint the runs in progress and stop (stop_workers.sh)
         os.makedirs(out, exist_ok=True)
         cells = [(m, s, k) for s in args.seeds for m in methods for k in run_parts(setting, args.fresh, s)
                  if k is not None or not args.fresh_only]
@@ -327,7 +328,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         skipped = len(cells) - len(jobs)
         if skipped:
             print(f"resuming: {skipped} finished runs skipped", flush=True)
-        failures, claimed, finished = [], [], 0
+        failures, claimed, stopped, finished = [], [], [], 0
         start = time.time()
         if args.jobs == 1:
             outcomes = map(_run_job, jobs)
@@ -337,12 +338,16 @@ def main(argv: Optional[list[str]] = None) -> int:
         for method, seed, fresh_task, seconds, error in outcomes:
             # a run another live worker holds is not a failure: that worker writes it
             held = bool(error) and error.startswith(f"{RunClaimedError.__name__}:")
-            status = f"skipped, another worker holds it ({error})" if held else "FAILED " + error if error else "done"
+            halted = bool(error) and error.startswith(f"{run_checkpoint.RunStopped.__name__}:")
+            status = (f"skipped, another worker holds it ({error})" if held else f"stopped ({error})" if halted
+                      else "FAILED " + error if error else "done")
             what = "" if fresh_task is None else f" fresh task {fresh_task}"
             print(f"[{time.time() - start:7.0f}s] {method} seed {seed}{what}: {status} ({seconds / 60:.1f} min)",
                   file=sys.stderr, flush=True)
             if held:
                 claimed.append((method, seed, fresh_task))
+            elif halted:
+                stopped.append((method, seed, fresh_task))
             elif error:
                 failures.append((method, seed, fresh_task, error))
             else:
@@ -354,6 +359,11 @@ def main(argv: Optional[list[str]] = None) -> int:
                   "once that worker is done, finds them finished or resumes what it left", flush=True)
         if failures:
             print(f"{len(failures)} runs failed: {failures}", flush=True)
+        if stopped:
+            # asked to stop (the end of a session): the tables wait for the next call, or --plot-only
+            print(f"stopped on request: {len(stopped)} runs not finished ({stopped}); the same command resumes them "
+                  "from their checkpoints (the folder's tables and figures are left as they are)", flush=True)
+            return 3
         if args.fresh_only:
             print("--fresh-only: the folder's tables and figures are left as they are (they summarise continual runs; "
                   "rebuild them with --plot-only)", flush=True)

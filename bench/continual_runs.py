@@ -173,6 +173,8 @@ def run_one(method: str, seed: int, setting: Setting, params: MethodParams, out:
     if reused is not None:
         return reused
     path = run_path(out, method, seed, fresh_task)
+    if run_checkpoint.stop_requested():  # this process was asked to stop: start nothing new
+        raise run_checkpoint.RunStopped("not started: this process was asked to stop")
     claim = claim_run(path, take_over)
     try:
         if os.path.exists(path):  # finished by the previous claimant between our check and our claim
@@ -335,6 +337,7 @@ def run_cell(method: str, seed: int, setting: Setting, params: MethodParams, out
 
 def _run_job(job: tuple) -> tuple[str, int, Optional[int], float, Optional[str]]:
     method, seed, fresh_task, setting, params, out, device, threads = job
+    run_checkpoint.install_stop_handler()  # a pool worker (spawned) stops on the signal as the main process does
     start = time.time()
     try:
         run_one(method, seed, setting, params, out, device, threads, fresh_task)

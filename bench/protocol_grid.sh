@@ -6,6 +6,7 @@
 # the toy settings, ~45-65 on the Gym-control ones, the card's grid ~50-600.
 #     nohup setsid bench/protocol_grid.sh > /tmp/protocol.log 2>&1 &
 # bench/continual.py skips what is finished and reports what another worker holds, so the list can be rerun.
+# Stop it (and bench/card_envs_grid.sh) with bench/stop_workers.sh: the runs checkpoint first.
 # Tables and figures afterwards: bench/continual.py --setting S --plot-only [--out ...] (the commands in bench/README).
 set -u
 cd "$(dirname "$0")/.."

@@ -12,6 +12,11 @@ A checkpoint is taken at a rollout start (``_on_rollout_start``, on-policy and o
   actions from it) and what the caller adds (``extra()``: the bench's per-task
   recorder, the monitor's probe batch and history, the CPU time so far).
 
+A run can also be stopped on request without losing what it did since its last checkpoint: :data:`STOP_SIGNAL`
+(SIGUSR1; :func:`install_stop_handler`) asks it to take a checkpoint at its next rollout start (the one after, if
+that start follows a task switch) and then raise :class:`RunStopped` (``bench/stop_workers.sh``, the end of a working
+session).
+
 Resuming loads all of it and restores the random states at the first rollout start of the resumed ``learn()``,
 the point where the checkpoint was taken, so the resumed run continues the interrupted one exactly (tested bit for
 bit against an uninterrupted run). A checkpoint is not taken in the rollout right after a task switch (an
@@ -26,6 +31,7 @@ import os
 import pickle
 import random
 import shutil
+import signal
 import time
 import warnings
 from collections.abc import Callable
@@ -36,6 +42,38 @@ import numpy as np
 #: default wall seconds between two checkpoints of a run in progress
 CHECKPOINT_SECONDS = 600.0
 _LATEST = "latest"
+#: the signal that asks the runs of a process to checkpoint at their next rollout start and stop
+STOP_SIGNAL = signal.SIGUSR1
+_stop = {"requested": False}
+
+
+class RunStopped(RuntimeError):
+    """A run stopped on request (:data:`STOP_SIGNAL`), its checkpoint saved: the same command resumes it."""
+
+
+def request_stop(*_: Any) -> None:
+    """Ask every run of this process to checkpoint at its next rollout start and stop (the signal handler)."""
+    _stop["requested"] = True
+
+
+def stop_requested() -> bool:
+    """Whether a stop was requested in this process (:func:`request_stop`)."""
+    return _stop["requested"]
+
+
+def clear_stop() -> None:
+    """Forget a stop request (tests, and a process that goes on after one)."""
+    _stop["requested"] = False
+
+
+def install_stop_handler() -> Any:
+    """Make :data:`STOP_SIGNAL` request a stop (:func:`request_stop`) instead of ending the process at once; returns
+    the handler it replaces (``None`` outside the main thread, where Python lets no handler be set)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(STOP_SIGNAL, request_stop)
 
 
 def latest(root: str) -> Optional[str]:
@@ -228,18 +266,30 @@ def checkpointer(root: str, every_seconds: Optional[float], extra: Callable[[], 
                 do, self._restore = self._restore, None
                 do()
                 self._last = time.monotonic()
+                if stop_requested():  # the checkpoint it resumed from is still the latest
+                    raise RunStopped(f"stopped on request at step {self.num_timesteps}, its checkpoint under {root}")
                 return
-            if self._switched:
+            if self._switched:  # no checkpoint here (and a requested stop waits for the next rollout start)
                 self._switched = False
                 return
-            if self._every is None or time.monotonic() - self._last < self._every:
+            stopping = stop_requested()
+            if not stopping and (self._every is None or time.monotonic() - self._last < self._every):
                 return
+            if stopping and self._every is None:
+                raise RunStopped(f"stopped on request at step {self.num_timesteps} without a checkpoint (checkpointing "
+                                 "is off for this run): it starts again")
             try:
-                save(root, self.model, extra())
+                folder = save(root, self.model, extra())
             except Exception as exc:  # reported; the run goes on without checkpoints
                 warnings.warn(f"checkpoint of {root} failed ({type(exc).__name__}: {exc}); checkpointing is off for "
                               "this run", stacklevel=2)
                 self._every = None
+                if stopping:
+                    raise RunStopped(f"stopped on request at step {self.num_timesteps}; its checkpoint failed: it "
+                                     "starts again") from exc
+            else:
+                if stopping:
+                    raise RunStopped(f"stopped on request at step {self.num_timesteps}, checkpoint {folder}")
             self._last = time.monotonic()
 
     return Checkpointer()

@@ -388,6 +388,85 @@ def test_an_interrupted_run_resumes_from_its_checkpoint_exactly(continual, tmp_p
     assert not Path(root).exists()  # removed with the finished run
 
 
+@pytest.fixture
+def stop_signal(continual):
+    """A stop request (SIGUSR1) is process-wide: forgotten, and the signal's handler put back, after the test."""
+    import signal
+
+    previous = signal.getsignal(continual.run_checkpoint.STOP_SIGNAL)
+    continual.run_checkpoint.clear_stop()
+    yield continual.run_checkpoint
+    continual.run_checkpoint.clear_stop()
+    signal.signal(continual.run_checkpoint.STOP_SIGNAL, previous)
+
+
+def _signal_at(continual, monkeypatch, step):
+    """Make the next run built by ``build_model`` send this process the stop signal once ``num_timesteps >= step``."""
+    import os
+
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    build, fired = continual.build_model, []
+
+    class Signal(BaseCallback):
+        def _on_step(self):
+            if self.num_timesteps >= step and not fired:
+                fired.append(self.num_timesteps)
+                os.kill(os.getpid(), continual.run_checkpoint.STOP_SIGNAL)
+            return True
+
+    def build_model(*args, **kwargs):
+        model, callbacks = build(*args, **kwargs)
+        return model, callbacks + ([] if fired else [Signal()])
+
+    monkeypatch.setattr(continual.continual_runs, "build_model", build_model)
+    return fired
+
+
+@pytest.mark.parametrize("method", ["ppo", "dqn_l2_init"])
+def test_a_run_stopped_on_request_checkpoints_then_resumes_exactly(continual, tmp_path, monkeypatch, stop_signal,
+                                                                   method):
+    """The end of a session: SIGUSR1 makes a run save a checkpoint at its next rollout start and stop, so nothing
+    since its last periodic checkpoint is lost (none here: the period is far longer than the run)."""
+    setting = _dqn_bandit(continual) if method.startswith("dqn") else _tiny_bandit(continual, tasks=3)
+    params = continual.MethodParams()
+    whole = continual.run_one(method, 0, setting, params, str(tmp_path / "whole"), "cpu", 1)
+    stop_signal.install_stop_handler()
+    fired = _signal_at(continual, monkeypatch, step=setting.task_timesteps + 100)  # inside task 1
+    out = str(tmp_path / "cut")
+    with pytest.raises(stop_signal.RunStopped, match="stopped on request at step .*checkpoint"):
+        continual.run_one(method, 0, setting, params, out, "cpu", 1)
+    path = continual.run_path(out, method, 0)
+    assert fired and not Path(path).exists() and not Path(path + ".claim").exists()
+    latest = stop_signal.latest(continual.checkpoint_root(out, method, 0))
+    assert latest is not None and int(Path(latest).name.removeprefix("step")) >= fired[0]
+    # asked to stop, the process starts nothing more
+    with pytest.raises(stop_signal.RunStopped, match="not started"):
+        continual.run_one(method, 1, setting, params, out, "cpu", 1)
+    assert not Path(continual.run_path(out, method, 1) + ".claim").exists()
+    assert not Path(continual.checkpoint_root(out, method, 1)).exists()
+    stop_signal.clear_stop()
+    resumed = continual.run_one(method, 0, setting, params, out, "cpu", 1)
+    assert resumed["resumed_at"] == [int(Path(latest).name.removeprefix("step"))]
+    for key in ("task", "end_reward", "end_return", "mean_reward", "end_episodes", "diagnostics", "timesteps"):
+        assert resumed[key] == whole[key], key
+
+
+def test_the_cli_stopped_on_request_leaves_its_tables_and_starts_no_other_run(continual, tmp_path, monkeypatch,
+                                                                              stop_signal, capsys):
+    out = tmp_path / "grid"
+    setting = continual.resolve_setting("bandit", True, None, None, {})
+    _signal_at(continual, monkeypatch, step=setting.task_timesteps + 100)
+    code = continual.main(["--quick", "--methods", "ppo", "--seeds", "0", "1", "--fresh", "none", "--out", str(out)])
+    captured = capsys.readouterr()
+    assert code == 3
+    assert "stopped on request: 2 runs not finished ([('ppo', 0, None), ('ppo', 1, None)])" in captured.out
+    assert "ppo seed 1: stopped (RunStopped: not started" in captured.err and "FAILED" not in captured.err
+    assert stop_signal.latest(continual.checkpoint_root(str(out), "ppo", 0)) is not None
+    assert not Path(continual.checkpoint_root(str(out), "ppo", 1)).exists()
+    assert not (out / "summary.md").exists()
+
+
 def test_a_checkpoint_that_cannot_be_written_warns_and_the_run_goes_on(continual, tmp_path, monkeypatch):
     setting = _tiny_bandit(continual, tasks=2)
     monkeypatch.setattr(continual.continual_runs, "CHECKPOINT_SECONDS", 0.0)
