@@ -230,21 +230,34 @@ def write_record(path: str, record: dict) -> None:
     os.replace(path + ".tmp", path)
 
 
-def train_scalars_per_task(events_dir: str, setting: Setting, tasks: int) -> dict[str, list[Optional[float]]]:
-    """Per tag of :data:`TRAIN_SCALARS` found in the TensorBoard events of ``events_dir`` (tensorboard's
-    ``EventAccumulator``): the mean of the values logged in the tail of each of the first ``tasks`` tasks (the last
-    ``setting.tail`` part of ``[k, k + 1) * task_timesteps`` in timesteps); ``None`` for a task without a value."""
+def _last_per_step(scalars: Any) -> dict[int, float]:
+    # in the order the events were written: a resumed run's values replace those its interrupted attempt wrote past
+    # the checkpoint it resumed from (they stay in the folder's earlier events file)
+    return {int(e.step): float(e.value) for e in scalars}
+
+
+def scalar_steps(events_dir: str, tag: str) -> dict[int, float]:
+    """``{step: value}`` of the scalar ``tag`` in the TensorBoard events of ``events_dir`` (tensorboard's
+    ``EventAccumulator``), the last value written at each step; ``{}`` without the tag."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(events_dir, size_guidance={"scalars": 0})
     events.Reload()
+    return _last_per_step(events.Scalars(tag)) if tag in events.Tags()["scalars"] else {}
+
+
+def train_scalars_per_task(events_dir: str, setting: Setting, tasks: int) -> dict[str, list[Optional[float]]]:
+    """Per tag of :data:`TRAIN_SCALARS` found in the TensorBoard events of ``events_dir``: the mean of the values
+    logged (:func:`scalar_steps`) in the tail of each of the first ``tasks`` tasks (the last ``setting.tail`` part of
+    ``[k, k + 1) * task_timesteps`` in timesteps); ``None`` for a task without a value."""
     length = setting.task_timesteps
     out: dict[str, list[Optional[float]]] = {}
     for tag in TRAIN_SCALARS:
-        if tag not in events.Tags()["scalars"]:
+        logged = scalar_steps(events_dir, tag)
+        if not logged:
             continue
-        steps = np.array([e.step for e in events.Scalars(tag)], dtype=float)
-        values = np.array([e.value for e in events.Scalars(tag)], dtype=float)
+        steps = np.array(list(logged), dtype=float)
+        values = np.array(list(logged.values()), dtype=float)
         per_task: list[Optional[float]] = []
         for k in range(tasks):
             start, end = (k + 1.0 - setting.tail) * length, (k + 1.0) * length
@@ -285,10 +298,9 @@ def hidden_dfi_from_events(events_dir: str, network: str = "policy") -> tuple[di
                 if t.startswith(prefix) and t.endswith("/" + metric) and t.count("/") == 3}
 
     heads = layers_with("sigma_max") - layers_with("dormant_fraction")
-    per_layer = [{e.step: e.value for e in events.Scalars(f"{prefix}{layer}/dfi")}
-                 for layer in sorted(layers_with("dfi") - heads)]
+    per_layer = [_last_per_step(events.Scalars(f"{prefix}{layer}/dfi")) for layer in sorted(layers_with("dfi") - heads)]
     total_tag = f"{prefix}dfi"
-    totals = {int(e.step): float(e.value) for e in events.Scalars(total_tag)} if total_tag in tags else {}
+    totals = _last_per_step(events.Scalars(total_tag)) if total_tag in tags else {}
     if not per_layer:
         return {}, totals
     steps = set.intersection(*(set(d) for d in per_layer))

@@ -233,6 +233,20 @@ def _with_evaluator_restore(restore: Any, evaluator: Any, saved: dict[str, Any])
     return with_restore
 
 
+def _logged(logger: Any) -> dict[str, dict[str, Any]]:
+    """What SB3's logger holds and has not written yet. A checkpoint falls at a rollout start, between the ``train()``
+    call that recorded its scalars and the dump after the rollout: the resumed run writes them as the whole one does,
+    and a callback that reads them at the rollout start (C-CHAIN's adaptation of its coefficient) finds them."""
+    return {"name_to_value": dict(logger.name_to_value), "name_to_count": dict(logger.name_to_count),
+            "name_to_excluded": dict(logger.name_to_excluded)}
+
+
+def _log_again(logger: Any, logged: Optional[dict[str, dict[str, Any]]]) -> None:
+    """Put the values :func:`_logged` took back into the resumed run's logger (checkpoints from before it: nothing)."""
+    for field, values in (logged or {}).items():
+        getattr(logger, field).update(values)
+
+
 def checkpoint_root(out: str, method: str, seed: int, fresh_task: Optional[int] = None) -> str:
     """Where the checkpoints of a run in progress are (``ckpt/<method>/s<k>[_task<j>]``; not committed, removed
     when the run is written)."""
@@ -275,6 +289,7 @@ def _train_run(method: str, seed: int, setting: Setting, params: MethodParams, o
     def extra() -> dict[str, Any]:
         return {"results": results, "recorder": {k: getattr(recorder, k) for k in _RECORDER_FIELDS},
                 "monitor_history": monitor.history, "monitor_probe": monitor._probe, "resumes": resumes,
+                "logger": _logged(model.logger),
                 "cpu_seconds": before_cpu + time.process_time() - cpu_start,
                 "wall_seconds": before_wall + time.time() - start}
 
@@ -283,6 +298,7 @@ def _train_run(method: str, seed: int, setting: Setting, params: MethodParams, o
         for key, value in saved["recorder"].items():
             setattr(recorder, key, value)
         monitor._probe = saved["monitor_probe"]
+        _log_again(model.logger, saved.get("logger"))
 
     evaluator = _evaluator(setting, seed, fresh_task, method)
     if evaluator is not None:

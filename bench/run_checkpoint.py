@@ -194,11 +194,15 @@ def load_buffer(path: str) -> Any:
 
 
 def load(folder: str, cls: Any, device: str, tensorboard_log: Optional[str]) -> tuple[Any, dict[str, Any]]:
-    """The model of the checkpoint ``folder`` (class ``cls``) on its pickled env, not reset (``force_reset=False``:
+    """The model of the checkpoint ``folder`` (class ``cls``, or a subclass of the same name that rebuilds injected
+    branches) on its pickled env, not reset (``force_reset=False``:
     the episodes in progress continue), with its replay buffer; and the checkpoint's state (``extra`` and ``rng``)."""
+    from sb3_plastic.callbacks.plasticity_injection import load_injected
+
     with open(os.path.join(folder, "env.pkl"), "rb") as f:
         env = loads_env(f.read())
-    model = cls.load(os.path.join(folder, "model.zip"), env=env, device=device, force_reset=False)
+    # a plasticity injection (a callback on a plain SB3 class too) added branches: rebuilt before the parameters load
+    model = load_injected(cls, os.path.join(folder, "model.zip"), env=env, device=device, force_reset=False)
     # SB3's load seeds the env again (set_random_seed in _setup_model), which the next VecEnv.reset() would apply: a
     # seeded reset starts an sb3_plastic env's task sequence afresh (and every episode from the seed). The pickled env
     # carries its own generators and position, so the pending seeds are dropped (a rollout_reset setting resets the

@@ -362,14 +362,22 @@ def _dqn_bandit(continual):
     return replace(_tiny_bandit(continual, tasks=3), algo="dqn", ppo=dqn)
 
 
-@pytest.mark.parametrize("method", ["ppo", "ppo_fire_switch", "ppo_snp", "ppo_cbp", "plastic_maxmin", "dqn_l2_init"])
+@pytest.mark.parametrize("method", ["ppo", "ppo_fire_switch", "ppo_snp", "ppo_cbp", "plastic_maxmin", "dqn_l2_init",
+                                    "ppo_injection", "ppo_trac", "ppo_cchain", "ppo_vecnorm", "ppo_crelu", "ppo_fourier",
+                                    "ppo_layernorm", "ppo_parseval", "ppo_nap", "ppo_spectral", "ppo_head2_reset",
+                                    "ppo_redo", "ppo_adam_equal_betas", "plastic_relu"])
 def test_an_interrupted_run_resumes_from_its_checkpoint_exactly(continual, tmp_path, monkeypatch, method):
     setting = _dqn_bandit(continual) if method.startswith("dqn") else _tiny_bandit(continual, tasks=3)
     params = continual.MethodParams(cbp_rate=0.05, cbp_maturity=5)  # CBP replaces units within the tiny run
     whole = continual.run_one(method, 0, setting, params, str(tmp_path / "whole"), "cpu", 1)
     assert "resumed_at" not in whole
     monkeypatch.setattr(continual.continual_runs, "CHECKPOINT_SECONDS", 0.0)  # a checkpoint at every rollout start
-    fired = _interrupt_once_at(continual, monkeypatch, step=setting.task_timesteps + 100)  # inside task 1
+    # inside task 1. Late in it for an injection (at the rollout start after the switch's rollout: in the checkpoint
+    # resumed from) and C-CHAIN (whose coefficient restarts at a switch: a checkpoint within the task carries an
+    # adaptation still pending)
+    late = method in ("ppo_injection", "ppo_cchain")
+    cut = setting.task_timesteps + (setting.task_timesteps - 20 if late else 100)
+    fired = _interrupt_once_at(continual, monkeypatch, step=cut)
     out = str(tmp_path / "cut")
     with pytest.raises(_Interrupted):
         continual.run_one(method, 0, setting, params, out, "cpu", 1)
@@ -378,6 +386,8 @@ def test_an_interrupted_run_resumes_from_its_checkpoint_exactly(continual, tmp_p
     assert continual.run_checkpoint.latest(root) is not None
     resumed = continual.run_one(method, 0, setting, params, out, "cpu", 1)
     assert 0 < resumed["resumed_at"][0] <= fired[0]
+    if late:
+        assert resumed["resumed_at"][0] > setting.task_timesteps + setting.ppo["n_steps"] * setting.n_envs
     for key in ("task", "end_reward", "end_return", "mean_reward", "end_episodes", "diagnostics", "timesteps"):
         assert resumed[key] == whole[key], key
     head = [k for k in whole if k.startswith("head_")]
@@ -386,6 +396,16 @@ def test_an_interrupted_run_resumes_from_its_checkpoint_exactly(continual, tmp_p
     switch = [k for k in whole if k.startswith("switch_head_")]
     assert switch and all(np.array_equal(resumed[k], whole[k], equal_nan=True) for k in switch)
     assert not Path(root).exists()  # removed with the finished run
+    # SB3's training scalars of the train() call before the checkpoint are written too (its logger's unwritten values
+    # are in the checkpoint): the TensorBoard curves of the two runs have the same steps and values, read as the
+    # bench reads them (the interrupted attempt's values past its checkpoint stay in the folder, the resumed run's
+    # come later in it and replace them)
+    assert _scalars(continual, tmp_path / "cut", method) == _scalars(continual, tmp_path / "whole", method)
+
+
+def _scalars(continual, out, method, tag="train/entropy_loss"):
+    (events_dir,) = Path(out, "tb", method).glob("s0_*")
+    return continual.continual_recorder.scalar_steps(str(events_dir), tag)
 
 
 @pytest.fixture

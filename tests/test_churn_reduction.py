@@ -115,7 +115,8 @@ def test_ppo_gradient_is_coef_times_the_hand_computed_policy_churn_gradient():
     model = PPO("MlpPolicy", "CartPole-v1", policy_kwargs=NET, **PPO_FAST)
     callback = ChurnReduction(coef=2.0, target_scale=0.0)
     model.learn(32, callback=callback)
-    callback._on_training_start()  # rebind for a train() called by hand: the shadow restarts
+    callback.state["previous"] = None  # forget theta_{t-1} of the learn() call (it is kept across calls)
+    callback._on_training_start()  # rebind for a train() called by hand
     seen, probe = _grad_probe(model, model.policy.optimizer)
     theta_a = frozen_copy(model.policy)
     stream = copy.deepcopy(callback.state["np_rng"])
@@ -207,6 +208,79 @@ def test_state_survives_save_load(tmp_path):
     restored = loaded.plastic_state["ChurnReduction"]
     assert restored["coef"] == state["coef"] and restored["reg_losses"] == state["reg_losses"]
     assert np.array_equal(restored["np_rng"][1], state["np_rng"][1])
+
+
+def test_the_previous_network_survives_a_second_learn_and_save_load(tmp_path):
+    """The regulariser's previous network (theta_{t-1}) and an adaptation still pending belong to the persistent
+    state: learn() in two calls is bit for bit learn() in one, and a loaded model regularises its first update towards
+    the network saved (not towards nothing)."""
+    whole = PPO("MlpPolicy", "CartPole-v1", policy_kwargs=NET, **PPO_FAST)
+    whole.learn(128, callback=ChurnReduction(warmup=1, window=3))
+    split = PPO("MlpPolicy", "CartPole-v1", policy_kwargs=NET, **PPO_FAST)
+    callback = ChurnReduction(warmup=1, window=3)
+    split.learn(64, callback=callback)
+    split.learn(64, callback=callback, reset_num_timesteps=False)
+    for a, b in zip(whole.policy.parameters(), split.policy.parameters()):
+        assert th.equal(a, b)
+    assert callback.state["coef"] == whole.plastic_state["ChurnReduction"]["coef"]
+    previous = [p.detach().clone() for p in callback._shadow.parameters()]
+    assert any(not th.equal(a, b) for a, b in zip(previous, split.policy.parameters()))  # theta_{t-1}, not theta_t
+    split.save(tmp_path / "m.zip")
+    loaded = PPO.load(tmp_path / "m.zip", env=split.get_env())
+    loaded.set_logger(configure(None, []))
+    resumed = ChurnReduction(warmup=1, window=3)
+    resumed.init_callback(loaded)
+    resumed._on_training_start()
+    assert resumed._has_previous
+    for a, b in zip(previous, resumed._shadow.parameters()):
+        assert th.equal(a, b)
+    resumed._remove_hooks()
+
+
+def test_an_adaptation_pending_at_a_save_happens_after_load(tmp_path):
+    """A model saved at a rollout start by a callback before ChurnReduction's (a run's checkpoint) has not yet adapted
+    to the train() call that just ended: the pending updates and regulariser losses are saved, and the loaded model
+    adapts to them as the uninterrupted run did, given the call's logged task loss; without it, it says so."""
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    seen = {}
+
+    class Around(BaseCallback):
+        def __init__(self, after):
+            super().__init__()
+            self.after = after
+
+        def _on_rollout_start(self):
+            if self.num_timesteps == 64:
+                if self.after:  # what the uninterrupted run's adaptation made of the call
+                    seen["state"] = copy.deepcopy(self.model.plastic_state["ChurnReduction"])
+                else:
+                    seen["loss"] = self.model.logger.name_to_value["train/policy_gradient_loss"]
+                    self.model.save(tmp_path / "m.zip")
+
+        def _on_step(self):
+            return True
+
+    model = PPO("MlpPolicy", "CartPole-v1", policy_kwargs=NET, **PPO_FAST)
+    model.learn(96, callback=[Around(False), ChurnReduction(warmup=1, window=3), Around(True)])
+    for with_loss in (True, False):
+        loaded = PPO.load(tmp_path / "m.zip", env=model.get_env())
+        assert loaded.plastic_state["ChurnReduction"]["pending"]["updates"] == 2
+        loaded.set_logger(configure(None, []))
+        callback = ChurnReduction(warmup=1, window=3)
+        callback.init_callback(loaded)
+        callback._on_training_start()
+        if with_loss:
+            loaded.logger.record("train/policy_gradient_loss", seen["loss"])
+            callback._on_rollout_start()
+            for key in ("coef", "task_losses", "reg_losses", "since_reset"):
+                assert callback.state[key] == seen["state"][key], key
+        else:
+            with pytest.warns(UserWarning, match="train/policy_gradient_loss.*not in the logger"):
+                callback._on_rollout_start()
+            assert callback.state["task_losses"] == seen["state"]["task_losses"][:-1]
+        assert callback.state["pending"] == {"updates": 0, "regs": []}
+        callback._remove_hooks()
 
 
 @pytest.mark.parametrize("cls, env_id, kwargs, kind", [

@@ -49,8 +49,9 @@ Deviations from the references (besides the adaptation unit above):
 
 * The references keep copies of the last 10 networks and regularise towards the second last; only that one is needed,
   so one shadow copy is kept. The PPO references start regularising at their third update (their list holds the
-  initial network twice); here the second update already has a previous network. After ``load`` the first update has
-  no previous network (the shadow is not saved) and is not regularised.
+  initial network twice); here the second update already has a previous network. The shadow is part of the
+  persistent state (one copy of the network in the saved zip): a second ``learn()`` call, or a loaded model, regularises
+  its first update towards the network before the last update saved, as one uninterrupted run does.
 * Adaptation steps of off-policy algorithms are SB3's ``train()`` calls weighted by their updates: the task loss of a
   call is SB3's mean over its updates, counted once per update (with ``gradient_steps=1`` exactly the reference's
   per-update lists).
@@ -64,6 +65,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import warnings
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
@@ -195,7 +197,9 @@ class ChurnReduction(PlasticCallback):
     Logged (``plasticity/churn_reduction/...``, per ``train()`` call): ``coef`` (the coefficient in force) and
     ``reg_loss`` (the regulariser's mean, before the coefficient). Persistent (``self.state``, saved with the model):
     ``coef``, ``task_losses`` / ``reg_losses`` (the running windows), ``since_reset``, ``task_ids``, ``np_rng`` (the
-    regularisation batches' numpy stream).
+    regularisation batches' numpy stream), ``previous`` (the shadow network ``theta_{t-1}``'s state dict, ``None``
+    before the first update) and ``pending`` (the updates and regulariser losses of a ``train()`` call whose adaptation
+    is still to come: a model saved at a rollout start, before this callback's own, adapts after ``load``).
 
     :param coef: initial (or, with ``target_scale=0``, fixed) coefficient ``lambda``; ``None``: the agent's reference
         value (:data:`CCHAIN_DEFAULTS`).
@@ -235,8 +239,6 @@ class ChurnReduction(PlasticCallback):
         self._shadow: Optional[nn.Module] = None
         self._network: Optional[nn.Module] = None
         self._has_previous = False
-        self._call_reg: list[float] = []
-        self._call_updates = 0
         self._perm: Optional[np.ndarray] = None
         self._perm_pos = 0
         self._task_watch = TaskChangeWatch("ChurnReduction reset_on_task_change=True", "restart its coefficient")
@@ -254,13 +256,22 @@ class ChurnReduction(PlasticCallback):
         s.setdefault("reg_losses", [])
         s.setdefault("since_reset", 0)
         s.setdefault("task_ids", None)
+        s.setdefault("previous", None)
+        s.setdefault("pending", {"updates": 0, "regs": []})
         if "np_rng" not in s:
             s["np_rng"] = np.random.RandomState(private_seed(getattr(self.model, "seed", None), self.state_key)).get_state()
         self._remove_hooks()
         self._network, optimizer = self._network_and_optimizer()
         self._shadow = frozen_copy(self._network)
         self._has_previous = False
-        self._call_reg, self._call_updates = [], 0
+        if s["previous"] is not None:  # a second learn() call, or a loaded model: theta_{t-1} continues
+            names = set(self._shadow.state_dict())
+            if set(s["previous"]) != names:
+                raise ValueError(f"ChurnReduction: the saved previous network has the entries {sorted(s['previous'])}, "
+                                 f"this network {sorted(names)}; the model's structure changed since it was saved")
+            self._shadow.load_state_dict(s["previous"])
+            self._has_previous = True
+        s["previous"] = self._shadow.state_dict() if self._has_previous else None  # live views of the shadow
         self._perm = None
         self._task_watch.start()
         training = lambda: bool(self.model.policy.training)  # noqa: E731  (inside SB3's train())
@@ -303,15 +314,35 @@ class ChurnReduction(PlasticCallback):
             self._task_watch.warn_if_blind(steps)
 
     # ------------------------------------------------------------------ the coefficient
+    @property
+    def _call_updates(self) -> int:
+        return int(self.state["pending"]["updates"])
+
+    @_call_updates.setter
+    def _call_updates(self, value: int) -> None:
+        self.state["pending"]["updates"] = int(value)
+
+    @property
+    def _call_reg(self) -> list[float]:
+        return self.state["pending"]["regs"]
+
+    @_call_reg.setter
+    def _call_reg(self, value: list[float]) -> None:
+        self.state["pending"]["regs"] = list(value)
+
     def _adapt(self) -> None:
         """After a ``train()`` call: append its task loss (SB3's logged mean) and regulariser loss to the windows and
         adapt the coefficient (see the module docstring)."""
-        updates, regs = self._call_updates, self._call_reg
+        updates, regs = self._call_updates, list(self._call_reg)
         self._call_updates, self._call_reg = 0, []
         if updates == 0:
             return
         logged = self.model.logger.name_to_value
         task = next((logged[k] for k in self.settings["loss_key"] if k in logged), None)
+        if task is None:
+            warnings.warn(f"ChurnReduction: the task loss of the last train() call ({' or '.join(self.settings['loss_key'])}) "
+                          "is not in the logger (a model saved before this callback adapted to the call, then loaded?): "
+                          "the coefficient skips this adaptation step", stacklevel=2)
         s = self.state
         weight = 1 if self.kind.startswith("policy") else updates  # PPO: per iteration; off-policy: per update
         if task is not None and regs:
@@ -336,8 +367,11 @@ class ChurnReduction(PlasticCallback):
         assert self._shadow is not None and self._network is not None
         if sum(1 for _ in self._shadow.parameters()) != sum(1 for _ in self._network.parameters()):
             self._shadow = frozen_copy(self._network)  # the structure changed (a plasticity injection added a head)
+            self.state["previous"] = None
         copy_into_(self._shadow, self._network)
         self._has_previous = True
+        if self.state["previous"] is None:
+            self.state["previous"] = self._shadow.state_dict()  # views: the saved state follows the shadow
 
     @contextlib.contextmanager
     def _numpy_stream(self) -> Iterator[None]:
