@@ -365,7 +365,7 @@ def _dqn_bandit(continual):
 @pytest.mark.parametrize("method", ["ppo", "ppo_fire_switch", "ppo_snp", "ppo_cbp", "plastic_maxmin", "dqn_l2_init",
                                     "ppo_injection", "ppo_trac", "ppo_cchain", "ppo_vecnorm", "ppo_crelu", "ppo_fourier",
                                     "ppo_layernorm", "ppo_parseval", "ppo_nap", "ppo_spectral", "ppo_head2_reset",
-                                    "ppo_redo", "ppo_adam_equal_betas", "plastic_relu"])
+                                    "ppo_redo", "ppo_adam_equal_betas", "plastic_relu", "dqn_cchain", "dqn_redo"])
 def test_an_interrupted_run_resumes_from_its_checkpoint_exactly(continual, tmp_path, monkeypatch, method):
     setting = _dqn_bandit(continual) if method.startswith("dqn") else _tiny_bandit(continual, tasks=3)
     params = continual.MethodParams(cbp_rate=0.05, cbp_maturity=5)  # CBP replaces units within the tiny run
