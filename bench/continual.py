@@ -54,6 +54,7 @@ issue #15; on a DQN / SAC setting the ``ppo`` prefix reads ``dqn`` / ``sac``: ``
 ``ppo_cchain``      :class:`~sb3_plastic.callbacks.ChurnReduction` (C-CHAIN, Tang et al., 2025) at the reference settings
 ``ppo_trac``        the plain agent's network, TRAC around Adam (``optimizer="trac"``, Muppidi et al., 2024)
 ``ppo_parseval``    :class:`~sb3_plastic.callbacks.ParsevalRegularisation` (Chung et al., 2024; ``--parseval-coef``)
+``ppo_weight_clipping`` :class:`~sb3_plastic.callbacks.WeightClipping` (Elsayed et al., 2024; ``--weight-clipping-kappa``)
 ``ppo_crelu``       the plain agent with CReLU (Abbas et al., 2023; half the units per layer, the same feature widths)
 ``ppo_fourier``     the plain agent with deep Fourier features (Lewandowski et al., 2024; as ``ppo_crelu``)
 ``ppo_layernorm``   the plain agent with a layer norm before every ReLU, no projection (NaP without its projection)

@@ -53,8 +53,11 @@ TASK_CHANGE_METHODS = TASK_CHANGE_METHODS + tuple(HEAD_RESET_METHODS) + ("ppo_in
 #: ``ppo_fourier`` the plain agent's network with CReLU (Abbas et al., 2023) / deep Fourier features (Lewandowski et al.,
 #: 2024) in place of ReLU (half the units per layer); ``ppo_layernorm`` the plain agent with a layer norm before every
 #: ReLU and no projection (``nap=True, nap_project="none"``: NaP without its projection); Adam beta1 = beta2 = 0.99 is
-#: ``ppo_adam_equal_betas`` above. They act within a task: their fresh agents run them.
-FIELD_METHODS = ("ppo_cchain", "ppo_trac", "ppo_parseval", "ppo_crelu", "ppo_fourier", "ppo_layernorm")
+#: ``ppo_adam_equal_betas`` above; ``ppo_weight_clipping`` (twenty-third session): the plain agent with
+#: :class:`~sb3_plastic.callbacks.WeightClipping` (Elsayed et al., 2024; a column of C-CHAIN's Gym-control table) at
+#: ``--weight-clipping-kappa``. They act within a task: their fresh agents run them.
+FIELD_METHODS = ("ppo_cchain", "ppo_trac", "ppo_parseval", "ppo_crelu", "ppo_fourier", "ppo_layernorm",
+                 "ppo_weight_clipping")
 METHODS = METHODS + FIELD_METHODS
 
 #: Issue #29's mechanism controls besides the head resets, on request. ``ppo_vecnorm``: the plain agent on SB3's
@@ -133,6 +136,7 @@ class MethodParams:
     :param isometry_interval: ``isometry_interval`` of the plastic methods: an int ``k`` or ``"auto"``
         (``"1"``: the exact per-update AdamO step, the library default).
     :param parseval_coef: ``lambda`` of ``ppo_parseval`` (Plasticine's 1e-3).
+    :param weight_clipping_kappa: ``kappa`` of ``ppo_weight_clipping`` (the reference's RL value 3).
     """
 
     l2: float = 1e-3
@@ -147,6 +151,7 @@ class MethodParams:
     fire_iterations: int = 0
     isometry_interval: str = "1"
     parseval_coef: float = 1e-3
+    weight_clipping_kappa: float = 3.0
 
 
 #: Adam's betas of ``ppo_adam_equal_betas`` (Dohare et al., 2023, *Overcoming policy collapse in deep RL*: beta1 = beta2
@@ -348,6 +353,10 @@ def build_model(method: str, setting: Setting, params: MethodParams, seed: int, 
         from sb3_plastic import ParsevalRegularisation
 
         callbacks.append(ParsevalRegularisation(params.parseval_coef))
+    elif canonical == "ppo_weight_clipping":
+        from sb3_plastic import WeightClipping
+
+        callbacks.append(WeightClipping(params.weight_clipping_kappa))
     elif canonical == "ppo_cchain":
         from sb3_plastic import ChurnReduction
 

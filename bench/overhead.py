@@ -89,6 +89,7 @@ from sb3_plastic.callbacks import (
     ParsevalRegularisation,
     PlasticityInjection,
     SpectralRegularisation,
+    WeightClipping,
 )
 from sb3_plastic.callbacks.monitor import DEFAULT_EVERY
 from sb3_plastic.common.hooks import OutermostStepHooks
@@ -580,6 +581,16 @@ for _prefix, _make, _algo, _plastic, _steps, _net, _env in (
             steps=_steps,
             in_quick=False,
         ))
+    register(Entry(
+        name=f"{_prefix}-weight-clipping",
+        description=f"{_algo.__name__} {_net} + WeightClipping(3.0) (every weight and bias clamped after each "
+        f"optimizer step; Elsayed et al., 2024) {_vs}",
+        baseline=_make(_algo),
+        candidate=_make(_algo),
+        candidate_callback=with_callback(WeightClipping, kappa=3.0),
+        steps=_steps,
+        in_quick=False,
+    ))
     register(Entry(
         name=f"{_prefix}-nap",
         description=f"{_plastic.__name__} {_net} relu nap=True (LayerNorm before each ReLU, projection after each "

@@ -40,8 +40,9 @@ run --setting cchain_cartpole --methods ppo --fresh none
 run --setting cchain_cartpole --methods ppo_cchain_vanilla --fresh none
 # 3. issue #30: the field's methods, and head reset on the bandit
 #    (the bandit's rows first: ~8 CPU-min a method, its table complete before the cartpole_obs rows)
+#    (weight clipping, added in the twenty-third session, comes last: its rows before the head2 control's)
 FIELD="ppo_head_reset ppo_policy_head_reset ppo_cchain ppo_trac ppo_parseval ppo_layernorm ppo_crelu ppo_fourier
-       ppo_injection ppo_adam_equal_betas"
+       ppo_injection ppo_adam_equal_betas ppo_weight_clipping"
 for m in $FIELD; do run $BANDIT --methods $m; done
 for m in $FIELD; do run $CARTPOLE --methods $m; done
 #    and the injection's control: the 2 layers an injection freezes and replaces, re-drawn at every switch instead
@@ -58,7 +59,8 @@ for env in cchain_cartpole cchain_acrobot cchain_lunar; do run --setting $env --
 bash bench/card_envs_grid.sh 2 || true
 # 6. the rest of the Gym-control grid: the methods on CartPole (the three whose papers report it first), then Acrobot
 #    and LunarLander (~45-65 CPU-min a run, ~120 CPU-hours in all)
-CCHAIN_METHODS="ppo_l2_init ppo_trac ppo_cchain ppo_fire_switch ppo_head_reset plastic_relu"
+#    (weight clipping, a column of C-CHAIN's table, after the methods the issue names)
+CCHAIN_METHODS="ppo_l2_init ppo_trac ppo_cchain ppo_fire_switch ppo_head_reset plastic_relu ppo_weight_clipping"
 for m in $CCHAIN_METHODS; do run --setting cchain_cartpole --methods $m --fresh sample; done
 for env in cchain_acrobot cchain_lunar; do
   for m in $CCHAIN_METHODS; do run --setting $env --methods $m --fresh sample; done

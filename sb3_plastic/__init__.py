@@ -16,6 +16,7 @@ from sb3_plastic.callbacks import (
     ShrinkPerturb,
     SpectralRegularisation,
     TaskScheduleSync,
+    WeightClipping,
 )
 from sb3_plastic.config import IsometryConfig
 from sb3_plastic.crossq import PlasticCrossQ
@@ -61,6 +62,7 @@ __all__ = [
     "ShrinkPerturb",
     "SpectralRegularisation",
     "TaskScheduleSync",
+    "WeightClipping",
     "dfi_per_layer",
     "get_activation",
     "isometry_penalty",

@@ -46,7 +46,9 @@ log-uniform in [1e-3, 1e5] (the references' values differ by agent: 1e4 for disc
 ``"plasticity_injection"`` injects once (:class:`~sb3_plastic.callbacks.PlasticityInjection`) at a sampled fraction
 ``plasticity_injection_at`` of the run (uniform in [0.1, 0.9]; the paper's 0.5 in the middle) into a head of
 ``plasticity_injection_layers`` 2 or 3 layers, ``"parseval"`` samples ``parseval_coef`` log-uniform in [1e-5, 1e-1]
-(:class:`~sb3_plastic.callbacks.ParsevalRegularisation`; Plasticine's value 1e-3 in the middle). ``"crelu"`` and
+(:class:`~sb3_plastic.callbacks.ParsevalRegularisation`; Plasticine's value 1e-3 in the middle), ``"weight_clipping"``
+turns weight clipping on (:class:`~sb3_plastic.callbacks.WeightClipping`) and samples ``weight_clipping_kappa``
+log-uniform in [1, 10] (the reference's RL value 3 inside). ``"crelu"`` and
 ``"fourier"`` fix the activation (the ``activation`` parameter has that one choice; :class:`~sb3_plastic.activations.CReLU`,
 :class:`~sb3_plastic.activations.Fourier`) and sample nothing else. To compare
 against the plain baseline, set ``isometry_mode: "off"`` and ``optimizer: adam`` in the yaml (otherwise AdamO's
@@ -89,10 +91,13 @@ LAYER_RESET_CHOICES = ("heads", "policy_head", "value_head", "critic")
 LAYER_RESET_EVERY_RANGE = (10_000, 1_000_000)
 #: Search range of ``churn_reduction_target_scale`` (log-uniform).
 CHURN_TARGET_SCALE_RANGE = (1e-3, 1e5)
+#: Search range of ``weight_clipping_kappa`` (log-uniform).
+WEIGHT_CLIPPING_KAPPA_RANGE = (1.0, 10.0)
 #: The optuna parameters of the baselines' spaces (:data:`BASELINE_SPACES`).
 BASELINE_PARAMS: tuple[str, ...] = ("l2_init_coef", "spectral_coef", "nap_project", "layer_reset_layers",
                                     "layer_reset_every", "churn_reduction_target_scale", "optimizer",
-                                    "plasticity_injection_at", "plasticity_injection_layers", "parseval_coef")
+                                    "plasticity_injection_at", "plasticity_injection_layers", "parseval_coef",
+                                    "weight_clipping_kappa")
 #: ``activation`` choices of on-policy samplers (rl_zoo3's tanh / relu, plus MaxMin).
 ON_POLICY_ACTIVATIONS = ("tanh", "relu", "maxmin")
 #: ``activation`` choices of off-policy samplers (rl_zoo3 keeps SB3's ReLU there; MaxMin added).
@@ -162,6 +167,13 @@ def sample_parseval_params(trial: optuna.Trial) -> dict[str, Any]:
     return {"parseval_coef": trial.suggest_float("parseval_coef", 1e-5, 1e-1, log=True)}
 
 
+def sample_weight_clipping_params(trial: optuna.Trial) -> dict[str, Any]:
+    """Weight clipping's space: ``weight_clipping=True`` and ``weight_clipping_kappa``
+    (:class:`~sb3_plastic.callbacks.WeightClipping`)."""
+    kappa = trial.suggest_float("weight_clipping_kappa", *WEIGHT_CLIPPING_KAPPA_RANGE, log=True)
+    return {"weight_clipping": True, "weight_clipping_kappa": kappa}
+
+
 #: method -> its search space, used in place of :func:`sample_plastic_params` (see the module docstring).
 BASELINE_SPACES: dict[str, Callable[[optuna.Trial], dict[str, Any]]] = {
     "l2_init": sample_l2_init_params,
@@ -172,6 +184,7 @@ BASELINE_SPACES: dict[str, Callable[[optuna.Trial], dict[str, Any]]] = {
     "trac": sample_trac_params,
     "plasticity_injection": sample_plasticity_injection_params,
     "parseval": sample_parseval_params,
+    "weight_clipping": sample_weight_clipping_params,
 }
 
 
@@ -261,6 +274,8 @@ def make_plastic_converter(base_converter: Converter, base_samples_activation: b
             plastic["nap"] = True
         if "churn_reduction_target_scale" in plastic:
             plastic["churn_reduction"] = True
+        if "weight_clipping_kappa" in plastic:
+            plastic["weight_clipping"] = True
         if plastic.get("optimizer") == "trac":
             plastic["isometry_mode"] = "off"
         activation = params.pop("activation", None)

@@ -36,6 +36,10 @@ def test_baseline_sampler_builds_the_model_and_round_trips(method, base, cls, en
         assert model.isometry_config.activation == method
     elif method == "parseval":
         assert configs["parseval"].parseval_coef == trial.params["parseval_coef"] > 0
+    elif method == "weight_clipping":
+        config = configs["weight_clipping"]
+        assert config.weight_clipping and config.weight_clipping_kappa == trial.params["weight_clipping_kappa"] >= 1
+        assert [type(c).__name__ for c in model.intervention_callbacks()] == ["WeightClipping"]
     elif method == "plasticity_injection":
         config = configs["plasticity_injection"]
         assert config.plasticity_injection_at == trial.params["plasticity_injection_at"]

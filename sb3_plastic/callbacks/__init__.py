@@ -8,6 +8,8 @@ plain or plastic (the networks are found by :func:`sb3_plastic.common.surgery.fi
 * :class:`ChurnReduction`: C-CHAIN, keep the outputs on other data close to the previous update's (Tang et al., 2025).
 * :class:`PlasticityInjection`: freeze the head, add a new one minus its frozen copy (Nikishin et al., 2023).
 * :class:`ParsevalRegularisation`: keep every hidden weight matrix a Parseval frame (Chung et al., 2024).
+* :class:`WeightClipping`: clamp every weight to a multiple of its initialisation bound after each step (Elsayed et al.,
+  2024).
 * :class:`FIRE`: replace every weight by its polar factor (exact, by SVD; ``iterations=10`` gives the reference's
   Newton–Schulz) at a midpoint / every N steps / task switch.
 * :class:`ContinualBackprop`: generate-and-test replacement of low-utility hidden units.
@@ -43,6 +45,7 @@ from sb3_plastic.callbacks.regularisers import (
 )
 from sb3_plastic.callbacks.schedule import TaskScheduleSync
 from sb3_plastic.callbacks.shrink_perturb import ShrinkPerturb, ShrinkPerturbConfig
+from sb3_plastic.callbacks.weight_clipping import WeightClipping, WeightClippingConfig
 
 __all__ = [
     "FIRE",
@@ -72,6 +75,8 @@ __all__ = [
     "SpectralRegularisation",
     "SpectralRegularisationConfig",
     "TaskScheduleSync",
+    "WeightClipping",
+    "WeightClippingConfig",
     "continual_eval_callback_class",
     "dormant_units",
     "fire_",

@@ -37,6 +37,7 @@ def intervention_config_classes() -> dict[str, type]:
     from sb3_plastic.callbacks.redo import ReDoConfig
     from sb3_plastic.callbacks.regularisers import L2InitConfig, SpectralRegularisationConfig
     from sb3_plastic.callbacks.shrink_perturb import ShrinkPerturbConfig
+    from sb3_plastic.callbacks.weight_clipping import WeightClippingConfig
 
     return {
         "fire": FIREConfig,
@@ -50,6 +51,7 @@ def intervention_config_classes() -> dict[str, type]:
         "churn_reduction": ChurnReductionConfig,
         "plasticity_injection": PlasticityInjectionConfig,
         "parseval": ParsevalConfig,
+        "weight_clipping": WeightClippingConfig,
     }
 
 
@@ -92,7 +94,8 @@ class PlasticAlgorithmMixin:
         with layer norms) and :class:`~sb3_plastic.callbacks.LayerResetConfig` (``layer_reset_layers``,
         ``layer_reset_on_task_change``, ...), :class:`~sb3_plastic.callbacks.ChurnReductionConfig` (``churn_reduction``,
         ``churn_reduction_coef``, ...), :class:`~sb3_plastic.callbacks.PlasticityInjectionConfig`
-        (``plasticity_injection_at``, ...), :class:`~sb3_plastic.callbacks.ParsevalConfig` (``parseval_coef``, ...).
+        (``plasticity_injection_at``, ...), :class:`~sb3_plastic.callbacks.ParsevalConfig` (``parseval_coef``, ...),
+        :class:`~sb3_plastic.callbacks.WeightClippingConfig` (``weight_clipping``, ``weight_clipping_kappa``, ...).
         An enabled intervention
         is added to the callbacks of every ``learn()`` call; it is the same class users can pass as a
         callback themselves.
