@@ -53,6 +53,32 @@ def _same(value: Any, default: Any) -> bool:
         return False
 
 
+class InterventionConfig:
+    """Base of the intervention configs: dataclasses whose documented fields are the top-level keywords of the plastic
+    algorithms (and rl_zoo3 yaml keys / optuna parameters). A config validates itself when built (:meth:`validate`
+    raises ``ValueError`` naming the bad value and what is allowed) and makes its callback when :attr:`enabled`."""
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the bad value and what is allowed."""
+        raise NotImplementedError
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the intervention is on."""
+        raise NotImplementedError
+
+    def make_callback(self) -> Optional[BaseCallback]:
+        """The intervention's callback, or ``None`` when it is off."""
+        raise NotImplementedError
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """The fields as keyword arguments."""
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+
 def changed_fields(config: Any, names: Sequence[str]) -> dict[str, tuple[Any, Any]]:
     """``name -> (value, default)`` of the dataclass fields ``names`` of ``config`` (for :func:`warn_ignored_options`)."""
     defaults = {f.name: f.default for f in dataclasses.fields(config)}

@@ -94,7 +94,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, Optional, Union
 
@@ -103,7 +103,7 @@ from stable_baselines3.common.base_class import BaseAlgorithm
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from sb3_plastic.callbacks.base import PlasticCallback, changed_fields, warn_ignored_options
+from sb3_plastic.callbacks.base import InterventionConfig, PlasticCallback, changed_fields, warn_ignored_options
 from sb3_plastic.callbacks.redo import _post_activation, is_real_number, layer_init_scheme
 from sb3_plastic.callbacks.shrink_perturb import shrink_perturb_seed
 from sb3_plastic.common.hooks import OutermostStepHooks
@@ -1048,7 +1048,7 @@ class ContinualBackprop(PlasticCallback):
 
 # ---------------------------------------------------------------------------------------------- config
 @dataclass
-class ContinualBackpropConfig:
+class ContinualBackpropConfig(InterventionConfig):
     """Continual Backprop settings as the top-level keywords of the plastic algorithms (and rl_zoo3 yaml /
     optuna samplers). Dohare et al. (2024), "Loss of plasticity in deep continual learning", Nature.
 
@@ -1075,9 +1075,6 @@ class ContinualBackpropConfig:
     cbp_utility: str = "contribution"
     cbp_bias_absorption: bool = False
     cbp_replacement_rule: str = "accumulate"
-
-    def __post_init__(self) -> None:
-        self.validate()
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the bad value and what is allowed; normalise the types."""
@@ -1122,9 +1119,6 @@ class ContinualBackpropConfig:
             verbose=verbose,
         )
 
-    def to_kwargs(self) -> dict[str, Any]:
-        """The fields as keyword arguments."""
-        return asdict(self)
 
 
 #: Names of the Continual Backprop keywords of the plastic algorithms, in signature order.

@@ -67,7 +67,7 @@ import contextlib
 import copy
 import warnings
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import numpy as np
@@ -77,7 +77,14 @@ from stable_baselines3.common.distributions import Distribution
 from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from torch import nn
 
-from sb3_plastic.callbacks.base import PlasticCallback, TaskChangeWatch, changed_fields, private_seed, warn_ignored_options
+from sb3_plastic.callbacks.base import (
+    InterventionConfig,
+    PlasticCallback,
+    TaskChangeWatch,
+    changed_fields,
+    private_seed,
+    warn_ignored_options,
+)
 from sb3_plastic.common.hooks import AfterZeroGrad, OutermostStepHooks
 
 #: The reference settings per kind of agent (see the module docstring): initial coefficient, target relative scale,
@@ -454,7 +461,7 @@ def _check_settings(coef: Any, target_scale: Any, warmup: Any, window: Any, min_
 
 
 @dataclass
-class ChurnReductionConfig:
+class ChurnReductionConfig(InterventionConfig):
     """C-CHAIN settings as top-level keywords of the plastic algorithms (and rl_zoo3 yaml / optuna samplers); see
     :class:`ChurnReduction`. ``None`` is the reference value for the agent (:data:`CCHAIN_DEFAULTS`).
 
@@ -476,9 +483,6 @@ class ChurnReductionConfig:
     churn_reduction_window: Optional[int] = None
     churn_reduction_reset_on_task_change: Optional[bool] = None
     churn_reduction_batch_size: Optional[int] = None
-
-    def __post_init__(self) -> None:
-        self.validate()
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the bad value and what is allowed."""
@@ -509,6 +513,3 @@ class ChurnReductionConfig:
             batch_size=self.churn_reduction_batch_size,
         )
 
-    def to_kwargs(self) -> dict[str, Any]:
-        """The fields as keyword arguments."""
-        return asdict(self)

@@ -98,7 +98,7 @@ from typing import Any, Optional, Union
 import torch as th
 from torch import nn
 
-from sb3_plastic.callbacks.base import changed_fields, warn_ignored_options
+from sb3_plastic.callbacks.base import InterventionConfig, changed_fields, warn_ignored_options
 from sb3_plastic.callbacks.redo import layer_init_scheme
 from sb3_plastic.callbacks.triggers import (
     UNSET,
@@ -555,7 +555,7 @@ class FIRE(TriggeredIntervention):
 
 
 @dataclass
-class FIREConfig:
+class FIREConfig(InterventionConfig):
     """FIRE settings as top-level keywords of ``PlasticPPO`` / ``PlasticDQN`` / ``PlasticSAC`` (and rl_zoo3
     yaml / optuna samplers). FIRE (ICLR 2026, arXiv 2602.08040); see :class:`FIRE` for the semantics.
 
@@ -584,9 +584,6 @@ class FIREConfig:
     fire_iterations: Optional[int] = None
     fire_layers: str = "all"
     fire_head_scale: str = "init"
-
-    def __post_init__(self) -> None:
-        self.validate()
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the bad value and what is allowed."""

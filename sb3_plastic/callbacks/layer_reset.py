@@ -49,14 +49,14 @@ from __future__ import annotations
 import fnmatch
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 import torch as th
 from stable_baselines3.common.base_class import BaseAlgorithm
 from torch import nn
 
-from sb3_plastic.callbacks.base import PrivateRNGMixin, changed_fields, warn_ignored_options
+from sb3_plastic.callbacks.base import InterventionConfig, PrivateRNGMixin, changed_fields, warn_ignored_options
 from sb3_plastic.callbacks.redo import LayerInit, model_layer_init
 from sb3_plastic.callbacks.triggers import TriggeredIntervention, check_at, check_bool, check_every, is_int
 from sb3_plastic.common.surgery import NORM_TYPES, NetworkSpec, find_networks, reset_norm_, sync_target
@@ -316,7 +316,7 @@ class LayerReset(PrivateRNGMixin, TriggeredIntervention):
 
 
 @dataclass
-class LayerResetConfig:
+class LayerResetConfig(InterventionConfig):
     """Layer reset settings as top-level keywords of the plastic algorithms (and rl_zoo3 yaml / optuna samplers).
     Nikishin et al. (2022); see :class:`LayerReset`.
 
@@ -333,9 +333,6 @@ class LayerResetConfig:
     layer_reset_at: Optional[Union[float, int]] = None
     layer_reset_every: Optional[int] = None
     layer_reset_on_task_change: bool = False
-
-    def __post_init__(self) -> None:
-        self.validate()
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the bad value and what is allowed."""
@@ -367,6 +364,3 @@ class LayerResetConfig:
             on_task_change=self.layer_reset_on_task_change,
         )
 
-    def to_kwargs(self) -> dict[str, Any]:
-        """The fields as keyword arguments."""
-        return asdict(self)

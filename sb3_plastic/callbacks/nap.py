@@ -58,7 +58,7 @@ import itertools
 import math
 import warnings
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch as th
@@ -67,7 +67,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from sb3_plastic.activations import CReLU, Fourier, MaxMin
-from sb3_plastic.callbacks.base import PlasticCallback, changed_fields, warn_ignored_options
+from sb3_plastic.callbacks.base import InterventionConfig, PlasticCallback, changed_fields, warn_ignored_options
 from sb3_plastic.common.hooks import OutermostStepHooks
 
 #: Layer selections of the projection.
@@ -391,7 +391,7 @@ CONFIG_PROJECT_CHOICES = (*PROJECT_CHOICES, "none")
 
 
 @dataclass
-class NaPConfig:
+class NaPConfig(InterventionConfig):
     """Normalize-and-Project settings as top-level keywords of the plastic algorithms (and rl_zoo3 / optuna).
 
     :param nap: Lyle et al.'s (2024) Normalize-and-Project: layer norms before every nonlinearity of the policy's
@@ -410,9 +410,6 @@ class NaPConfig:
     nap: bool = False
     nap_project: str = "normalized"
     nap_project_affine: bool = True
-
-    def __post_init__(self) -> None:
-        self.validate()
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the bad value and what is allowed."""
@@ -438,6 +435,3 @@ class NaPConfig:
             return None
         return NormalizeAndProject(self.nap_project, self.nap_project_affine)
 
-    def to_kwargs(self) -> dict[str, Any]:
-        """The fields as keyword arguments."""
-        return asdict(self)

@@ -27,13 +27,13 @@ offered.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch as th
 from torch import nn
 
-from sb3_plastic.callbacks.base import changed_fields, warn_ignored_options
+from sb3_plastic.callbacks.base import InterventionConfig, changed_fields, warn_ignored_options
 from sb3_plastic.callbacks.regularisers import GradientPenalty, _check_coef
 from sb3_plastic.isometry import as_matrix, isometry_penalty_grad
 
@@ -119,7 +119,7 @@ def _check_layers(name: str, value: Any) -> None:
 
 
 @dataclass
-class ParsevalConfig:
+class ParsevalConfig(InterventionConfig):
     """Parseval regularisation as top-level keywords of the plastic algorithms; see :class:`ParsevalRegularisation`.
 
     :param parseval_coef: ``lambda`` >= 0; 0 (default): off (Plasticine's value: 1e-3).
@@ -132,9 +132,6 @@ class ParsevalConfig:
     parseval_coef: float = 0.0
     parseval_scale: float = DEFAULT_PARSEVAL_SCALE
     parseval_layers: str = "hidden"
-
-    def __post_init__(self) -> None:
-        self.validate()
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the bad value and what is allowed."""
@@ -156,7 +153,4 @@ class ParsevalConfig:
             return None
         return ParsevalRegularisation(self.parseval_coef, self.parseval_scale, self.parseval_layers)
 
-    def to_kwargs(self) -> dict[str, Any]:
-        """The fields as keyword arguments."""
-        return asdict(self)
 

@@ -42,14 +42,14 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 import torch as th
 from stable_baselines3.common.base_class import BaseAlgorithm
 from torch import nn
 
-from sb3_plastic.callbacks.base import PrivateRNGMixin, changed_fields, warn_ignored_options
+from sb3_plastic.callbacks.base import InterventionConfig, PrivateRNGMixin, changed_fields, warn_ignored_options
 from sb3_plastic.callbacks.redo import model_layer_init
 from sb3_plastic.callbacks.triggers import UNSET, TriggeredIntervention, check_at, check_bool, check_every, check_int_at_least
 from sb3_plastic.common.surgery import NORM_TYPES, NetworkSpec, find_networks
@@ -317,7 +317,7 @@ class PlasticityInjection(PrivateRNGMixin, TriggeredIntervention):
 
 
 @dataclass
-class PlasticityInjectionConfig:
+class PlasticityInjectionConfig(InterventionConfig):
     """Plasticity injection as top-level keywords of the plastic algorithms (and rl_zoo3 yaml / optuna samplers);
     see :class:`PlasticityInjection`.
 
@@ -334,9 +334,6 @@ class PlasticityInjectionConfig:
     plasticity_injection_every: Optional[int] = None
     plasticity_injection_on_task_change: bool = False
     plasticity_injection_layers: int = 2
-
-    def __post_init__(self) -> None:
-        self.validate()
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the bad value and what is allowed."""
@@ -369,8 +366,5 @@ class PlasticityInjectionConfig:
             on_task_change=self.plasticity_injection_on_task_change,
         )
 
-    def to_kwargs(self) -> dict[str, Any]:
-        """The fields as keyword arguments."""
-        return asdict(self)
 
 

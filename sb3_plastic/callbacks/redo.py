@@ -41,7 +41,7 @@ import math
 import numbers
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 import numpy as np
@@ -52,7 +52,7 @@ from stable_baselines3.common.policies import BaseModel
 from stable_baselines3.common.utils import obs_as_tensor
 from torch import nn
 
-from sb3_plastic.callbacks.base import PlasticCallback, preserved_numpy_rng
+from sb3_plastic.callbacks.base import InterventionConfig, PlasticCallback, preserved_numpy_rng
 from sb3_plastic.common.hooks import OutermostStepHooks
 from sb3_plastic.common.surgery import HiddenLayer, NetworkSpec, RecurrentUnits, recurrent_units_problem
 from sb3_plastic.common.unit_reset import (
@@ -734,7 +734,7 @@ class ReDo(PlasticCallback):
 
 
 @dataclass
-class ReDoConfig:
+class ReDoConfig(InterventionConfig):
     """ReDo settings as top-level keywords of the plastic algorithms (and rl_zoo3 / optuna).
 
     :param redo_period: gradient steps (optimizer updates, PPO: minibatch updates) between two ReDo checks; ``None``
@@ -746,9 +746,6 @@ class ReDoConfig:
     redo_period: Optional[int] = None
     redo_tau: float = 0.025
     redo_probe_size: int = 256
-
-    def __post_init__(self) -> None:
-        self.validate()
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the bad value and what is allowed."""
@@ -772,9 +769,6 @@ class ReDoConfig:
         assert self.redo_period is not None
         return ReDo(period=self.redo_period, tau=self.redo_tau, probe_size=self.redo_probe_size)
 
-    def to_kwargs(self) -> dict[str, Any]:
-        """The fields as keyword arguments."""
-        return asdict(self)
 
 
 #: Names of the ReDo keywords, in signature order.

@@ -40,7 +40,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import numpy as np
@@ -48,7 +48,7 @@ import torch as th
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from sb3_plastic.callbacks.base import PlasticCallback, changed_fields, warn_ignored_options
+from sb3_plastic.callbacks.base import InterventionConfig, PlasticCallback, changed_fields, warn_ignored_options
 from sb3_plastic.common.hooks import add_to_grad_hook
 
 #: Layer selections of :class:`SpectralRegularisation`.
@@ -223,7 +223,7 @@ class L2Init(GradientPenalty):
 
 
 @dataclass
-class L2InitConfig:
+class L2InitConfig(InterventionConfig):
     """L2-init settings as top-level keywords of the plastic algorithms (and rl_zoo3 / optuna).
 
     :param l2_init_coef: ``lambda`` >= 0 of Kumar et al.'s (2023) regenerative regularisation
@@ -231,9 +231,6 @@ class L2InitConfig:
     """
 
     l2_init_coef: float = 0.0
-
-    def __post_init__(self) -> None:
-        self.validate()
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the bad value and what is allowed."""
@@ -248,9 +245,6 @@ class L2InitConfig:
         """The :class:`L2Init` callback for these settings, or ``None`` when it is off."""
         return L2Init(self.l2_init_coef) if self.enabled else None
 
-    def to_kwargs(self) -> dict[str, Any]:
-        """The fields as keyword arguments."""
-        return asdict(self)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -598,7 +592,7 @@ _CONFIG_NAMES = {
 
 
 @dataclass
-class SpectralRegularisationConfig:
+class SpectralRegularisationConfig(InterventionConfig):
     """Spectral regularisation settings as top-level keywords of the plastic algorithms (and rl_zoo3 / optuna).
 
     :param spectral_coef: ``lambda`` >= 0 of Lewandowski et al.'s (2024) penalty
@@ -620,9 +614,6 @@ class SpectralRegularisationConfig:
     spectral_layers: str = "all"
     spectral_power_iterations: int = 1
     spectral_bias_as_column: bool = False
-
-    def __post_init__(self) -> None:
-        self.validate()
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the bad value and what is allowed."""
@@ -661,6 +652,3 @@ class SpectralRegularisationConfig:
             bias_as_column=self.spectral_bias_as_column,
         )
 
-    def to_kwargs(self) -> dict[str, Any]:
-        """The fields as keyword arguments."""
-        return asdict(self)

@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import numpy as np
@@ -41,6 +41,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from sb3_plastic.callbacks.base import (
+    InterventionConfig,
     PlasticCallback,
     PrivateRNGMixin,
     TaskChangeWatch,
@@ -573,7 +574,7 @@ class ShrinkPerturb(PrivateRNGMixin, PlasticCallback):
 
 
 @dataclass
-class ShrinkPerturbConfig:
+class ShrinkPerturbConfig(InterventionConfig):
     """Shrink & Perturb settings as top-level keywords of the plastic algorithms (and rl_zoo3 / optuna).
 
     :param shrink_perturb: ``None`` (off), ``"event"`` (Ash & Adams) or ``"continual"`` (Dohare et al.).
@@ -602,9 +603,6 @@ class ShrinkPerturbConfig:
     perturb_noise_std: float = DEFAULT_NOISE_STD
     shrink_weight_decay: float = DEFAULT_WEIGHT_DECAY
     shrink_weight_decay_mode: str = "coupled"
-
-    def __post_init__(self) -> None:
-        self.validate()
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the bad value and what is allowed."""
@@ -644,9 +642,6 @@ class ShrinkPerturbConfig:
             weight_decay_mode=self.shrink_weight_decay_mode,
         )
 
-    def to_kwargs(self) -> dict[str, Any]:
-        """The fields as keyword arguments."""
-        return asdict(self)
 
 
 #: Names of the Shrink & Perturb keywords, in signature order.

@@ -35,13 +35,13 @@ Deviations from the reference code:
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch as th
 from torch import nn
 
-from sb3_plastic.callbacks.base import PlasticCallback, changed_fields, warn_ignored_options
+from sb3_plastic.callbacks.base import InterventionConfig, PlasticCallback, changed_fields, warn_ignored_options
 from sb3_plastic.common.hooks import OutermostStepHooks
 
 #: the reference's RL value of ``kappa`` (``rl_experiments/ppo_continuous_action_clipped.py``)
@@ -149,7 +149,7 @@ class WeightClipping(PlasticCallback):
 
 
 @dataclass
-class WeightClippingConfig:
+class WeightClippingConfig(InterventionConfig):
     """Weight clipping as top-level keywords of the plastic algorithms (and rl_zoo3 yaml / optuna samplers); see
     :class:`WeightClipping`.
 
@@ -164,9 +164,6 @@ class WeightClippingConfig:
     weight_clipping: bool = False
     weight_clipping_kappa: float = DEFAULT_WEIGHT_CLIPPING_KAPPA
     weight_clipping_heads: bool = True
-
-    def __post_init__(self) -> None:
-        self.validate()
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the bad value and what is allowed."""
@@ -188,6 +185,3 @@ class WeightClippingConfig:
             return None
         return WeightClipping(self.weight_clipping_kappa, self.weight_clipping_heads)
 
-    def to_kwargs(self) -> dict[str, Any]:
-        """The fields as keyword arguments."""
-        return asdict(self)
