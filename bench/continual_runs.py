@@ -247,6 +247,36 @@ def _log_again(logger: Any, logged: Optional[dict[str, dict[str, Any]]]) -> None
         getattr(logger, field).update(values)
 
 
+def _purge_events_after(tb_root: str, name: str, step: int) -> None:
+    """Hide from TensorBoard what an interrupted attempt of the run ``name`` wrote after its checkpoint at ``step``:
+    a ``SessionLog.START`` event at ``step + 1`` in the run's events folder (torch's ``SummaryWriter(purge_step=...)``),
+    after which TensorBoard (and tensorboard's ``EventAccumulator``) drops the earlier events of later steps, so that
+    the resumed run's curve replaces them instead of doubling them.
+
+    TensorBoard reads a folder's event files in the order of their names, ``events.out.tfevents.<seconds>.<host>.<pid>.
+    <counter>`` (a string order, in which counter 10 comes before 9): the purge file is named to come after every file
+    there (a later second than theirs: it waits for the next second when one was written in this one) and before the
+    file SB3's writer of the resumed run opens next (``!`` sorts before a host name)."""
+    from stable_baselines3.common.utils import get_latest_run_id
+    from torch.utils.tensorboard import SummaryWriter
+
+    run_id = get_latest_run_id(tb_root, name)
+    if run_id == 0:  # no folder yet: nothing to hide
+        return
+    folder = os.path.join(tb_root, f"{name}_{run_id}")
+    seconds = [int(f.split(".")[3]) for f in os.listdir(folder) if f.startswith("events.out.tfevents.")
+               and len(f.split(".")) > 3 and f.split(".")[3].isdigit()]
+    while seconds and int(time.time()) <= max(seconds):
+        time.sleep(0.05)
+    scratch = os.path.join(folder, ".purge")
+    writer = SummaryWriter(scratch, purge_step=step + 1)
+    writer.close()
+    (written,) = os.listdir(scratch)
+    stamp = written.split(".")[3]
+    os.replace(os.path.join(scratch, written), os.path.join(folder, f"events.out.tfevents.{stamp}.!purge.{step + 1}"))
+    os.rmdir(scratch)
+
+
 def checkpoint_root(out: str, method: str, seed: int, fresh_task: Optional[int] = None) -> str:
     """Where the checkpoints of a run in progress are (``ckpt/<method>/s<k>[_task<j>]``; not committed, removed
     when the run is written)."""
@@ -284,6 +314,8 @@ def _train_run(method: str, seed: int, setting: Setting, params: MethodParams, o
     os.makedirs(os.path.dirname(path), exist_ok=True)
     recorder = _task_recorder(setting, results, path.replace(".json", ".progress"))
     resumes = [*saved.get("resumes", []), int(model.num_timesteps)] if resume else []
+    if resume and model.tensorboard_log:
+        _purge_events_after(model.tensorboard_log, name, int(model.num_timesteps))
     before_cpu, before_wall = saved.get("cpu_seconds", 0.0), saved.get("wall_seconds", 0.0)
 
     def extra() -> dict[str, Any]:
