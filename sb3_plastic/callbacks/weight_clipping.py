@@ -128,12 +128,14 @@ class WeightClipping(PlasticCallback):
         self.state["steps"] = int(self.state["steps"]) + 1
 
     def at_bound(self) -> float:
-        """The fraction of the clipped entries whose magnitude is at their bound (within float32 rounding)."""
+        """The fraction of the clipped entries whose magnitude is at their bound (within float32 rounding), over the
+        tensors bound at the last training start (no walk over the networks: it runs at every rollout end)."""
         with th.no_grad():
             total = at = 0
-            for _, param, bound in self.clipped():
-                total += param.numel()
-                at += int((param.detach().abs() >= bound * (1 - 1e-6)).sum())
+            for pairs in self._clipped.values():
+                for param, bound in pairs:
+                    total += param.numel()
+                    at += int((param.detach().abs() >= bound * (1 - 1e-6)).sum())
         return at / total if total else 0.0
 
     def _on_rollout_end(self) -> None:
