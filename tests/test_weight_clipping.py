@@ -186,3 +186,34 @@ def test_every_algorithm_ends_each_update_inside_the_bounds(cls, env_id, kwargs)
 def get_policy(cls):
     """SB3's policy alias for ``cls``."""
     return "MlpLstmPolicy" if "Recurrent" in cls.__name__ else "MlpPolicy"
+
+
+@pytest.mark.parametrize("cls, env_id, kwargs", [(PPO, "CartPole-v1", PPO_FAST), (DQN, "CartPole-v1", dict(
+    learning_starts=0, train_freq=4, target_update_interval=50, seed=0))], ids=["PPO", "DQN"])
+def test_a_plasticity_injections_new_branch_is_clipped_from_its_first_step(cls, env_id, kwargs):
+    """The branch an injection adds mid-run joins the clipped set at the next optimizer step (each layer with its own
+    ``kappa / sqrt(fan_in)``, against a hand-computed bound); its frozen twin and the frozen old head do not move."""
+    from sb3_plastic.callbacks import PlasticityInjection
+    from sb3_plastic.callbacks.plasticity_injection import BRANCH_PREFIX
+
+    kappa = 0.2
+    model = cls("MlpPolicy", env_id, policy_kwargs=dict(NET), **kwargs)
+    clipping = WeightClipping(kappa=kappa)
+    model.learn(128, callback=[PlasticityInjection(at=64), clipping])
+    branches = [(name, m) for name, m in model.policy.named_modules() if name.split(".")[-1].startswith(BRANCH_PREFIX)]
+    assert branches
+    new_layers = [m for _, b in branches for m in b.new.modules() if isinstance(m, nn.Linear) and m.weight.requires_grad]
+    assert new_layers  # (a DQN target's copies of the branch are frozen)
+    for layer in new_layers:
+        bound = kappa / math.sqrt(layer.in_features)
+        for param in (layer.weight, layer.bias):
+            assert param.abs().max() <= bound * (1 + 1e-6)
+    # the clamp acted (the hidden layer's initial weights lie beyond 0.2 / sqrt(fan_in); biases start at 0)
+    assert any((m.weight.abs() >= kappa / math.sqrt(m.in_features) * (1 - 1e-6)).any() for m in new_layers)
+    clipped = {id(p) for _, p, _ in clipping.clipped()}
+    assert all(id(p) in clipped for layer in new_layers for p in layer.parameters())
+    frozen = [p for _, b in branches for p in b.frozen.parameters()]
+    assert frozen and not any(id(p) in clipped for p in frozen)
+    # the twin keeps the values it had at the injection (not clipped): new - frozen was zero there, not after clamping
+    twin = [m for _, b in branches for m in b.frozen.modules() if isinstance(m, nn.Linear)]
+    assert any(m.weight.abs().max() > kappa / math.sqrt(m.in_features) * 1.01 for m in twin)

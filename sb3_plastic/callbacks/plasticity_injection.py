@@ -52,7 +52,7 @@ from torch import nn
 from sb3_plastic.callbacks.base import InterventionConfig, PrivateRNGMixin, changed_fields, warn_ignored_options
 from sb3_plastic.callbacks.redo import model_layer_init
 from sb3_plastic.callbacks.triggers import UNSET, TriggeredIntervention, check_at, check_bool, check_every, check_int_at_least
-from sb3_plastic.common.surgery import NORM_TYPES, NetworkSpec, find_networks
+from sb3_plastic.common.surgery import LAYER_TYPES, NORM_TYPES, NetworkSpec, find_networks
 
 #: The prefix of the branch children registered on a path's output layer (``<prefix><n>``, n = 0, 1, ...).
 BRANCH_PREFIX = "plasticity_injection"
@@ -171,6 +171,22 @@ def _attach(first: nn.Module, last: nn.Module, branch: InjectedHead) -> str:
         last.register_forward_hook(_add_branches)
     last._injection_sources[name] = first
     return name
+
+
+def injected_layers(spec: NetworkSpec) -> list[tuple[nn.Module, bool]]:
+    """The Linear / Conv2d layers of the trainable (latest) branch of every path of ``spec`` that has had an injection:
+    ``(layer, is_output_layer)`` pairs, in forward order within each branch; ``[]`` without injections. The frozen twins
+    and the branches of earlier injections (frozen by the later one) are left out."""
+    out: list[tuple[nn.Module, bool]] = []
+    for head in spec.heads():
+        for name, branch in head.named_children():
+            if not (name.startswith(BRANCH_PREFIX) and isinstance(branch, InjectedHead)):
+                continue
+            layers = [m for m in branch.new.modules() if isinstance(m, LAYER_TYPES)]
+            if not any(p.requires_grad for layer in layers for p in layer.parameters()):
+                continue
+            out += [(layer, i == len(layers) - 1) for i, layer in enumerate(layers)]
+    return out
 
 
 def _relative_names(root: nn.Module) -> dict[int, str]:

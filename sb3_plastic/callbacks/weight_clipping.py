@@ -25,6 +25,9 @@ Deviations from the reference code:
   layer-norm scales and offsets, and LSTM matrices (in no reference network).
 * The reference's ``clip_last_layer=False`` skips the last two tensors of the parameter list (in cleanRL's agent the
   actor's output bias and ``actor_logstd``); here ``heads=False`` skips the output layers of every network.
+* A plasticity injection's new branch (:class:`~sb3_plastic.callbacks.PlasticityInjection`) is clipped from the
+  first optimizer step after it joins the optimizer, each layer with its own bound, its last layer counted as an
+  output layer; the frozen old head and the branch's frozen twin are not (they no longer move).
 * Only parameters an optimizer trains are clipped (target networks follow their online network by copy or Polyak
   average, which stays inside the bounds; frozen layers, e.g. a plasticity injection's, do not move).
 * SB3's initialisations are not PyTorch's default: PPO / A2C initialise orthogonally (gain ``sqrt(2)`` in hidden
@@ -42,7 +45,9 @@ import torch as th
 from torch import nn
 
 from sb3_plastic.callbacks.base import InterventionConfig, PlasticCallback, changed_fields, warn_ignored_options
+from sb3_plastic.callbacks.plasticity_injection import injected_layers
 from sb3_plastic.common.hooks import OutermostStepHooks
+from sb3_plastic.common.surgery import find_networks
 
 #: the reference's RL value of ``kappa`` (``rl_experiments/ppo_continuous_action_clipped.py``)
 DEFAULT_WEIGHT_CLIPPING_KAPPA = 3.0
@@ -54,6 +59,10 @@ def init_bound(weight: th.Tensor) -> float:
     if weight.dim() < 2:
         raise ValueError(f"init_bound needs a Linear / Conv weight (2 or more dimensions), got shape {tuple(weight.shape)}")
     return 1.0 / math.sqrt(weight.shape[1] * math.prod(weight.shape[2:]))
+
+
+def _parameter_count(optimizer: th.optim.Optimizer) -> int:
+    return sum(len(group["params"]) for group in optimizer.param_groups)
 
 
 def _check_kappa(name: str, value: Any) -> float:
@@ -89,6 +98,7 @@ class WeightClipping(PlasticCallback):
         self.kappa = _check_kappa("kappa", kappa)
         self.heads = _check_bool("heads", heads)
         self._clipped: dict[int, list[tuple[nn.Parameter, float]]] = {}
+        self._sizes: dict[int, int] = {}
         self._hooks: list[OutermostStepHooks] = []
 
     def clipped(self) -> list[tuple[str, nn.Parameter, float]]:
@@ -97,13 +107,15 @@ class WeightClipping(PlasticCallback):
         for spec in self.networks:
             trained = {id(p) for o in spec.optimizers() for g in o.param_groups for p in g["params"]}
             heads = {id(h) for h in spec.heads()}
-            for layer in spec.weight_layers():
-                if not self.heads and id(layer) in heads:
+            names = {id(m): n for n, m in spec.module.named_modules()}
+            layers = [(layer, id(layer) in heads) for layer in spec.weight_layers()] + injected_layers(spec)
+            for layer, is_head in layers:
+                if not self.heads and is_head:
                     continue
                 bound = self.kappa * init_bound(layer.weight)
-                name = f"{spec.name}:{spec.layer_names.get(id(layer), '?')}"
+                name = f"{spec.name}:{spec.layer_names.get(id(layer)) or names.get(id(layer), '?')}"
                 for suffix, param in (("weight", layer.weight), ("bias", layer.bias)):
-                    if param is not None and id(param) in trained:
+                    if param is not None and param.requires_grad and id(param) in trained:
                         out.setdefault(id(param), (f"{name}.{suffix}", param, bound))
         return list(out.values())
 
@@ -111,25 +123,33 @@ class WeightClipping(PlasticCallback):
         super()._on_training_start()
         self._remove_hooks()
         self.state.setdefault("steps", 0)
-        owner = {id(p): o for spec in self.networks for o in spec.optimizers() for g in o.param_groups
-                 for p in g["params"]}
-        self._clipped, optimizers = {}, {}
-        for _, param, bound in self.clipped():
-            optimizer = owner[id(param)]
-            optimizers[id(optimizer)] = optimizer
-            self._clipped.setdefault(id(optimizer), []).append((param, bound))
+        optimizers = {id(o): o for spec in self.networks for o in spec.optimizers()}
+        self._bind()
         training = lambda: bool(self.model.policy.training)  # noqa: E731  (inside SB3's train())
         self._hooks = [OutermostStepHooks(o, self._after_step, active=training) for o in optimizers.values()]
 
+    def _bind(self) -> None:
+        """Group the clipped tensors by the optimizer that trains them and remember each optimizer's parameter count,
+        so that parameters added later (a plasticity injection's new branch) rebind at the next step."""
+        self.networks = find_networks(self.model)
+        optimizers = [o for spec in self.networks for o in spec.optimizers()]
+        owner = {id(p): o for o in optimizers for g in o.param_groups for p in g["params"]}
+        self._sizes = {id(o): _parameter_count(o) for o in optimizers}
+        self._clipped = {}
+        for _, param, bound in self.clipped():
+            self._clipped.setdefault(id(owner[id(param)]), []).append((param, bound))
+
     @th.no_grad()
     def _after_step(self, optimizer: th.optim.Optimizer) -> None:
+        if _parameter_count(optimizer) != self._sizes.get(id(optimizer)):
+            self._bind()
         for param, bound in self._clipped.get(id(optimizer), []):
             param.clamp_(-bound, bound)
         self.state["steps"] = int(self.state["steps"]) + 1
 
     def at_bound(self) -> float:
         """The fraction of the clipped entries whose magnitude is at their bound (within float32 rounding), over the
-        tensors bound at the last training start (no walk over the networks: it runs at every rollout end)."""
+        tensors bound at the last training start or rebinding (no walk over the networks: it runs at every rollout end)."""
         with th.no_grad():
             total = at = 0
             for pairs in self._clipped.values():
