@@ -610,3 +610,24 @@ def test_fresh_only_without_fresh_agents_to_train_is_refused(continual, capsys, 
         continual.parse_args(["--fresh-only", *extra])
     assert exc.value.code == 2
     assert "--fresh-only trains the fresh agents of --fresh all or sample" in capsys.readouterr().err
+
+
+def test_runs_train_without_distribution_checks_and_with_the_same_numbers(continual, tmp_path, monkeypatch):
+    """A run trains with torch.distributions' argument checks off (a few % of its CPU time) and records what the same
+    run with them on records; the default is restored after it."""
+    runs = continual.continual_runs
+    setting = replace(continual.SETTINGS["cchain_cartpole"], tasks=2, change_every=800, monitor_every=1600,
+                      net_arch=(16, 16))
+    train, seen = runs._train_run, []
+
+    def spying(*args, **kwargs):
+        seen.append(th.distributions.Distribution._validate_args)
+        return train(*args, **kwargs)
+
+    th.distributions.Distribution.set_default_validate_args(True)
+    checked = train("ppo", 0, setting, continual.MethodParams(), str(tmp_path / "on"), "cpu", 1, None)
+    monkeypatch.setattr(runs, "_train_run", spying)
+    unchecked = runs.run_one("ppo", 0, setting, continual.MethodParams(), str(tmp_path / "off"), "cpu", 1)
+    assert seen == [False] and th.distributions.Distribution._validate_args is True
+    timing = ("cpu_seconds", "wall_seconds")
+    assert {k: v for k, v in checked.items() if k not in timing} == {k: v for k, v in unchecked.items() if k not in timing}
