@@ -206,6 +206,28 @@ def make_env(setting: Setting, seed: int, fresh_task: Optional[int] = None, env_
     return env
 
 
+def task_parameters(setting: Setting, seed: int) -> Optional[list[dict[str, float]]]:
+    """The simulator parameters of every task of run seed ``seed`` (``task_seed = seed``), e.g. Slippery Ant's
+    friction per task, as the env draws them (each task's parameters come from its own generator,
+    :meth:`~sb3_plastic.envs.schedule.TaskSchedule.rng`); ``None`` for a setting whose tasks draw no parameters
+    (permutations, offsets, games)."""
+    import gymnasium as gym
+
+    import sb3_plastic.envs  # noqa: F401  (registers the ids)
+
+    env = gym.make(setting.env_id, change_every=setting.change_every, task_seed=seed, **setting.env_kwargs)
+    try:
+        wrapper = env
+        while not hasattr(wrapper, "sample_parameters") and hasattr(wrapper, "env"):
+            wrapper = wrapper.env
+        if not hasattr(wrapper, "sample_parameters"):
+            return None
+        return [{k: float(v) for k, v in wrapper.sample_parameters(wrapper.schedule.rng(k)).items()}
+                for k in range(setting.tasks)]
+    finally:
+        env.close()
+
+
 def normalise_observations(env: Any, training: bool = True) -> Any:
     """``env`` wrapped in SB3's :class:`~stable_baselines3.common.vec_env.VecNormalize` with ``norm_obs=True`` and
     ``norm_reward=False`` (SB3's defaults otherwise: ``clip_obs=10``, ``epsilon=1e-8``): the observation method

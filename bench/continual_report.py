@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 import continual_figures
 import numpy as np
-from continual_methods import ALL_METHOD_NAMES, method_name
+from continual_methods import ALL_METHOD_NAMES, method_name, task_parameters
 from continual_recorder import DIAGNOSTICS, TRAIN_SCALARS, add_hidden_dfi, add_train_scalars
 from continual_runs import fresh_sample
 from continual_settings import SCORE_LABELS, Setting, setting_config
@@ -394,7 +394,25 @@ def summarise(records: list[dict], methods: list[str], setting: Setting) -> dict
             half = slice(n // 2, n)
             point, low, high = stratified_bootstrap(poi, ends[:, half], base_ends[:, half], reps=REPS)
             entry["poi_vs_plain"] = {"iqm": point, "low": low, "high": high}  # (the point is P, not an IQM)
-    return {"metrics": metrics_source, "plain": plain, "methods": summary}
+    result = {"metrics": metrics_source, "plain": plain, "methods": summary}
+    result.update(per_run_task_parameters(records, methods, setting))
+    return result
+
+
+def per_run_task_parameters(records: list[dict], methods: list[str], setting: Setting) -> dict[str, Any]:
+    """For a setting whose tasks draw simulator parameters (Slippery Ant's friction): ``task_parameters`` (per run
+    seed, each task's parameters) and ``per_run_scores`` (per method and seed, the continual run's score per task),
+    so that a run's return on a task can be read beside that task's friction (one seed's methods share its tasks);
+    ``{}`` for every other setting."""
+    runs = [r for r in records if r.get("fresh_task") is None and r["method"] in methods]
+    seeds = sorted({int(r["seed"]) for r in runs})
+    if not seeds or task_parameters(setting, seeds[0]) is None:
+        return {}
+    return {
+        "task_parameters": {str(seed): task_parameters(setting, seed) for seed in seeds},
+        "per_run_scores": {m: {str(r["seed"]): _score(r, setting) for r in sorted(runs, key=lambda r: r["seed"])
+                               if r["method"] == m} for m in methods if any(r["method"] == m for r in runs)},
+    }
 
 
 def _at_floor(cells: np.ndarray, floor_below: float) -> dict[str, int]:
@@ -453,6 +471,19 @@ def markdown_table(result: dict[str, Any], setting_name: str, setting: Setting) 
         cells = [f"{s['end_reward_mean'][k]:.3g}" + (f" / {ratio[k]:.2f}" if ratio else "") if k < s["tasks"] else "-"
                  for k in shown]
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    if result.get("task_parameters"):
+        names = sorted({k for tasks in result["task_parameters"].values() for t in tasks for k in t})
+        lines += ["", "Per run: each task's parameters (drawn from the run seed's task sequence: a seed's methods share "
+                  "them) and the continual run's score on each task", "",
+                  "| seed | | " + " | ".join(f"task {k}" for k in range(n_tasks)) + " |", "|---|---|" + "---|" * n_tasks]
+        for seed, tasks in result["task_parameters"].items():
+            for name in names:
+                lines.append(f"| {seed} | {name} | " + " | ".join(f"{t[name]:.3g}" for t in tasks[:n_tasks]) + " |")
+            for method, per_seed in result["per_run_scores"].items():
+                if seed in per_seed:
+                    ends = per_seed[seed]
+                    lines.append(f"| {seed} | {method} | " + " | ".join(
+                        f"{ends[k]:.4g}" if k < len(ends) else "-" for k in range(n_tasks)) + " |")
     checked = {m: s["fresh_sample_check"] for m, s in summary.items() if s.get("fresh_sample_check")}
     if checked:
         lines += ["", "Fresh-sample check (runs with a fresh agent on every late task; the ratio of means above uses "

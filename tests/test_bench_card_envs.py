@@ -622,3 +622,33 @@ def test_the_summary_counts_the_late_cells_at_the_floor_that_the_iqm_drops(conti
     plain = continual.summarise(continual.load_records(str(tmp_path)), ["ppo"], replace(setting, floor_below=None))
     assert "at_floor_last_half" not in plain["methods"]["ppo"]
     assert "at the floor" not in continual.markdown_table(plain, "tiny", replace(setting, floor_below=None))
+
+
+def test_slippery_summaries_show_each_runs_friction_per_task_as_mujoco_runs_it(continual):
+    """The per-run table of a Slippery setting: each task's friction for a run seed, as the env writes it into
+    MuJoCo's model when that task runs (read back from ``geom_friction``), beside each run's score on that task;
+    settings whose tasks draw no parameters get no such table."""
+    import gymnasium as gym
+
+    setting = replace(continual.SETTINGS["slippery_ant_ppo"], tasks=3)
+    scores = {0: [10.0, 20.0, 30.0], 2: [1.0, 2.0, 3.0]}
+    records = [dict(method="ppo", seed=s, fresh_task=None, end_reward=v, end_return=v, mean_reward=v)
+               for s, v in scores.items()]
+    extra = continual.continual_report.per_run_task_parameters(records, ["ppo"], setting)
+    assert extra["per_run_scores"] == {"ppo": {"0": scores[0], "2": scores[2]}}
+    for seed in scores:
+        env = gym.make(setting.env_id, change_every=setting.change_every, task_seed=seed, **setting.env_kwargs)
+        for task, params in enumerate(extra["task_parameters"][str(seed)]):
+            env.unwrapped.model.geom_friction[:, 0] = -1.0
+            env.get_wrapper_attr("pin_task")(task)
+            env.reset(seed=0)
+            assert np.all(env.unwrapped.model.geom_friction[:, 0] == pytest.approx(params["friction"], rel=1e-12))
+        env.close()
+    assert extra["task_parameters"]["0"] != extra["task_parameters"]["2"]  # independent sequences per seed
+    assert continual.continual_report.per_run_task_parameters(records, ["ppo"], _tiny_bandit(continual)) == {}
+    result = dict(metrics="-", plain="ppo", methods={"ppo": dict(
+        seeds=[0, 2], tasks=3, iqm_last_half=None, cpu_seconds_mean=60.0, end_reward_mean=[5.5, 11.0, 16.5])}, **extra)
+    table = continual.continual_report.markdown_table(result, "slippery_ant_ppo", setting)
+    f = extra["task_parameters"]["2"]
+    assert f"| 2 | friction | {f[0]['friction']:.3g} | {f[1]['friction']:.3g} | {f[2]['friction']:.3g} |" in table
+    assert "| 2 | ppo | 1 | 2 | 3 |" in table and "| 0 | ppo | 10 | 20 | 30 |" in table
