@@ -225,3 +225,43 @@ def test_monitor_warns_once_per_network_about_the_injected_branches():
     assert len(messages) == 1, messages
     assert "plasticity_injection0.new" in messages[0] and "and those added later" in messages[0].replace(",", "")
     assert len(model.policy.value_net._modules) == 1 + 3  # three injections happened after the first pass
+
+
+def _editors():
+    from sb3_plastic.callbacks import FIRE, ContinualBackprop, LayerReset, ReDo, ShrinkPerturb
+
+    return [lambda: LayerReset(at=32), lambda: FIRE(at=32), lambda: ShrinkPerturb(every=32),
+            lambda: ContinualBackprop(replacement_rate=0.1, maturity_threshold=1), lambda: ReDo()]
+
+
+@pytest.mark.parametrize("editor", _editors(), ids=["LayerReset", "FIRE", "ShrinkPerturb", "ContinualBackprop", "ReDo"])
+def test_layer_editing_interventions_are_refused_with_an_injection_before_anything_changes(editor, tmp_path):
+    """An intervention that edits layers in place would re-initialise / shrink the injection's frozen head (which
+    never trains again) and miss its branch: refused at learn()'s start, in either order, and on a model that
+    carries branches (a loaded one); an earlier learn()'s callbacks do not count, and penalties combine."""
+    from sb3_plastic.callbacks import L2Init, WeightClipping
+    from sb3_plastic.callbacks.base import has_injected_branches
+
+    model = PPO("MlpPolicy", "CartPole-v1", policy_kwargs=dict(NET), **PPO_FAST)
+    before = copy.deepcopy(model.policy.state_dict())
+    for callbacks in ([PlasticityInjection(at=64), editor()], [editor(), PlasticityInjection(at=64)]):
+        with pytest.raises(ValueError, match="plasticity injection freezes the old head"):
+            model.learn(128, callback=callbacks)
+        assert all(th.equal(v, model.policy.state_dict()[k]) for k, v in before.items())
+    model.learn(64, callback=[editor()])  # alone, in an earlier call: fine, and it does not block a later injection
+    kept = editor()  # kept alive: an earlier call's callback object still exists
+    model.learn(64, callback=[kept])
+    model.learn(64, callback=[PlasticityInjection(at=32), L2Init(1e-3), WeightClipping()])
+    assert has_injected_branches(model)
+    path = tmp_path / "injected.zip"
+    model.save(path)
+    loaded = load_injected(PPO, path, env=model.get_env())
+    with pytest.raises(ValueError, match="carries injected branches"):
+        loaded.learn(64, callback=[editor()])
+
+
+def test_plastic_keywords_combining_an_injection_and_a_reset_are_refused_at_learn():
+    model = PlasticPPO("MlpPolicy", "CartPole-v1", policy_kwargs=dict(NET), plasticity_injection_at=0.5,
+                       fire_at=0.5, **PPO_FAST)
+    with pytest.raises(ValueError, match="FIRE and PlasticityInjection|PlasticityInjection and FIRE"):
+        model.learn(64)

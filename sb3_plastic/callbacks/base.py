@@ -5,9 +5,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import warnings
+import weakref
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Optional, Union
+from typing import Any, ClassVar, Optional, Union
 
 import numpy as np
 import torch as th
@@ -191,6 +192,19 @@ class TaskChangeWatch:
         )
 
 
+#: the attribute plasticity injection sets on each output layer that carries injected branches
+INJECTION_SOURCES_ATTR = "_injection_sources"
+
+#: the PlasticCallbacks of each model's current ``learn()`` call (weak references, tagged with SB3's ``start_time``
+#: of the call, so that callbacks of an earlier call do not count)
+_ACTIVE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def has_injected_branches(model: Any) -> bool:
+    """Whether a plasticity injection has added branches to ``model``'s policy."""
+    return any(hasattr(m, INJECTION_SOURCES_ATTR) for m in model.policy.modules())
+
+
 class PlasticCallback(BaseCallback):
     """An SB3 ``BaseCallback`` that knows the model's networks and keeps persistent state on the model.
 
@@ -205,6 +219,13 @@ class PlasticCallback(BaseCallback):
     :param name: distinguishes two callbacks of the same class on one model (part of ``state_key``).
     :param verbose: SB3 verbosity.
     """
+
+    #: this intervention edits the network's layers in place (re-initialises, shrinks or replaces units): after a
+    #: plasticity injection those edits would reach the frozen old head, which never trains again, and miss the
+    #: injected branch, so the two are refused together (:meth:`_refuse_with_injection`)
+    edits_layers: ClassVar[bool] = False
+    #: this intervention adds plasticity-injection branches
+    injects_layers: ClassVar[bool] = False
 
     def __init__(self, name: Optional[str] = None, verbose: int = 0) -> None:
         super().__init__(verbose)
@@ -225,6 +246,34 @@ class PlasticCallback(BaseCallback):
         # learn() may be called on a freshly loaded model: rebind to its modules and state.
         self.networks = find_networks(self.model)
         self.state = model_state(self.model, self.state_key)
+        self._refuse_with_injection()
+
+    def _refuse_with_injection(self) -> None:
+        """Register this callback as active in the model's current ``learn()`` and raise ``ValueError`` when a layer
+        editing intervention (:attr:`edits_layers`) meets a plasticity injection in it, or a model that carries
+        injected branches already (a loaded one)."""
+        start = getattr(self.model, "start_time", None)
+        active = [(ref, t) for ref, t in _ACTIVE.get(self.model, []) if ref() not in (None, self) and t == start]
+        _ACTIVE[self.model] = [*active, (weakref.ref(self), start)]
+        others = [ref() for ref, _ in active]
+        clash = None
+        if self.edits_layers:
+            injector = next((o for o in others if o.injects_layers), None)
+            if injector is not None:
+                clash = f"{type(self).__name__} and {type(injector).__name__} are both passed to learn()"
+            elif has_injected_branches(self.model):
+                clash = f"{type(self).__name__} is passed to learn() on a model that carries injected branches"
+        elif self.injects_layers:
+            editor = next((o for o in others if o.edits_layers), None)
+            if editor is not None:
+                clash = f"{type(self).__name__} and {type(editor).__name__} are both passed to learn()"
+        if clash is not None:
+            raise ValueError(
+                f"{clash}: a plasticity injection freezes the old head and adds a trainable branch beside it; an "
+                "intervention that edits layers in place (LayerReset, FIRE, ShrinkPerturb, ContinualBackprop, ReDo) "
+                "would re-initialise or shrink the frozen layers, which never train again, and not touch the branch. "
+                "Use one of the two on a model (penalties such as L2Init, WeightClipping or spectral / Parseval "
+                "regularisation combine with an injection)")
 
     def _on_step(self) -> bool:
         return True

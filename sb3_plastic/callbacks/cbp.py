@@ -854,6 +854,8 @@ class ContinualBackprop(PlasticCallback):
     become eligible (a run shorter than ``maturity_threshold`` updates replaces nothing).
     """
 
+    edits_layers = True  # refused with a plasticity injection (PlasticCallback._refuse_with_injection)
+
     def __init__(
         self,
         replacement_rate: float = 1e-4,

@@ -445,6 +445,8 @@ class FIRE(TriggeredIntervention):
     :raises ValueError: for a bad trigger, ``iterations``, ``layers`` or ``head_scale``, or when no trigger is set.
     """
 
+    edits_layers = True  # refused with a plasticity injection (PlasticCallback._refuse_with_injection)
+
     title = "FIRE"
     keyword_prefix = "fire"
     action = "fire"

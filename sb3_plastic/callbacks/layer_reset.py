@@ -231,6 +231,8 @@ class LayerReset(PrivateRNGMixin, TriggeredIntervention):
         match no layer.
     """
 
+    edits_layers = True  # refused with a plasticity injection (PlasticCallback._refuse_with_injection)
+
     title = "LayerReset"
     keyword_prefix = "layer_reset"
     action = "reset layers"

@@ -34,6 +34,10 @@ Deviations and choices:
   it) each path gets its own copy in its branch.
 * CrossQ is refused (its BatchRenorm layers normalise with batch statistics in training mode: the frozen twin would not
   cancel the new branch), as are heads with running-statistics norms.
+* Interventions that edit layers in place (LayerReset, FIRE, ShrinkPerturb, ContinualBackprop, ReDo) are refused
+  with an injection (``ValueError`` at the start of ``learn()``, or on a model that carries branches): they would
+  re-initialise or shrink the frozen old head, which never trains again, and miss the branch. Penalties
+  (L2Init, spectral / Parseval regularisation) and WeightClipping (which clips the trainable branch) combine.
 * Save / load: the branches are in the state dict. ``PlasticX.load`` rebuilds them from the injections recorded in the
   model's persistent state before the parameters are loaded; a plain SB3 model loads with :func:`load_injected`.
 """
@@ -49,7 +53,14 @@ import torch as th
 from stable_baselines3.common.base_class import BaseAlgorithm
 from torch import nn
 
-from sb3_plastic.callbacks.base import InterventionConfig, PrivateRNGMixin, changed_fields, warn_ignored_options
+from sb3_plastic.callbacks.base import (
+    INJECTION_SOURCES_ATTR,
+    InterventionConfig,
+    PrivateRNGMixin,
+    changed_fields,
+    has_injected_branches,
+    warn_ignored_options,
+)
 from sb3_plastic.callbacks.redo import model_layer_init
 from sb3_plastic.callbacks.triggers import UNSET, TriggeredIntervention, check_at, check_bool, check_every, check_int_at_least
 from sb3_plastic.common.surgery import LAYER_TYPES, NORM_TYPES, NetworkSpec, find_networks
@@ -79,7 +90,7 @@ def _capture_input(module: nn.Module, args: tuple[Any, ...]) -> None:
 
 def _add_branches(module: nn.Module, args: tuple[Any, ...], output: th.Tensor) -> th.Tensor:
     """Forward hook of a path's output layer: add every branch's output (new head minus its frozen twin)."""
-    for name, source in module._injection_sources.items():
+    for name, source in getattr(module, INJECTION_SOURCES_ATTR).items():
         output = output + getattr(module, name)(source._injection_slot.value)
     return output
 
@@ -166,10 +177,10 @@ def _attach(first: nn.Module, last: nn.Module, branch: InjectedHead) -> str:
     if not hasattr(first, "_injection_slot"):
         first.register_forward_pre_hook(_capture_input)
         first._injection_slot = _InputSlot()
-    if not hasattr(last, "_injection_sources"):
-        last._injection_sources = {}
+    if not hasattr(last, INJECTION_SOURCES_ATTR):
+        setattr(last, INJECTION_SOURCES_ATTR, {})
         last.register_forward_hook(_add_branches)
-    last._injection_sources[name] = first
+    getattr(last, INJECTION_SOURCES_ATTR)[name] = first
     return name
 
 
@@ -240,7 +251,7 @@ def restore_injections(model: BaseAlgorithm) -> int:
     before SB3 loads the parameters. Returns the number of injections rebuilt."""
     store = model.__dict__.get("plastic_state")
     data = getattr(store, "data", store) if store is not None else None
-    if not isinstance(data, dict) or any(hasattr(m, "_injection_sources") for m in model.policy.modules()):
+    if not isinstance(data, dict) or has_injected_branches(model):
         return 0  # nothing recorded, or the branches are there already
     done = 0
     for key, state in data.items():
@@ -289,6 +300,7 @@ class PlasticityInjection(PrivateRNGMixin, TriggeredIntervention):
     """
 
     title = "PlasticityInjection"
+    injects_layers = True
     keyword_prefix = "plasticity_injection"
     action = "inject"
 

@@ -531,6 +531,8 @@ class ReDo(PlasticCallback):
     :param verbose: SB3 verbosity (1: print a line per check).
     """
 
+    edits_layers = True  # refused with a plasticity injection (PlasticCallback._refuse_with_injection)
+
     def __init__(
         self,
         period: int = 1000,

@@ -382,6 +382,8 @@ class ShrinkPerturb(PrivateRNGMixin, PlasticCallback):
     :param verbose: SB3 verbosity (1: print a line per event).
     """
 
+    edits_layers = True  # refused with a plasticity injection (PlasticCallback._refuse_with_injection)
+
     def __init__(
         self,
         mode: str = "event",
