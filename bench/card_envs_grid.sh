@@ -22,8 +22,12 @@ export OMP_NUM_THREADS=1
 # `nice -n -5` alone gave each grid run the same share as a test run in another terminal. The session's own weight is
 # /proc/self/autogroup (writable by its owner for raising, by root for lowering): set it where allowed.
 # It is the weight of the whole session: start the workers with `setsid` (as below) so that it stays theirs.
-echo -5 2>/dev/null > /proc/self/autogroup || true
-run() { echo "$(date -u +%FT%T) worker ${1:-?} $*"; nice -n -5 python bench/continual.py "${@:2}" --no-diagnostics-plots || true; }
+[ -n "${GRID_PLAN:-}" ] || echo -5 2>/dev/null > /proc/self/autogroup || true
+# GRID_PLAN=1: print each call's arguments ("PLAN <args>") instead of running it (bench/queue_status.py reads them)
+run() {
+  if [ -n "${GRID_PLAN:-}" ]; then echo "PLAN ${*:2}"; return; fi
+  echo "$(date -u +%FT%T) worker ${1:-?} $*"; nice -n -5 python bench/continual.py "${@:2}" --no-diagnostics-plots || true
+}
 w=${1:-1}
 MI="--setting minatar_intensive"
 # 1. plain PPO, 5 seeds: continual runs, then the fresh sample, then seed 0's fresh agents on every task (the check)

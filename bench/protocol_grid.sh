@@ -11,10 +11,14 @@
 set -u
 cd "$(dirname "$0")/.."
 # the session's autogroup weight, as bench/card_envs_grid.sh sets it (the two workers share the cores alike)
-echo -5 2>/dev/null > /proc/self/autogroup || true
+[ -n "${GRID_PLAN:-}" ] || echo -5 2>/dev/null > /proc/self/autogroup || true
 export OMP_NUM_THREADS=1
 SEEDS="0 1 2 3 4"
-run() { echo "$(date -u +%FT%T) $*"; nice -n -5 python bench/continual.py "$@" --seeds $SEEDS --jobs 1 --no-diagnostics-plots || true; }
+# GRID_PLAN=1: print each call's arguments ("PLAN <args>") instead of running it (bench/queue_status.py reads them)
+run() {
+  if [ -n "${GRID_PLAN:-}" ]; then echo "PLAN $* --seeds $SEEDS --jobs 1"; return; fi
+  echo "$(date -u +%FT%T) $*"; nice -n -5 python bench/continual.py "$@" --seeds $SEEDS --jobs 1 --no-diagnostics-plots || true
+}
 BANDIT="--setting bandit --out bench/results/continual/bandit_protocol"
 CARTPOLE="--setting cartpole_obs"
 # 1. issue #29's control: head reset at every switch (value head; both heads and the policy head are done)
@@ -27,7 +31,7 @@ run $CARTPOLE --methods ppo_tanh
 #    a second one started by hand with the same command; the grid's cells go to bench/results/continual/cartpole_obs
 STORAGE=${SB3_PLASTIC_GRID_STORAGE:-postgresql+psycopg2://sb3plastic:sb3plastic@127.0.0.1:5432/sb3plastic}
 echo "$(date -u +%FT%T) grid.py issue29-controls"
-nice -n -5 python bench/grid.py --storage "$STORAGE" --study issue29-controls --settings cartpole_obs \
+[ -n "${GRID_PLAN:-}" ] || nice -n -5 python bench/grid.py --storage "$STORAGE" --study issue29-controls --settings cartpole_obs \
     --methods ppo_vecnorm ppo_fire_switch_hidden --seeds 0 1 2 3 4 || true
 # 2. issue #27: the isometry penalty's options in the authors' convention
 for m in plastic_relu_rect plastic_relu_s2 plastic_maxmin_rect plastic_relu_s2_rect; do run $BANDIT --methods $m; done
