@@ -217,13 +217,11 @@ def task_parameters(setting: Setting, seed: int) -> Optional[list[dict[str, floa
 
     env = gym.make(setting.env_id, change_every=setting.change_every, task_seed=seed, **setting.env_kwargs)
     try:
-        wrapper = env
-        while not hasattr(wrapper, "sample_parameters") and hasattr(wrapper, "env"):
-            wrapper = wrapper.env
-        if not hasattr(wrapper, "sample_parameters"):
+        try:
+            sample, schedule = env.get_wrapper_attr("sample_parameters"), env.get_wrapper_attr("schedule")
+        except AttributeError:
             return None
-        return [{k: float(v) for k, v in wrapper.sample_parameters(wrapper.schedule.rng(k)).items()}
-                for k in range(setting.tasks)]
+        return [{k: float(v) for k, v in sample(schedule.rng(k)).items()} for k in range(setting.tasks)]
     finally:
         env.close()
 

@@ -191,8 +191,8 @@ def run_one(method: str, seed: int, setting: Setting, params: MethodParams, out:
 @contextlib.contextmanager
 def _no_distribution_checks() -> Iterator[None]:
     """torch.distributions' argument checks off (restored after): SB3 builds a Categorical / Normal at every policy
-    call, and the checks of their parameters cost 4-7 % of a run's CPU time (7 % on the Gym-control settings' one-env,
-    minibatch-32 PPO) while changing no number (a test compares records with and without)."""
+    call, and the checks of their parameters cost a few % of a run's CPU time (paired pieces: bench/README.md, "Cost per
+    run") while changing no number (a test compares records with and without)."""
     import torch as th
 
     previous = th.distributions.Distribution._validate_args

@@ -16,6 +16,7 @@ it comes first. Nothing is trained or written.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import pickle
@@ -49,6 +50,7 @@ def planned_calls(script: str) -> list[list[str]]:
     return [shlex.split(line[len("PLAN "):]) for line in done.stdout.splitlines() if line.startswith("PLAN ")]
 
 
+@functools.cache
 def _median_cpu(out: str, method: str, fresh: bool) -> Optional[float]:
     folder = Path(out, "runs", method, "fresh") if fresh else Path(out, "runs", method)
     seconds = []
@@ -59,6 +61,7 @@ def _median_cpu(out: str, method: str, fresh: bool) -> Optional[float]:
     return statistics.median(seconds) if seconds else None
 
 
+@functools.cache
 def _checkpoint_rate(out: str) -> Optional[float]:
     """CPU seconds per timestep of the runs in progress under ``out`` (their latest checkpoints), or ``None``."""
     rates = []

@@ -131,7 +131,6 @@ class WeightClipping(PlasticCallback):
     def _bind(self) -> None:
         """Group the clipped tensors by the optimizer that trains them and remember each optimizer's parameter count,
         so that parameters added later (a plasticity injection's new branch) rebind at the next step."""
-        self.networks = find_networks(self.model)
         optimizers = [o for spec in self.networks for o in spec.optimizers()]
         owner = {id(p): o for o in optimizers for g in o.param_groups for p in g["params"]}
         self._sizes = {id(o): _parameter_count(o) for o in optimizers}
@@ -142,6 +141,7 @@ class WeightClipping(PlasticCallback):
     @th.no_grad()
     def _after_step(self, optimizer: th.optim.Optimizer) -> None:
         if _parameter_count(optimizer) != self._sizes.get(id(optimizer)):
+            self.networks = find_networks(self.model)
             self._bind()
         for param, bound in self._clipped.get(id(optimizer), []):
             param.clamp_(-bound, bound)
