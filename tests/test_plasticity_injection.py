@@ -265,3 +265,28 @@ def test_plastic_keywords_combining_an_injection_and_a_reset_are_refused_at_lear
                        fire_at=0.5, **PPO_FAST)
     with pytest.raises(ValueError, match="FIRE and PlasticityInjection|PlasticityInjection and FIRE"):
         model.learn(64)
+
+
+def _pair_norm(module):
+    return float(th.sqrt(sum(p.detach().double().pow(2).sum() for p in (module.weight, module.bias))))
+
+
+def test_nap_projects_the_injected_branch_from_its_first_step_to_its_norm_at_the_injection():
+    """NaP keeps each normalised layer at its norm at initialisation; an injected branch's layers are initialised at
+    the injection, so they are held there from their first optimizer step (the frozen twin holds that draw), in the
+    learn() of the injection and in the next one; the frozen layers are left as they are."""
+    th.manual_seed(0)
+    model = PlasticPPO("MlpPolicy", "CartPole-v1", activation="relu", nap=True, isometry_mode="off", optimizer="adam",
+                       learning_rate=3e-2, **PPO_FAST)
+    model.learn(256, callback=PlasticityInjection(at=64))
+    for _ in range(2):
+        for head in (model.policy.action_net, model.policy.value_net):
+            branch = head.plasticity_injection0
+            new, twin = branch.new[0], branch.frozen[0]
+            assert not th.equal(new.weight, twin.weight)  # the branch trained
+            assert _pair_norm(new) == pytest.approx(_pair_norm(twin), rel=1e-5)
+            new_norm, twin_norm = branch.new[1], branch.frozen[1]  # the (scale, offset) pair before the ReLU
+            assert not th.equal(new_norm.weight, twin_norm.weight)
+            assert _pair_norm(new_norm) == pytest.approx(math.sqrt(new_norm.weight.numel()), rel=1e-5)
+            assert th.equal(twin_norm.weight, th.ones_like(twin_norm.weight))
+        model.learn(64, reset_num_timesteps=False)

@@ -68,7 +68,8 @@ from torch.utils.hooks import RemovableHandle
 
 from sb3_plastic.activations import CReLU, Fourier, MaxMin
 from sb3_plastic.callbacks.base import InterventionConfig, PlasticCallback, changed_fields, warn_ignored_options
-from sb3_plastic.common.hooks import OutermostStepHooks
+from sb3_plastic.common.hooks import OutermostStepHooks, parameter_count
+from sb3_plastic.common.surgery import find_networks
 
 #: Layer selections of the projection.
 PROJECT_CHOICES = ("normalized", "all")
@@ -232,6 +233,8 @@ class NormalizeAndProject(PlasticCallback):
     norm (``project="normalized"``, the default: the rescaling does not change the network's function) or every
     Linear / Conv2d layer of every online network (``project="all"``). Target networks follow their online network
     by SB3's own updates. The initial norms (``self.state["norms"]``) are saved and restored with the model.
+    Layers that join an optimizer later (a plasticity injection's new branch) are projected from their first step on,
+    to their norm when they joined; frozen layers are left alone.
 
     The "normalize" part needs layer norms in the networks: the plastic algorithms' ``nap=True`` builds them; for a
     plain SB3 model call :func:`insert_layer_norms_` on its policy and :func:`add_norm_parameters_to_optimizers` before
@@ -263,15 +266,17 @@ class NormalizeAndProject(PlasticCallback):
         self._warned_affine = False
         self._handles: list[RemovableHandle] = []
         self._layers: dict[int, list[tuple[str, nn.Module]]] = {}
+        self._sizes: dict[int, int] = {}
 
     def projected_layers(self) -> list[tuple[str, nn.Module, Optional[th.optim.Optimizer]]]:
-        """``(key, layer, optimizer)`` of every projected layer."""
+        """``(key, layer, optimizer)`` of every projected layer (frozen layers, e.g. a plasticity injection's old head
+        and frozen twin, are left out: nothing moves them)."""
         out = []
         seen: set[int] = set()
         for spec in self.networks:
             chosen = spec.weight_layers() if self.project == "all" else normalized_layers(spec.module)
             for layer in chosen:
-                if id(layer) in seen:
+                if id(layer) in seen or not any(p.requires_grad for p in _layer_params(layer)):
                     continue
                 seen.add(id(layer))
                 name = spec.layer_names.get(id(layer), "?")
@@ -282,30 +287,40 @@ class NormalizeAndProject(PlasticCallback):
     def _on_training_start(self) -> None:
         super()._on_training_start()
         self._remove_hooks()
-        layers = self.projected_layers()
-        if not layers:
+        resumed = "norms" in self.state
+        self.state.setdefault("norms", {})
+        self.state.setdefault("projections", 0)
+        if not self._bind(resumed):
             raise ValueError(
                 "NormalizeAndProject(project='normalized') found no layer followed by a layer norm: build the model "
                 "with nap=True (plastic algorithms) or insert_layer_norms_(model.policy), or use project='all'"
             )
-        resumed = "norms" in self.state
-        norms = self.state.setdefault("norms", {})
-        self.state.setdefault("projections", 0)
+        training = lambda: bool(self.model.policy.training)  # noqa: E731  (inside SB3's train())
+        optimizers = {id(o): o for spec in self.networks for o in spec.optimizers()}
+        for optimizer in optimizers.values():
+            self._handles += OutermostStepHooks(optimizer, self._after_step, before=self._before_step,
+                                                active=training).handles
+
+    def _bind(self, resumed: bool) -> int:
+        """Group the projected layers and norms by the optimizer that trains them, record the target norm of each one
+        not seen before (its norm now: before its first step), and remember each optimizer's parameter count, so that
+        parameters added later (a plasticity injection's new branch) are bound before their first step. Returns how
+        many layers are projected."""
+        norms = self.state["norms"]
         self._bind_affine(resumed)
         self._layers = {}
-        optimizers: dict[int, th.optim.Optimizer] = {}
+        layers = self.projected_layers()
         for key, layer, optimizer in layers:
             norms.setdefault(key, float(_norm(_layer_params(layer))))
             if optimizer is not None:
-                optimizers[id(optimizer)] = optimizer
                 self._layers.setdefault(id(optimizer), []).append((key, layer))
-        for optimizer_id in self._affine:
-            if optimizer_id not in optimizers:
-                optimizers[optimizer_id] = next(
-                    o for spec in self.networks for o in spec.optimizers() if id(o) == optimizer_id
-                )
-        for optimizer in optimizers.values():
-            self._handles += OutermostStepHooks(optimizer, self._after_step, active=lambda: self.model.policy.training).handles
+        self._sizes = {id(o): parameter_count(o) for spec in self.networks for o in spec.optimizers()}
+        return len(layers)
+
+    def _before_step(self, optimizer: th.optim.Optimizer) -> None:
+        if parameter_count(optimizer) != self._sizes.get(id(optimizer)):
+            self.networks = find_networks(self.model)
+            self._bind(resumed=False)
 
     def _bind_affine(self, resumed: bool) -> None:
         """The norms whose (scale, offset) are projected, per optimizer holding them, and their target norms."""
@@ -332,10 +347,12 @@ class NormalizeAndProject(PlasticCallback):
                 "NormalizeAndProject(project_affine=True) has no effect: no layer norm is followed by a positively "
                 f"homogeneous activation ({[t.__name__ for t in HOMOGENEOUS_ACTIVATIONS]}); scale and offset are "
                 "projected only there (sb3_plastic.callbacks.nap)",
-                stacklevel=3,
+                stacklevel=4,
             )
 
     def _after_step(self, optimizer: th.optim.Optimizer) -> None:
+        if id(optimizer) not in self._layers and id(optimizer) not in self._affine:
+            return
         norms = self.state["norms"]
         for key, layer in self._layers.get(id(optimizer), []):
             project_(layer, norms[key])

@@ -37,7 +37,8 @@ Deviations and choices:
 * Interventions that edit layers in place (LayerReset, FIRE, ShrinkPerturb, ContinualBackprop, ReDo) are refused
   with an injection (``ValueError`` at the start of ``learn()``, or on a model that carries branches): they would
   re-initialise or shrink the frozen old head, which never trains again, and miss the branch. Penalties
-  (L2Init, spectral / Parseval regularisation) and WeightClipping (which clips the trainable branch) combine.
+  (L2Init, spectral / Parseval regularisation), WeightClipping (which clips the trainable branch) and
+  NormalizeAndProject (which holds the branch's normalised layers at their norm at the injection) combine.
 * Save / load: the branches are in the state dict. ``PlasticX.load`` rebuilds them from the injections recorded in the
   model's persistent state before the parameters are loaded; a plain SB3 model loads with :func:`load_injected`.
 """

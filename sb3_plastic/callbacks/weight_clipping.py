@@ -46,7 +46,7 @@ from torch import nn
 
 from sb3_plastic.callbacks.base import InterventionConfig, PlasticCallback, changed_fields, warn_ignored_options
 from sb3_plastic.callbacks.plasticity_injection import injected_layers
-from sb3_plastic.common.hooks import OutermostStepHooks
+from sb3_plastic.common.hooks import OutermostStepHooks, parameter_count
 from sb3_plastic.common.surgery import find_networks
 
 #: the reference's RL value of ``kappa`` (``rl_experiments/ppo_continuous_action_clipped.py``)
@@ -59,10 +59,6 @@ def init_bound(weight: th.Tensor) -> float:
     if weight.dim() < 2:
         raise ValueError(f"init_bound needs a Linear / Conv weight (2 or more dimensions), got shape {tuple(weight.shape)}")
     return 1.0 / math.sqrt(weight.shape[1] * math.prod(weight.shape[2:]))
-
-
-def _parameter_count(optimizer: th.optim.Optimizer) -> int:
-    return sum(len(group["params"]) for group in optimizer.param_groups)
 
 
 def _check_kappa(name: str, value: Any) -> float:
@@ -133,14 +129,14 @@ class WeightClipping(PlasticCallback):
         so that parameters added later (a plasticity injection's new branch) rebind at the next step."""
         optimizers = [o for spec in self.networks for o in spec.optimizers()]
         owner = {id(p): o for o in optimizers for g in o.param_groups for p in g["params"]}
-        self._sizes = {id(o): _parameter_count(o) for o in optimizers}
+        self._sizes = {id(o): parameter_count(o) for o in optimizers}
         self._clipped = {}
         for _, param, bound in self.clipped():
             self._clipped.setdefault(id(owner[id(param)]), []).append((param, bound))
 
     @th.no_grad()
     def _after_step(self, optimizer: th.optim.Optimizer) -> None:
-        if _parameter_count(optimizer) != self._sizes.get(id(optimizer)):
+        if parameter_count(optimizer) != self._sizes.get(id(optimizer)):
             self.networks = find_networks(self.model)
             self._bind()
         for param, bound in self._clipped.get(id(optimizer), []):

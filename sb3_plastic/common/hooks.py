@@ -48,6 +48,12 @@ def add_to_grad_hook(
     return param.register_post_accumulate_grad_hook(hook)
 
 
+def parameter_count(optimizer: th.optim.Optimizer) -> int:
+    """How many tensors ``optimizer`` trains: a change between two steps means parameters joined it (a plasticity
+    injection's new branch), so a callback that bound the optimizer's tensors binds them again."""
+    return sum(len(group["params"]) for group in optimizer.param_groups)
+
+
 class OutermostStepHooks:
     """Step pre / post hooks on ``optimizer`` that call ``before(optimizer)`` before and ``after(optimizer)`` after
     each outermost ``optimizer.step()``, while ``active()`` (see the module docstring for why the depth count).
