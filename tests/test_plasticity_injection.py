@@ -271,13 +271,14 @@ def _pair_norm(module):
     return float(th.sqrt(sum(p.detach().double().pow(2).sum() for p in (module.weight, module.bias))))
 
 
-def test_nap_projects_the_injected_branch_from_its_first_step_to_its_norm_at_the_injection():
+@pytest.mark.parametrize("project", ["normalized", "all"])
+def test_nap_projects_the_injected_branch_from_its_first_step_to_its_norm_at_the_injection(project):
     """NaP keeps each normalised layer at its norm at initialisation; an injected branch's layers are initialised at
     the injection, so they are held there from their first optimizer step (the frozen twin holds that draw), in the
     learn() of the injection and in the next one; the frozen layers are left as they are."""
     th.manual_seed(0)
-    model = PlasticPPO("MlpPolicy", "CartPole-v1", activation="relu", nap=True, isometry_mode="off", optimizer="adam",
-                       learning_rate=3e-2, **PPO_FAST)
+    model = PlasticPPO("MlpPolicy", "CartPole-v1", activation="relu", nap=True, nap_project=project, isometry_mode="off",
+                       optimizer="adam", learning_rate=3e-2, **PPO_FAST)
     model.learn(256, callback=PlasticityInjection(at=64))
     for _ in range(2):
         for head in (model.policy.action_net, model.policy.value_net):
@@ -285,8 +286,52 @@ def test_nap_projects_the_injected_branch_from_its_first_step_to_its_norm_at_the
             new, twin = branch.new[0], branch.frozen[0]
             assert not th.equal(new.weight, twin.weight)  # the branch trained
             assert _pair_norm(new) == pytest.approx(_pair_norm(twin), rel=1e-5)
+            out, out_twin = branch.new[3], branch.frozen[3]  # the output layer: projected with project="all" only
+            assert (_pair_norm(out) == pytest.approx(_pair_norm(out_twin), rel=1e-5)) == (project == "all")
             new_norm, twin_norm = branch.new[1], branch.frozen[1]  # the (scale, offset) pair before the ReLU
             assert not th.equal(new_norm.weight, twin_norm.weight)
             assert _pair_norm(new_norm) == pytest.approx(math.sqrt(new_norm.weight.numel()), rel=1e-5)
             assert th.equal(twin_norm.weight, th.ones_like(twin_norm.weight))
         model.learn(64, reset_num_timesteps=False)
+
+
+def _penalties():
+    from sb3_plastic import L2Init, ParsevalRegularisation, SpectralRegularisation
+
+    return [lambda: L2Init(1e-3), lambda: SpectralRegularisation(1e-3), lambda: ParsevalRegularisation(1e-3)]
+
+
+@pytest.mark.parametrize("make", _penalties(), ids=["L2Init", "SpectralRegularisation", "ParsevalRegularisation"])
+@pytest.mark.parametrize("algo", ["ppo", "dqn"])
+def test_penalties_reach_the_injected_branch_from_its_first_update_and_survive_the_next_learn(make, algo, monkeypatch):
+    """A penalty passed with an injection regularises the new trainable branch in the learn() of the injection (its
+    gradient hook fires on the branch's parameters), L2-init pulls the branch towards its values at the injection
+    (its frozen twin), and the next learn() starts (L2Init raised: theta_0 had no entry for the branch)."""
+    penalty = make()
+    fired: set[str] = set()
+    original = type(penalty)._add_penalty_grad
+
+    def spy(self, key, param, grad):
+        fired.add(key)
+        return original(self, key, param, grad)
+
+    monkeypatch.setattr(type(penalty), "_add_penalty_grad", spy)
+    th.manual_seed(0)
+    if algo == "ppo":
+        model = PPO("MlpPolicy", "CartPole-v1", policy_kwargs=NET, **PPO_FAST)
+        total, at = 192, 64
+    else:
+        model = DQN("MlpPolicy", "CartPole-v1", policy_kwargs=NET, **OFF_FAST)
+        total, at = 160, 96
+    model.learn(total, callback=[PlasticityInjection(at=at), penalty])
+    assert any("plasticity_injection0.new" in key for key in fired), sorted(fired)
+    assert not any("plasticity_injection0.frozen" in key for key in fired)
+    if "theta0" in penalty.state:
+        named = {**{f"policy.{n}": p for n, p in model.policy.named_parameters()}, **dict(model.policy.named_parameters())}
+        branch = [key for key in penalty.state["theta0"] if ".new." in key]
+        assert branch
+        for key in branch:
+            assert th.equal(penalty.state["theta0"][key], named[key.replace(".new.", ".frozen.")])
+    fired.clear()
+    model.learn(64, callback=[penalty], reset_num_timesteps=False)
+    assert any("plasticity_injection0.new" in key for key in fired)

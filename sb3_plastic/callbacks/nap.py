@@ -68,6 +68,7 @@ from torch.utils.hooks import RemovableHandle
 
 from sb3_plastic.activations import CReLU, Fourier, MaxMin
 from sb3_plastic.callbacks.base import InterventionConfig, PlasticCallback, changed_fields, warn_ignored_options
+from sb3_plastic.callbacks.plasticity_injection import weight_layers_with_branches
 from sb3_plastic.common.hooks import OutermostStepHooks, parameter_count
 from sb3_plastic.common.surgery import find_networks
 
@@ -274,7 +275,10 @@ class NormalizeAndProject(PlasticCallback):
         out = []
         seen: set[int] = set()
         for spec in self.networks:
-            chosen = spec.weight_layers() if self.project == "all" else normalized_layers(spec.module)
+            if self.project == "all":
+                chosen = [layer for layer, _ in weight_layers_with_branches(spec)]
+            else:
+                chosen = normalized_layers(spec.module)
             for layer in chosen:
                 if id(layer) in seen or not any(p.requires_grad for p in _layer_params(layer)):
                     continue

@@ -34,6 +34,7 @@ import torch as th
 from torch import nn
 
 from sb3_plastic.callbacks.base import InterventionConfig, changed_fields, warn_ignored_options
+from sb3_plastic.callbacks.plasticity_injection import weight_layers_with_branches
 from sb3_plastic.callbacks.regularisers import GradientPenalty, _check_coef
 from sb3_plastic.isometry import as_matrix, isometry_penalty_grad
 
@@ -61,7 +62,8 @@ class ParsevalRegularisation(GradientPenalty):
     ``isometry_mode="coupled"`` and the deviations): ``coef * grad ||W W^T - s I||_F^2`` joins the gradient of every
     regularised weight inside ``backward()`` (before SB3's gradient clipping, exactly as if the loss included it), on PPO,
     A2C, RecurrentPPO, MaskablePPO, DQN, QR-DQN, SAC, TQC, CrossQ and TD3, plain or plastic. Biases, output layers
-    (with ``layers="hidden"``) and LSTM matrices are not regularised.
+    (with ``layers="hidden"``) and LSTM matrices are not regularised; a plasticity injection's trainable branch is,
+    from its first update.
 
     Logged: ``plasticity/parseval/penalty`` (the sum of ``||W W^T - s I||_F^2``, without the coefficient) at each rollout
     end. No persistent state.
@@ -85,11 +87,11 @@ class ParsevalRegularisation(GradientPenalty):
         """``(name, weight)`` of every regularised matrix, each once."""
         chosen: dict[int, tuple[str, nn.Parameter]] = {}
         for spec in self.networks:
-            heads = {id(h) for h in spec.heads()}
-            for layer in spec.weight_layers():
-                if self.layers == "hidden" and id(layer) in heads:
+            names = {id(m): n for n, m in spec.module.named_modules()}
+            for layer, is_head in weight_layers_with_branches(spec):
+                if self.layers == "hidden" and is_head:
                     continue
-                name = f"{spec.name}:{spec.layer_names.get(id(layer), '?')}"
+                name = f"{spec.name}:{spec.layer_names.get(id(layer)) or names.get(id(layer), '?')}"
                 chosen.setdefault(id(layer.weight), (name, layer.weight))
         return list(chosen.values())
 
@@ -105,6 +107,7 @@ class ParsevalRegularisation(GradientPenalty):
             return float(sum(parseval_penalty(w.detach().float(), self.scale) for _, w in self.weights()))
 
     def _on_rollout_end(self) -> None:
+        super()._on_rollout_end()
         self.record("parseval/penalty", self.penalty())
 
 

@@ -201,6 +201,24 @@ def injected_layers(spec: NetworkSpec) -> list[tuple[nn.Module, bool]]:
     return out
 
 
+def weight_layers_with_branches(spec: NetworkSpec) -> list[tuple[nn.Module, bool]]:
+    """``(layer, is_output_layer)`` of every Linear / Conv2d layer of ``spec``'s paths followed by the layers of its
+    trainable injected branches (:func:`injected_layers`): what a per-layer penalty or constraint acts on."""
+    heads = {id(h) for h in spec.heads()}
+    return [(layer, id(layer) in heads) for layer in spec.weight_layers()] + injected_layers(spec)
+
+
+def branch_initial_values(module: nn.Module) -> dict[int, th.Tensor]:
+    """``id(parameter) -> its value at the injection`` for every parameter of every injected branch in ``module``:
+    the frozen twin's matching tensor (a copy of the branch when it was drawn, never trained)."""
+    out: dict[int, th.Tensor] = {}
+    for branch in module.modules():
+        if isinstance(branch, InjectedHead):
+            for new, twin in zip(branch.new.parameters(), branch.frozen.parameters()):
+                out[id(new)] = twin.detach()
+    return out
+
+
 def _relative_names(root: nn.Module) -> dict[int, str]:
     return {id(m): name for name, m in root.named_modules()}
 

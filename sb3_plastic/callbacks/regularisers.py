@@ -49,7 +49,9 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from sb3_plastic.callbacks.base import InterventionConfig, PlasticCallback, changed_fields, warn_ignored_options
-from sb3_plastic.common.hooks import add_to_grad_hook
+from sb3_plastic.callbacks.plasticity_injection import branch_initial_values, weight_layers_with_branches
+from sb3_plastic.common.hooks import add_to_grad_hook, parameter_count
+from sb3_plastic.common.surgery import find_networks
 
 #: Layer selections of :class:`SpectralRegularisation`.
 SPECTRAL_LAYERS = ("all", "hidden")
@@ -95,6 +97,7 @@ class GradientPenalty(PlasticCallback):
         super().__init__(name=name, verbose=verbose)
         self.coef = _check_coef("coef", coef)
         self._handles: list[RemovableHandle] = []
+        self._sizes: dict[int, int] = {}
 
     # ------------------------------------------------------------------ subclass interface
     def _regularised(self) -> Iterator[tuple[str, nn.Parameter]]:
@@ -112,6 +115,12 @@ class GradientPenalty(PlasticCallback):
     # ------------------------------------------------------------------ lifecycle
     def _on_training_start(self) -> None:
         super()._on_training_start()
+        self._bind()
+
+    def _bind(self) -> None:
+        """(Re)install the gradient hooks on the regularised parameters and remember each network optimizer's parameter
+        count: parameters that join later (a plasticity injection's new branch) are bound at the next rollout end,
+        before the next update (:meth:`_on_rollout_end`)."""
         self._remove_hooks()
         self._prepare()
         if self.coef > 0:
@@ -119,6 +128,16 @@ class GradientPenalty(PlasticCallback):
                 if param.requires_grad:
                     add = functools.partial(self._add_penalty_grad, key)
                     self._handles.append(add_to_grad_hook(param, add, active=self._training))
+        self._sizes = {id(o): parameter_count(o) for spec in self.networks for o in spec.optimizers()}
+
+    def _on_rollout_end(self) -> None:
+        """Rebind when a network optimizer's parameters changed since the last binding. Subclasses that log here call
+        this first. (An injection acts in ``_on_step`` off-policy and at a rollout start on-policy; either way a rollout
+        end follows before the next ``train()``.)"""
+        optimizers = [o for spec in self.networks for o in spec.optimizers()]
+        if any(parameter_count(o) != self._sizes.get(id(o)) for o in optimizers):
+            self.networks = find_networks(self.model)
+            self._bind()
 
     def _prepare(self) -> None:
         """Set up the persistent state at training start (before the hooks are installed)."""
@@ -171,7 +190,9 @@ class L2Init(GradientPenalty):
     ``theta_0`` is a copy of the parameters taken the first time this callback starts training on the model
     (for the plastic algorithms' ``l2_init_coef`` keyword: the parameters at construction, since nothing changes
     them before the first ``learn()``). It is kept in the model's persistent state (``self.state["theta0"]``,
-    saved and restored by SB3's ``save`` / ``load``), so a resumed run keeps pulling towards the same point.
+    saved and restored by SB3's ``save`` / ``load``), so a resumed run keeps pulling towards the same point. The
+    trainable branch of a plasticity injection is regularised from its first update towards its draw at the
+    injection (which its frozen twin keeps).
 
     Logged: ``plasticity/l2_init/distance`` (``||theta - theta_0||_2`` at each rollout end).
 
@@ -186,8 +207,13 @@ class L2Init(GradientPenalty):
         if theta0 is None:
             self.state["theta0"] = {key: p.detach().clone() for key, p in current.items()}
             return
+        twins: dict[int, th.Tensor] = {}
+        for spec in self.networks:
+            twins.update(branch_initial_values(spec.module))
         for key, param in current.items():
             saved = theta0.get(key)
+            if saved is None and id(param) in twins:  # an injected branch: theta_0 is its draw, kept by its twin
+                saved = theta0[key] = twins[id(param)].clone()
             if saved is not None and saved.device != param.device:  # saved on another device: move it once
                 saved = theta0[key] = saved.to(param.device)
             if saved is None or tuple(saved.shape) != tuple(param.shape):
@@ -217,6 +243,7 @@ class L2Init(GradientPenalty):
         return math.sqrt(total)
 
     def _on_rollout_end(self) -> None:
+        super()._on_rollout_end()
         if "theta0" in self.state:
             prefix = "l2_init" if self.name in (None, "auto") else f"l2_init_{self.name}"
             self.record(f"{prefix}/distance", self.distance())
@@ -398,7 +425,8 @@ class SpectralRegularisation(GradientPenalty):
     * ``exponent`` ``k`` (default 2): ``(sigma^k - 1)^2`` and ``||b||^(2k)``; ``k = 1`` gives ``(sigma - 1)^2`` and
       ``||b||^2``.
     * Layers: every Linear / Conv2d of every online network, output heads included (``layers="all"``, "each
-      layer" in the paper); ``"hidden"`` leaves output heads (weights and biases) free. RecurrentPPO's LSTMs: each
+      layer" in the paper), and those of a plasticity injection's trainable branch from its first update;
+      ``"hidden"`` leaves output heads (weights and biases) free. RecurrentPPO's LSTMs: each
       gate block of ``weight_ih`` / ``weight_hh`` is a layer (the matrix of one gate, as for the isometry penalty,
       :mod:`sb3_plastic.recurrent`), without the LSTM biases. Normalisation layers (CrossQ's BatchRenorm, NaP's
       LayerNorms) and PPO's ``log_std`` are not matrices and are not regularised (one re-implementation says the
@@ -445,9 +473,8 @@ class SpectralRegularisation(GradientPenalty):
         """``(network spec, layer)`` of the regularised Linear / Conv2d layers (each once)."""
         seen: set[int] = set()
         for spec in self.networks:
-            heads = {id(h) for h in spec.heads()}
-            for layer in spec.weight_layers():
-                if id(layer) in seen or (self.layers == "hidden" and id(layer) in heads):
+            for layer, is_head in weight_layers_with_branches(spec):
+                if id(layer) in seen or (self.layers == "hidden" and is_head):
                     continue
                 seen.add(id(layer))
                 yield spec, layer
@@ -543,6 +570,7 @@ class SpectralRegularisation(GradientPenalty):
             grad.add_(spectral_bias_penalty_grad(param, self.coef, self.exponent).to(grad.dtype))
 
     def _on_rollout_end(self) -> None:
+        super()._on_rollout_end()
         sigmas = [float(s) for s in self.state.get("sigma", {}).values()]
         if sigmas:
             prefix = "spectral" if self.name in (None, "auto") else f"spectral_{self.name}"

@@ -45,7 +45,7 @@ import torch as th
 from torch import nn
 
 from sb3_plastic.callbacks.base import InterventionConfig, PlasticCallback, changed_fields, warn_ignored_options
-from sb3_plastic.callbacks.plasticity_injection import injected_layers
+from sb3_plastic.callbacks.plasticity_injection import weight_layers_with_branches
 from sb3_plastic.common.hooks import OutermostStepHooks, parameter_count
 from sb3_plastic.common.surgery import find_networks
 
@@ -102,10 +102,8 @@ class WeightClipping(PlasticCallback):
         out: dict[int, tuple[str, nn.Parameter, float]] = {}
         for spec in self.networks:
             trained = {id(p) for o in spec.optimizers() for g in o.param_groups for p in g["params"]}
-            heads = {id(h) for h in spec.heads()}
             names = {id(m): n for n, m in spec.module.named_modules()}
-            layers = [(layer, id(layer) in heads) for layer in spec.weight_layers()] + injected_layers(spec)
-            for layer, is_head in layers:
+            for layer, is_head in weight_layers_with_branches(spec):
                 if not self.heads and is_head:
                     continue
                 bound = self.kappa * init_bound(layer.weight)
