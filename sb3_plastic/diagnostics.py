@@ -63,6 +63,11 @@ from torch.func import grad as func_grad
 from torch.func import jvp, vjp, vmap
 
 from sb3_plastic.callbacks.base import preserved_numpy_rng
+from sb3_plastic.callbacks.plasticity_injection import (
+    branch_initial_values,
+    injected_hidden_layers,
+    weight_layers_with_branches,
+)
 from sb3_plastic.callbacks.redo import (
     _post_activation,
     _validate_tau,
@@ -704,6 +709,10 @@ def network_diagnostics(
     * an initial value missing from ``initial`` or of another shape (a layer resized by surgery): the layer has no
       ``dist_from_init``, and the network's ``dist_from_init`` is over the parameters that have one.
 
+    A plasticity injection's trainable branch is read as layers of the network (keys under its module name,
+    ``action_net.plasticity_injection0.new.0``): its hidden layers' units, its layers' weight metrics, and their
+    distance from their draw at the injection (the frozen twin's values, when ``initial`` has none).
+
     Nothing of the model is changed (:func:`unchanged_model`): the networks run in evaluation mode (as they act in
     SB3's rollouts; batch-norm statistics are read, not updated) and every module's mode is restored; parameters
     are swapped by :class:`ParameterSwap`, which puts the same ``Parameter`` objects back; no optimizer state or
@@ -763,7 +772,7 @@ def _network_diagnostics(
     out: dict[str, float] = {}
     net = spec.name
     forward = probe_forward(model, spec, observations, actions)
-    hidden: list[Any] = spec.hidden_layers()
+    hidden: list[Any] = spec.hidden_layers() + injected_hidden_layers(spec)
     features: list[Optional[th.Tensor]] = capture_features(hidden, forward)
     if spec.recurrent and spec.name == "policy":  # LSTM cells: first-step outputs from zero states
         cells = [u for u in spec.recurrent_units() if recurrent_units_problem(u) is None]
@@ -810,7 +819,9 @@ def _network_diagnostics(
         out["zero_fraction"] = n_dead / n_units
     param_names = {id(p): name for name, p in spec.module.named_parameters()}
     params = spec_parameters(spec)
-    if initial is not None:
+    if initial is not None:  # an injected branch starts from its draw, which its frozen twin keeps
+        drawn = {param_names[i]: t for i, t in branch_initial_values(spec.module).items() if i in param_names}
+        initial = {**drawn, **initial}
         no_origin = [
             f"{k} {tuple(p.shape)} (initial: {tuple(initial[k].shape) if k in initial else 'none'})"
             for k, p in params.items()
@@ -827,9 +838,8 @@ def _network_diagnostics(
                 "those added later, have no dist_from_init and the network's dist_from_init leaves them out (this "
                 "warning is not repeated for this network)",
             )
-    head_ids = {id(h) for h in spec.heads()}
     total_dfi = hidden_dfi = 0.0
-    for layer in spec.weight_layers():
+    for layer, is_head in weight_layers_with_branches(spec):
         name = spec.layer_names.get(id(layer), "?")
         w = layer.weight
         out[f"{name}/weight_norm"] = weight_norm(w)
@@ -838,7 +848,7 @@ def _network_diagnostics(
             out[f"{name}/dist_from_init"] = distance_from_init(w, init_w)
         layer_dfi = dfi(w, dfi_scale)
         total_dfi += layer_dfi
-        if id(layer) not in head_ids:
+        if not is_head:
             hidden_dfi += layer_dfi
         out[f"{name}/dfi"] = layer_dfi
         if _is_finite(w.detach()):

@@ -196,6 +196,13 @@ def test_conv_head_with_flatten_on_minatar():
     with th.no_grad():
         assert th.equal(model.q_net(obs), before)
     model.learn(40, reset_num_timesteps=False)
+    from sb3_plastic.diagnostics import network_diagnostics
+
+    out = network_diagnostics(model, find_networks(model)[0], obs, ntk_size=0)
+    branch = "q_net.q_net.0.plasticity_injection0.new"
+    hidden = sorted(k.removesuffix("/dormant_fraction") for k in out if k.endswith("/dormant_fraction"))
+    assert hidden == sorted([*(h.name for h in find_networks(model)[0].hidden_layers()), f"{branch}.0", f"{branch}.3"])
+    assert out[f"{branch}.0/srank"] >= 1 and out[f"{branch}.3/feature_norm"] > 0  # the conv's channels, the units
 
 
 def test_churn_reduction_follows_an_injection():
@@ -209,22 +216,44 @@ def test_churn_reduction_follows_an_injection():
     assert np.isfinite(churn.state["reg_losses"]).all()
 
 
-def test_monitor_warns_once_per_network_about_the_injected_branches():
-    """Every injection adds parameters without an initial value of the monitor's: one warning per network says so
-    (the first one names them), not one per injection (a continual run injects at every switch)."""
+def test_diagnostics_measure_the_injected_branch_from_its_draw():
+    """The diagnostics read an injected branch as layers of the network: its hidden layer's units (dormant fraction
+    against a hand-written ReDo score, counted in the network's fraction), its layers' weight metrics, and their
+    distance from their draw at the injection (the frozen twin), without a warning about missing initial values."""
     import warnings
 
-    from sb3_plastic.callbacks import PlasticityMonitor
+    from sb3_plastic.diagnostics import network_diagnostics, spec_parameters
 
     model = PPO("MlpPolicy", "CartPole-v1", policy_kwargs=NET, **PPO_FAST)
-    monitor = PlasticityMonitor(every=32, probe_size=32, ntk_probe_size=8, max_overhead=None)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        model.learn(256, callback=[PlasticityInjection(layers=2, every=64), monitor])
-    messages = [str(w.message) for w in caught if "without a saved initial value" in str(w.message)]
-    assert len(messages) == 1, messages
-    assert "plasticity_injection0.new" in messages[0] and "and those added later" in messages[0].replace(",", "")
-    assert len(model.policy.value_net._modules) == 1 + 3  # three injections happened after the first pass
+    spec = find_networks(model)[0]
+    initial = {k: v.clone() for k, v in spec_parameters(spec).items()}
+    model.learn(32)
+    _inject_now(model)
+    model.learn(96, reset_num_timesteps=False)
+    spec = find_networks(model)[0]
+    obs = _obs(model, n=64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = network_diagnostics(model, spec, obs, initial=initial, ntk_size=4)
+    policy = model.policy
+    for head in ("action_net", "value_net"):
+        branch = getattr(policy, head).plasticity_injection0
+        extractor = policy.mlp_extractor.policy_net if head == "action_net" else policy.mlp_extractor.value_net
+        with th.no_grad():
+            h = branch.new[1](branch.new[0](extractor[:2](obs))).abs().mean(0)  # Linear, Tanh of the branch
+        score = h / h.mean()
+        name = f"{head}.plasticity_injection0.new"
+        assert out[f"{name}.0/dormant_fraction"] == pytest.approx(float((score <= 0.025).float().mean()))
+        for i in (0, 2):
+            new, twin = branch.new[i], branch.frozen[i]
+            assert not th.equal(new.weight, twin.weight)
+            assert out[f"{name}.{i}/dist_from_init"] == pytest.approx(float((new.weight - twin.weight).norm()), rel=1e-5)
+            assert out[f"{name}.{i}/weight_norm"] == pytest.approx(float(new.weight.norm()), rel=1e-5)
+    hidden = [k for k in out if k.endswith("/dormant_fraction")]
+    assert len(hidden) == 6  # two per path and the branch's hidden layer of each head
+    units = 16 * 6
+    dormant = sum(out[k] * 16 for k in hidden)
+    assert out["dormant_fraction"] == pytest.approx(dormant / units)
 
 
 def _editors():

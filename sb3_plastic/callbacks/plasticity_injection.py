@@ -39,6 +39,8 @@ Deviations and choices:
   re-initialise or shrink the frozen old head, which never trains again, and miss the branch. Penalties
   (L2Init, spectral / Parseval regularisation), WeightClipping (which clips the trainable branch) and
   NormalizeAndProject (which holds the branch's normalised layers at their norm at the injection) combine.
+* Diagnostics (:mod:`sb3_plastic.diagnostics`, the monitor) read the trainable branch as layers of the network, its
+  distance from init measured from its draw at the injection.
 * Save / load: the branches are in the state dict. ``PlasticX.load`` rebuilds them from the injections recorded in the
   model's persistent state before the parameters are loaded; a plain SB3 model loads with :func:`load_injected`.
 """
@@ -46,6 +48,7 @@ Deviations and choices:
 from __future__ import annotations
 
 import copy
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Optional, Union
@@ -64,7 +67,7 @@ from sb3_plastic.callbacks.base import (
 )
 from sb3_plastic.callbacks.redo import model_layer_init
 from sb3_plastic.callbacks.triggers import UNSET, TriggeredIntervention, check_at, check_bool, check_every, check_int_at_least
-from sb3_plastic.common.surgery import LAYER_TYPES, NORM_TYPES, NetworkSpec, find_networks
+from sb3_plastic.common.surgery import LAYER_TYPES, NORM_TYPES, HiddenLayer, NetworkSpec, find_networks
 
 #: The prefix of the branch children registered on a path's output layer (``<prefix><n>``, n = 0, 1, ...).
 BRANCH_PREFIX = "plasticity_injection"
@@ -201,11 +204,37 @@ def injected_layers(spec: NetworkSpec) -> list[tuple[nn.Module, bool]]:
     return out
 
 
+#: the normalisations a branch can apply between a layer and its activation (:func:`_between` refuses batch statistics)
+_PRE_NORMS = (nn.LayerNorm, nn.GroupNorm)
+
+
 def weight_layers_with_branches(spec: NetworkSpec) -> list[tuple[nn.Module, bool]]:
     """``(layer, is_output_layer)`` of every Linear / Conv2d layer of ``spec``'s paths followed by the layers of its
     trainable injected branches (:func:`injected_layers`): what a per-layer penalty or constraint acts on."""
     heads = {id(h) for h in spec.heads()}
     return [(layer, id(layer) in heads) for layer in spec.weight_layers()] + injected_layers(spec)
+
+
+def injected_hidden_layers(spec: NetworkSpec) -> list[HiddenLayer]:
+    """The hidden layers of the trainable (latest) branch of every injected path of ``spec``: each Linear / Conv2d but
+    the branch's output layer, with the normalisation and the activation the branch applies after it (the copies
+    :func:`_between` made), for the diagnostics to read their units."""
+    out: list[HiddenLayer] = []
+    for head in spec.heads():
+        for name, branch in head.named_children():
+            if not (name.startswith(BRANCH_PREFIX) and isinstance(branch, InjectedHead)):
+                continue
+            if not any(p.requires_grad for p in branch.new.parameters()):
+                continue
+            parts = list(branch.new.children())
+            at = [i for i, m in enumerate(parts) if isinstance(m, LAYER_TYPES)]
+            for i, j in itertools.pairwise(at):
+                between = [m for m in parts[i + 1:j] if not isinstance(m, nn.Flatten)]
+                norm = between.pop(0) if between and isinstance(between[0], _PRE_NORMS) else None
+                activation = between[0] if between else None
+                layer_name = spec.layer_names.get(id(parts[i]), f"{name}.new.{i}")
+                out.append(HiddenLayer(layer_name, parts[i], activation, pre_norm=norm))
+    return out
 
 
 def branch_initial_values(module: nn.Module) -> dict[int, th.Tensor]:
