@@ -283,8 +283,10 @@ class PlasticPolicyMixin:
         named = list(self.named_parameters())  # type: ignore[attr-defined]
         if layers == "all":
             return [p for _, p in named if p.dim() >= 2]
-        if layers == "hidden":
-            heads = {id(m) for m in self.plastic_heads()}
+        if layers == "hidden":  # an injected branch's output layer is a head too
+            from sb3_plastic.callbacks.plasticity_injection import branch_output_layers
+
+            heads = {id(m) for m in [*self.plastic_heads(), *branch_output_layers(self)]}  # type: ignore[arg-type]
             hidden = {
                 id(m.weight)
                 for m in self.modules()  # type: ignore[attr-defined]

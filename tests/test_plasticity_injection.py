@@ -364,3 +364,41 @@ def test_penalties_reach_the_injected_branch_from_its_first_update_and_survive_t
     fired.clear()
     model.learn(64, callback=[penalty], reset_num_timesteps=False)
     assert any("plasticity_injection0.new" in key for key in fired)
+
+
+@pytest.mark.parametrize("layers", ["hidden", "all"])
+def test_adamo_regularises_the_branch_as_isometry_layers_says(layers):
+    """The injected branch joins AdamO with the isometry penalty on the weights ``isometry_layers`` selects: under
+    "hidden" (the default) its hidden layer's weight and not its output layer's (a head), under "all" both."""
+    model = PlasticPPO("MlpPolicy", "CartPole-v1", isometry_layers=layers, policy_kwargs=NET, **PPO_FAST)
+    model.learn(32)
+    _inject_now(model)
+    optimizer = model.policy.optimizer
+    coef = {id(p): g["isometry_coef"] for g in optimizer.param_groups for p in g["params"]}
+    default = optimizer.defaults["isometry_coef"]
+    assert default > 0
+    for head in (model.policy.action_net, model.policy.value_net):
+        branch = head.plasticity_injection0.new
+        assert coef[id(branch[0].weight)] == default
+        assert coef[id(branch[2].weight)] == (default if layers == "all" else 0.0)
+        assert optimizer.is_regularised(branch[0].weight, {"isometry_coef": coef[id(branch[0].weight)]})
+    model.learn(64, reset_num_timesteps=False)
+
+
+def test_save_load_keeps_adamo_groups_of_the_branch(tmp_path):
+    """Under AdamO the branch's two groups (penalised hidden weights, unpenalised output layer) come back from a save
+    with their coefficients and Adam moments, and training goes on."""
+    model = PlasticPPO("MlpPolicy", "CartPole-v1", plasticity_injection_at=64, policy_kwargs=NET, **PPO_FAST)
+    model.learn(128)
+    model.save(tmp_path / "m.zip")
+    loaded = PlasticPPO.load(tmp_path / "m.zip")
+
+    def groups(m):
+        return [(g["isometry_coef"], [tuple(p.shape) for p in g["params"]]) for g in m.policy.optimizer.param_groups]
+
+    assert groups(loaded) == groups(model) and len(groups(model)) > 2
+    branches = [m.policy.action_net.plasticity_injection0.new for m in (model, loaded)]
+    for p, q in zip(branches[0].parameters(), branches[1].parameters()):
+        assert th.equal(model.policy.optimizer.state[p]["exp_avg"], loaded.policy.optimizer.state[q]["exp_avg"])
+    loaded.set_env(model.get_env())
+    loaded.learn(32, reset_num_timesteps=False)

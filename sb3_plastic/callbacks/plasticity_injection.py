@@ -18,9 +18,11 @@ the callback's private generator), plus its frozen twin; it is registered as a c
 joins that layer's output through forward hooks (its input is the chain's first layer's input, recorded by a forward
 pre-hook), so every SB3 forward (policy, value, Q-values, critics) includes it. The old head's layers stop training
 (``requires_grad=False``: their gradient stays ``None``, so Adam / AdamO skip them), the new branch's trainable
-parameters join the optimizer of the network as a new param group (the optimizer's defaults: Adam's settings, AdamO's
-isometry coefficient), and target networks (DQN, QR-DQN, SAC, TQC, TD3) get the same structure with copies of the
-branch, so their Polyak updates stay aligned. A later injection freezes the previous branch as well and adds another.
+parameters join the optimizer of the network as a new param group (the optimizer's defaults: Adam's settings; under
+AdamO the penalty on the weights the policy's ``isometry_layers`` selects, so by default not on the branch's output
+layer, a head, which joins a second group with ``isometry_coef=0``), and target networks (DQN, QR-DQN, SAC, TQC, TD3)
+get the same structure with copies of the branch, so their Polyak updates stay aligned. A later injection freezes the
+previous branch as well and adds another.
 
 Deviations and choices:
 
@@ -237,6 +239,34 @@ def injected_hidden_layers(spec: NetworkSpec) -> list[HiddenLayer]:
     return out
 
 
+def branch_output_layers(module: nn.Module) -> list[nn.Module]:
+    """The output layer (the last Linear / Conv2d) of every injected branch in ``module``, new and frozen: heads of the
+    network, as the layers they join are."""
+    out: list[nn.Module] = []
+    for branch in module.modules():
+        if isinstance(branch, InjectedHead):
+            for part in (branch.new, branch.frozen):
+                layers = [m for m in part.modules() if isinstance(m, LAYER_TYPES)]
+                out += layers[-1:]
+    return out
+
+
+def _branch_param_groups(model: BaseAlgorithm, optimizer: th.optim.Optimizer, params: list[nn.Parameter]) -> list[dict]:
+    """The param groups a branch's trainable parameters join ``optimizer`` as: one group with the optimizer's defaults;
+    for an isometry optimizer (AdamO) the weights the policy's ``isometry_layers`` selects
+    (``regularised_parameters``: under ``"hidden"`` not the branch's output layer, a head) keep the default penalty and
+    the rest join with ``isometry_coef=0``."""
+    from sb3_plastic.optim import IsometryStepMixin
+
+    select = getattr(model.policy, "regularised_parameters", None)
+    if not isinstance(optimizer, IsometryStepMixin) or select is None:
+        return [{"params": params}]
+    regularised = {id(p) for p in select()}
+    groups = [{"params": [p for p in params if id(p) in regularised]},
+              {"params": [p for p in params if id(p) not in regularised], "isometry_coef": 0.0}]
+    return [g for g in groups if g["params"]]
+
+
 def branch_initial_values(module: nn.Module) -> dict[int, th.Tensor]:
     """``id(parameter) -> its value at the injection`` for every parameter of every injected branch in ``module``:
     the frozen twin's matching tensor (a copy of the branch when it was drawn, never trained)."""
@@ -288,7 +318,8 @@ def inject_(model: BaseAlgorithm, layers: int, networks: Optional[list[NetworkSp
                 if all(param is not p for p in new_params):
                     param.requires_grad_(False)
         if spec.optimizer is not None and new_params:
-            spec.optimizer.add_param_group({"params": new_params})
+            for group in _branch_param_groups(model, spec.optimizer, new_params):
+                spec.optimizer.add_param_group(group)
         trainable += new_params
     return trainable
 
