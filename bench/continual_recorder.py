@@ -195,6 +195,27 @@ def _rollout_reset() -> Any:
     return RolloutReset()
 
 
+def _random_steps_at_switch(steps: int) -> Any:
+    """The callback of a DQN setting with ``random_steps_per_task``: when the task id of the first env copy changes
+    (not at the run's start, nor at a resume), SB3's ``learning_starts`` moves to ``num_timesteps + steps``, so the
+    next ``steps`` actions are uniformly random and no update is made (SB3's warm-up; C-CHAIN's runs start every game
+    so). ``learning_starts`` is saved with the model: a run resumed inside the window keeps it."""
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class RandomStepsAtSwitch(BaseCallback):
+        def _on_training_start(self) -> None:
+            self.task: Any = None
+
+        def _on_step(self) -> bool:
+            task = self.locals["infos"][0].get("task_id")
+            if self.task is not None and task != self.task:
+                self.model.learning_starts = int(self.model.num_timesteps) + steps
+            self.task = task
+            return True
+
+    return RandomStepsAtSwitch()
+
+
 def _recording_monitor(every: int) -> Any:
     """A :class:`~sb3_plastic.callbacks.PlasticityMonitor` that also keeps every pass's network-level diagnostics
     (``plasticity/<network>/<metric>``, no per-layer keys) in ``history``: ``{key: [[num_timesteps, value], ...]}``,

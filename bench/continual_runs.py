@@ -24,7 +24,7 @@ from continual_methods import (
     method_name,
     normalise_observations,
 )
-from continual_recorder import _recording_monitor, _rollout_reset, _task_recorder, write_record
+from continual_recorder import _random_steps_at_switch, _recording_monitor, _rollout_reset, _task_recorder, write_record
 from continual_settings import Setting, same_setting
 
 #: wall seconds between two checkpoints of a run in progress (None: none; see bench/run_checkpoint.py)
@@ -358,6 +358,8 @@ def _train_run(method: str, seed: int, setting: Setting, params: MethodParams, o
     steps = setting.total_timesteps if fresh_task is None else setting.task_timesteps
     evaluating = [] if evaluator is None else [evaluator]
     resetting = [_rollout_reset()] if setting.rollout_reset else []
+    if setting.random_steps_per_task and fresh_task is None:
+        resetting.append(_random_steps_at_switch(setting.random_steps_per_task))
     model.learn(steps - model.num_timesteps if resume else steps,
                 callback=[checkpointer, *resetting, *callbacks, monitor, recorder, *evaluating],
                 tb_log_name=name, reset_num_timesteps=resume is None)

@@ -78,6 +78,9 @@ class Setting:
         the ~9.4 steps of a policy that always pushes one way; Acrobot: -399, the 400-step cap without a swing-up).
         The summary counts the last-half cells at the floor beside the IQM, which drops the lowest quarter of the
         cells and so can hide them; ``None``: no count.
+    :param random_steps_per_task: DQN only: after each task switch of a continual run, this many env steps of uniformly
+        random actions without an update (SB3's ``learning_starts`` moved to the switch plus this), as C-CHAIN's runs
+        start every game (their ``INIT_RANDOM_STEPS``); a fresh agent has the algorithm's ``learning_starts``; 0: none.
     """
 
     env_id: str
@@ -101,8 +104,12 @@ class Setting:
     reward_scale: float = 1.0
     rollout_reset: bool = False
     floor_below: Optional[float] = None
+    random_steps_per_task: int = 0
 
     def __post_init__(self) -> None:
+        if self.random_steps_per_task and self.algo != "dqn":
+            raise ValueError(f"random_steps_per_task is for a DQN setting (learning_starts), got algo={self.algo!r} "
+                             f"with random_steps_per_task={self.random_steps_per_task!r}")
         if self.score not in SCORES:
             raise ValueError(f"score must be one of {', '.join(map(repr, SCORES))}, got {self.score!r}")
         if self.activation not in PLAIN_ACTIVATIONS:
@@ -247,15 +254,15 @@ SETTINGS: dict[str, Setting] = {
 }
 
 #: C-CHAIN's continual MinAtar (Tang et al., ICML 2025; bluecontra/C-CHAIN, crl_minatar/): their Double DQN (lr 3e-4,
-#: batch 32, one update per env step, buffer 1e5 kept across games, target copied every 1 000 updates, epsilon
-#: 1 -> 0.1 over 100 k steps after 10 k random ones, gamma 0.99, Adam, no gradient clipping) on SpaceInvaders ->
-#: Asterix -> Seaquest, 2 M steps each, idle Seaquest episodes cut at 1 000 steps, 10 greedy evaluation episodes
-#: every 50 k steps. Differences that remain (bench/README): SB3's Huber loss (theirs MSE), the 10 k random,
-#: untrained steps only at the start of the run (theirs at the start of every game), no zero-shot evaluation at a
-#: game's first step.
+#: batch 32, one update per env step, the squared TD error, buffer 1e5 kept across games, target copied every 1 000
+#: updates, epsilon 1 -> 0.1 over 100 k steps after 10 k random ones, gamma 0.99, Adam, no gradient clipping) on
+#: SpaceInvaders -> Asterix -> Seaquest, 2 M steps each, every game starting with 10 k random, untrained steps, idle
+#: Seaquest episodes cut at 1 000 steps, 10 greedy evaluation episodes every 50 k steps. Differences that remain
+#: (bench/README): no zero-shot evaluation at a game's first step; SB3 copies the target every 1 000 env steps
+#: (theirs every 1 000 updates: the same outside the random steps).
 _CMINATAR_DQN = dict(buffer_size=100_000, learning_starts=10_000, batch_size=32, learning_rate=3e-4, gamma=0.99,
                      train_freq=1, gradient_steps=1, target_update_interval=1_000, exploration_initial_eps=1.0,
-                     exploration_final_eps=0.1, max_grad_norm=float("inf"), double_q=True)
+                     exploration_final_eps=0.1, max_grad_norm=float("inf"), double_q=True, td_loss="mse")
 SETTINGS["cminatar"] = Setting(
     env_id="sb3_plastic/SwitchingMinAtar-v0",
     change_every=2_000_000,
@@ -272,6 +279,7 @@ SETTINGS["cminatar"] = Setting(
     exploration_steps=110_000,
     eval_every=50_000,
     eval_episodes=10,
+    random_steps_per_task=10_000,
 )
 
 #: TRAC / C-CHAIN's continual Gym control (Muppidi et al., NeurIPS 2024, ComputationalRobotics/TRAC ``main.ipynb``;

@@ -1,10 +1,16 @@
-"""PlasticDQN: SB3's DQN with plastic policies and AdamO, and an optional Double DQN target."""
+"""PlasticDQN: SB3's DQN with plastic policies and AdamO, an optional Double DQN target and an optional squared TD
+loss."""
 
 from __future__ import annotations
 
+import contextlib
+import types
+from collections.abc import Iterator
 from typing import Any, ClassVar, Union
 
+import stable_baselines3.dqn.dqn as sb3_dqn
 import torch as th
+import torch.nn.functional as F
 from stable_baselines3 import DQN
 from stable_baselines3.common.policies import BasePolicy
 from torch import nn
@@ -35,18 +41,39 @@ class DoubleQTarget(nn.Module):
         return th.full_like(q_target, -th.inf).scatter_(1, action, q_target.gather(1, action))
 
 
+#: the losses of the TD error ``PlasticDQN(td_loss=...)`` accepts
+TD_LOSSES = ("huber", "mse")
+
+
+@contextlib.contextmanager
+def _squared_td_loss() -> Iterator[None]:
+    """SB3's ``DQN.train`` with ``F.mse_loss`` where it calls ``F.smooth_l1_loss``: its module's ``F`` is replaced, for
+    the call, by a view of ``torch.nn.functional`` with that one function swapped (restored after, also on an error),
+    so nothing of SB3's update is copied."""
+    functional = types.SimpleNamespace(**{**vars(F), "smooth_l1_loss": F.mse_loss})
+    previous = sb3_dqn.F
+    sb3_dqn.F = functional  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        sb3_dqn.F = previous
+
+
 class PlasticDQN(PlasticAlgorithmMixin, DQN):
     """Deep Q-Network (Mnih et al., 2015) with isometry-preserving networks.
 
     Same constructor as ``stable_baselines3.DQN`` plus the plastic keywords of
-    :class:`~sb3_plastic.config.IsometryConfig` and ``double_q``. The target network is a copy of the online network
-    (also after orthogonal initialisation). ``isometry_mode="off", optimizer="adam"`` is exactly SB3's DQN.
+    :class:`~sb3_plastic.config.IsometryConfig`, ``double_q`` and ``td_loss``. The target network is a copy of the
+    online network (also after orthogonal initialisation). ``isometry_mode="off", optimizer="adam"`` is exactly SB3's DQN.
 
     :param double_q: the Double DQN target (van Hasselt, Guez & Silver, 2016, *Deep Reinforcement Learning with
         Double Q-learning*): the next action is chosen by the online network and evaluated by the target network,
         ``r + gamma * Q_target(s', argmax_a Q_online(s', a))``, instead of SB3's ``r + gamma * max_a Q_target(s',
         a)``. Default ``False`` (SB3's DQN). The agent of C-CHAIN's continual MinAtar (Tang et al., 2025) is a Double
         DQN. Saved with the model.
+    :param td_loss: the loss of the TD error: ``"huber"`` (SB3's ``smooth_l1_loss``, the default) or ``"mse"``, the
+        squared error (``mse_loss``) of C-CHAIN's Double DQN on continual MinAtar (Tang et al., 2025,
+        bluecontra/C-CHAIN ``crl_minatar/agents/double_dqn.py``). Saved with the model.
     """
 
     policy_aliases: ClassVar[dict[str, type[BasePolicy]]] = {
@@ -56,18 +83,24 @@ class PlasticDQN(PlasticAlgorithmMixin, DQN):
     }
 
     def __init__(self, policy: Union[str, type[BasePolicy]], env: Any, *args: Any, double_q: bool = False,
-                 **kwargs: Any) -> None:
+                 td_loss: str = "huber", **kwargs: Any) -> None:
         if not isinstance(double_q, bool):
             raise ValueError(f"double_q must be True or False, got {double_q!r}")
+        if td_loss not in TD_LOSSES:
+            raise ValueError(f"td_loss must be 'huber' or 'mse', got {td_loss!r}")
         self.double_q = double_q
+        self.td_loss = td_loss
         super().__init__(policy, env, *args, **kwargs)
 
     def train(self, gradient_steps: int, batch_size: int = 100) -> None:
-        if not getattr(self, "double_q", False):
+        squared = getattr(self, "td_loss", "huber") == "mse"
+        if not getattr(self, "double_q", False) and not squared:
             return super().train(gradient_steps, batch_size)
         target = self.q_net_target
-        self.q_net_target = DoubleQTarget(self.q_net, target)
+        if self.double_q:
+            self.q_net_target = DoubleQTarget(self.q_net, target)
         try:
-            super().train(gradient_steps, batch_size)
+            with _squared_td_loss() if squared else contextlib.nullcontext():
+                super().train(gradient_steps, batch_size)
         finally:
             self.q_net_target = target

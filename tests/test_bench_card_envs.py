@@ -519,8 +519,33 @@ def test_a_checkpoint_that_cannot_be_written_warns_and_the_run_goes_on(continual
 def _tiny_cminatar(continual):
     dqn = dict(continual.SETTINGS["cminatar"].ppo, buffer_size=500, learning_starts=50, target_update_interval=40)
     return replace(continual.SETTINGS["cminatar"], change_every=150, ppo=dqn, monitor_every=200, exploration_steps=100,
-                   eval_every=100, eval_episodes=2, env_kwargs=dict(continual.SETTINGS["cminatar"].env_kwargs,
-                                                                    idle_episode_steps=60))
+                   eval_every=100, eval_episodes=2, random_steps_per_task=100,
+                   env_kwargs=dict(continual.SETTINGS["cminatar"].env_kwargs, idle_episode_steps=60))
+
+
+def test_cminatar_starts_every_game_with_random_untrained_steps_and_trains_on_mse(continual, tmp_path, monkeypatch):
+    """C-CHAIN's runs start every game with 10 k uniformly random actions and no update (their INIT_RANDOM_STEPS) and
+    train on the squared TD error: after each switch (steps 151 and 301 here) the agent acts at random and does not
+    train for random_steps_per_task steps, then trains again; the fresh agents keep learning_starts."""
+    from sb3_plastic import PlasticDQN
+
+    assert continual.SETTINGS["cminatar"].random_steps_per_task == 10_000
+    assert continual.SETTINGS["cminatar"].ppo["td_loss"] == "mse"
+    setting = _tiny_cminatar(continual)
+    trained, train = [], PlasticDQN.train
+
+    def spying(self, *args, **kwargs):
+        trained.append(int(self.num_timesteps))
+        assert self.td_loss == "mse"
+        return train(self, *args, **kwargs)
+
+    monkeypatch.setattr(PlasticDQN, "train", spying)
+    continual.run_one("dqn", 0, setting, continual.MethodParams(), str(tmp_path), "cpu", 1)
+    assert trained[0] == 51 and 150 in trained and 300 in trained and trained[-1] == 450
+    assert not [t for t in trained if 151 <= t <= 251 or 301 <= t <= 401]
+    assert 252 in trained and 402 in trained
+    with pytest.raises(ValueError, match="random_steps_per_task"):
+        replace(setting, algo="ppo")
 
 
 def test_cminatar_plain_agent_is_double_dqn_with_an_absolute_epsilon_schedule(continual):
