@@ -4,7 +4,7 @@ loss."""
 from __future__ import annotations
 
 import contextlib
-import types
+import threading
 from collections.abc import Iterator
 from typing import Any, ClassVar, Union
 
@@ -45,18 +45,36 @@ class DoubleQTarget(nn.Module):
 TD_LOSSES = ("huber", "mse")
 
 
+class _TDLossFunctional:
+    """Stands in for ``torch.nn.functional`` in SB3's DQN module (installed there at the first ``td_loss="mse"`` update
+    and left in place): its ``smooth_l1_loss`` is ``mse_loss`` while the calling thread runs a ``td_loss="mse"``
+    update, SB3's Huber loss otherwise; every other name is torch's. Thread-local, so models training in parallel
+    threads (optuna's ``n_jobs``) each keep their own loss."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(F, name)
+
+    def smooth_l1_loss(self, *args: Any, **kwargs: Any) -> th.Tensor:
+        if getattr(self._local, "squared", False):
+            return F.mse_loss(*args, **kwargs)
+        return F.smooth_l1_loss(*args, **kwargs)
+
+
 @contextlib.contextmanager
 def _squared_td_loss() -> Iterator[None]:
-    """SB3's ``DQN.train`` with ``F.mse_loss`` where it calls ``F.smooth_l1_loss``: its module's ``F`` is replaced, for
-    the call, by a view of ``torch.nn.functional`` with that one function swapped (restored after, also on an error),
-    so nothing of SB3's update is copied."""
-    functional = types.SimpleNamespace(**{**vars(F), "smooth_l1_loss": F.mse_loss})
-    previous = sb3_dqn.F
-    sb3_dqn.F = functional  # type: ignore[assignment]
+    """SB3's ``DQN.train`` with ``F.mse_loss`` where it calls ``F.smooth_l1_loss``, in this thread, for the call
+    (:class:`_TDLossFunctional`), so nothing of SB3's update is copied."""
+    functional = sb3_dqn.F
+    if not isinstance(functional, _TDLossFunctional):
+        functional = sb3_dqn.F = _TDLossFunctional()  # type: ignore[assignment]
+    functional._local.squared = True
     try:
         yield
     finally:
-        sb3_dqn.F = previous
+        functional._local.squared = False
 
 
 class PlasticDQN(PlasticAlgorithmMixin, DQN):

@@ -42,7 +42,7 @@ def test_mse_loss_matches_a_hand_computation_and_sb3s_loss_is_restored(double_q)
     model = PlasticDQN("MlpPolicy", "CartPole-v1", td_loss="mse", double_q=double_q, **KW).learn(300)
     logged, mse, huber = _loss_of_one_update(model)
     assert logged == pytest.approx(mse, rel=1e-6) and mse != pytest.approx(huber, rel=1e-3)
-    assert sb3_dqn.F.smooth_l1_loss is F.smooth_l1_loss  # SB3's module is left as it was
+    assert sb3_dqn.F.smooth_l1_loss(th.zeros(1), th.full((1,), 3.0)) == 2.5  # Huber again after the update
     huber_model = PlasticDQN("MlpPolicy", "CartPole-v1", double_q=double_q, **KW).learn(300)
     logged, mse, huber = _loss_of_one_update(huber_model)
     assert logged == pytest.approx(huber, rel=1e-6)
@@ -65,3 +65,29 @@ def test_huber_default_trains_bit_for_bit_as_sb3_dqn_and_mse_differs(tmp_path):
 def test_td_loss_must_be_huber_or_mse(bad):
     with pytest.raises(ValueError, match=f"td_loss must be 'huber' or 'mse', got {bad!r}"):
         PlasticDQN("MlpPolicy", "CartPole-v1", td_loss=bad, **OFF)
+
+
+def test_the_squared_loss_is_confined_to_its_thread():
+    """Two threads in SB3's loss at once (optuna's n_jobs): the one inside a td_loss="mse" update gets the squared
+    error, the other SB3's Huber loss."""
+    import threading
+
+    from sb3_plastic.dqn import _squared_td_loss
+
+    inside, release, seen = threading.Event(), threading.Event(), {}
+    x, y = th.zeros(1), th.full((1,), 3.0)
+
+    def squared():
+        with _squared_td_loss():
+            inside.set()
+            release.wait(10)
+            seen["mse"] = float(sb3_dqn.F.smooth_l1_loss(x, y))
+
+    worker = threading.Thread(target=squared)
+    worker.start()
+    inside.wait(10)
+    seen["huber"] = float(sb3_dqn.F.smooth_l1_loss(x, y))
+    release.set()
+    worker.join(10)
+    assert seen == {"mse": 9.0, "huber": 2.5}
+    assert sb3_dqn.F.relu is F.relu  # every other name is torch's
