@@ -338,7 +338,7 @@ SETTINGS["slippery_ant_dohare"] = replace(
 
 #: Setting fields added by issue #29 (the cchain settings) and after; summary.json leaves them out where they are at
 #: their defaults, so the tables of the settings before them rebuild byte for byte
-LATE_FIELDS = ("activation", "policy_kwargs", "reward_scale", "rollout_reset", "floor_below")
+LATE_FIELDS = ("activation", "policy_kwargs", "reward_scale", "rollout_reset", "floor_below", "random_steps_per_task")
 #: Setting fields that change how runs are summarised, not how they run: :func:`same_setting` ignores them
 REPORT_FIELDS = ("floor_below",)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -226,6 +227,10 @@ def test_summary_records_the_new_fields_only_where_they_are_set(continual):
     assert continual.setting_config(continual.SETTINGS["cchain_cartpole"])["floor_below"] == 20.0
     for name in ("bandit", "minatar_intensive", "slippery_ant_ppo"):  # their committed summaries rebuild as they were
         assert "floor_below" not in continual.setting_config(continual.SETTINGS[name])
+    results = Path(__file__).parent.parent / "bench/results/continual"
+    for name in ("minatar_intensive", "cchain_acrobot"):
+        committed = json.loads((results / name / "summary.json").read_text())
+        assert committed["setting_config"] == json.loads(json.dumps(continual.setting_config(continual.SETTINGS[name])))
 
 
 def _their_episode_targets(rewards, values, last_value, gamma, lam):
