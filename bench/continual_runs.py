@@ -212,7 +212,7 @@ _RECORDER_FIELDS = ("_task", "_sums", "_counts", "_returns", "_recent", "_iterat
 #: schedule; ContinualEvalCallback's per-evaluation lists)
 _EVALUATOR_FIELDS = ("n_calls", "evaluation_num_timesteps", "evaluation_task_ids", "evaluation_mean_rewards",
                      "evaluations_timesteps", "evaluations_results", "evaluations_length", "best_mean_reward",
-                     "last_mean_reward")
+                     "last_mean_reward", "last_task")
 
 
 def _evaluator(setting: Setting, seed: int, fresh_task: Optional[int], method: str = "ppo") -> Any:
@@ -229,7 +229,8 @@ def _evaluator(setting: Setting, seed: int, fresh_task: Optional[int], method: s
     if canonical_method(method) == "ppo_vecnorm":
         env = normalise_observations(env, training=False)
     return ContinualEvalCallback(env, eval_freq=max(setting.eval_every // setting.n_envs, 1),
-                                 n_eval_episodes=setting.eval_episodes, deterministic=True, verbose=0)
+                                 n_eval_episodes=setting.eval_episodes, deterministic=True, verbose=0,
+                                 eval_at_task_start=setting.eval_at_task_start)
 
 
 def _with_evaluator_state(extra: Any, evaluator: Any) -> Any:

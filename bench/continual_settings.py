@@ -64,6 +64,9 @@ class Setting:
         on a second env of the same task sequence, env seed ``1234 * seed`` as C-CHAIN's; the task just trained),
         recorded as ``evaluations`` ``[[timesteps, task, mean return], ...]``; 0: none.
     :param eval_episodes: episodes per evaluation.
+    :param eval_at_task_start: also evaluate at the run's first step and at the first step of every new task, before
+        any update on it (C-CHAIN's zero-shot evaluation at every game's start; ``ContinualEvalCallback``'s
+        ``eval_at_task_start``).
     :param activation: hidden activation of the plain agents (the SB3 algorithm, and the methods built on the plain
         agent's network: ``ppo_trac``, ``ppo_nap``, ``ppo_layernorm``): ``"relu"`` or ``"leaky_relu"``
         (:class:`LeakyReLU01`, TRAC's and C-CHAIN's networks). The plastic methods named after an activation
@@ -105,6 +108,7 @@ class Setting:
     rollout_reset: bool = False
     floor_below: Optional[float] = None
     random_steps_per_task: int = 0
+    eval_at_task_start: bool = False
 
     def __post_init__(self) -> None:
         if self.random_steps_per_task and self.algo != "dqn":
@@ -257,9 +261,9 @@ SETTINGS: dict[str, Setting] = {
 #: batch 32, one update per env step, the squared TD error, buffer 1e5 kept across games, target copied every 1 000
 #: updates, epsilon 1 -> 0.1 over 100 k steps after 10 k random ones, gamma 0.99, Adam, no gradient clipping) on
 #: SpaceInvaders -> Asterix -> Seaquest, 2 M steps each, every game starting with 10 k random, untrained steps, idle
-#: Seaquest episodes cut at 1 000 steps, 10 greedy evaluation episodes every 50 k steps. Differences that remain
-#: (bench/README): no zero-shot evaluation at a game's first step; SB3 copies the target every 1 000 env steps
-#: (theirs every 1 000 updates: the same outside the random steps).
+#: Seaquest episodes cut at 1 000 steps, 10 greedy evaluation episodes every 50 k steps and one at every game's first
+#: step. Difference that remains (bench/README): SB3 copies the target every 1 000 env steps (theirs every 1 000
+#: updates: the same outside the random steps).
 _CMINATAR_DQN = dict(buffer_size=100_000, learning_starts=10_000, batch_size=32, learning_rate=3e-4, gamma=0.99,
                      train_freq=1, gradient_steps=1, target_update_interval=1_000, exploration_initial_eps=1.0,
                      exploration_final_eps=0.1, max_grad_norm=float("inf"), double_q=True, td_loss="mse")
@@ -280,6 +284,7 @@ SETTINGS["cminatar"] = Setting(
     eval_every=50_000,
     eval_episodes=10,
     random_steps_per_task=10_000,
+    eval_at_task_start=True,
 )
 
 #: TRAC / C-CHAIN's continual Gym control (Muppidi et al., NeurIPS 2024, ComputationalRobotics/TRAC ``main.ipynb``;
@@ -338,7 +343,8 @@ SETTINGS["slippery_ant_dohare"] = replace(
 
 #: Setting fields added by issue #29 (the cchain settings) and after; summary.json leaves them out where they are at
 #: their defaults, so the tables of the settings before them rebuild byte for byte
-LATE_FIELDS = ("activation", "policy_kwargs", "reward_scale", "rollout_reset", "floor_below", "random_steps_per_task")
+LATE_FIELDS = ("activation", "policy_kwargs", "reward_scale", "rollout_reset", "floor_below", "random_steps_per_task",
+               "eval_at_task_start")
 #: Setting fields that change how runs are summarised, not how they run: :func:`same_setting` ignores them
 REPORT_FIELDS = ("floor_below",)
 

@@ -567,8 +567,10 @@ def test_cminatar_run_records_greedy_evaluations_and_resumes_them_exactly(contin
     setting = _tiny_cminatar(continual)
     whole = continual.run_one("dqn", 0, setting, continual.MethodParams(), str(tmp_path / "whole"), "cpu", 1)
     evals = whole["evaluations"]
-    assert [e[0] for e in evals] == [100, 200, 300, 400]  # every eval_every timesteps
-    assert [e[1] for e in evals] == [0, 1, 1, 2]  # the game just trained (a boundary eval: the finished game)
+    # every eval_every timesteps, the game just trained (a boundary eval: the finished game), and a zero-shot one at
+    # every game's first step (C-CHAIN's evaluation at each game's start)
+    assert [e[0] for e in evals] == [1, 100, 151, 200, 300, 301, 400]
+    assert [e[1] for e in evals] == [0, 0, 1, 1, 1, 2, 2]
     monkeypatch.setattr(continual.continual_runs, "CHECKPOINT_SECONDS", 0.0)
     _interrupt_once_at(continual, monkeypatch, step=230)
     out = str(tmp_path / "cut")

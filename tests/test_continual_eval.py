@@ -161,11 +161,13 @@ class _RecordingMixin:
         self.seen_tasks: list[set] = []
 
     def _on_step(self):
-        if self.eval_freq > 0 and self.n_calls % self.eval_freq == 0:
-            self.seen_tasks.append(set())
+        self._evaluating = False  # at most one evaluation per call; its first step opens a new set
         return super()._on_step()
 
     def _log_success_callback(self, locals_, globals_):
+        if not self._evaluating:
+            self.seen_tasks.append(set())
+            self._evaluating = True
         self.seen_tasks[-1].add(locals_["info"]["task_id"])
         return super()._log_success_callback(locals_, globals_)
 
@@ -449,3 +451,42 @@ def test_zoo_masked_callbacks_also_follow_the_task():
     assert (em.EvalCallback, em.TrialEvalCallback) == saved  # restored
     assert zoo.continual_objective(created, -1.0, trial) == -1.0  # stationary: rl_zoo3's value
     assert trial.user_attrs["objective"] == "last_evaluation"
+
+
+def test_eval_at_task_start_adds_a_zero_shot_evaluation_of_every_new_task():
+    """With eval_at_task_start the callback also evaluates at the first step and at the first step of every new task,
+    on that task (seen by the eval copy) before the agent's first update on it; its schedule is otherwise EvalCallback's,
+    and without the option nothing changes. Bad input is refused."""
+    n_envs, total = 1, 320
+    callback = RecordingContinualEval(bandit(1, seed=2), eval_freq=48, n_eval_episodes=1, verbose=0,
+                                      eval_at_task_start=True)
+    model = PPO("MlpPolicy", bandit(n_envs, seed=1), n_steps=32, batch_size=32, n_epochs=1, seed=0)
+    updates = []
+    model.learn(total, callback=[callback, _UpdatesAtEvaluation(callback, updates)])
+    starts = [1 + task * CHANGE_EVERY for task in range(total // CHANGE_EVERY)]  # 1, 65, 129, 193, 257
+    regular = list(range(48, total + 1, 48))
+    assert callback.evaluation_num_timesteps == sorted(starts + regular)
+    tasks = [(t - 1) // CHANGE_EVERY for t in callback.evaluation_num_timesteps]
+    assert callback.evaluation_task_ids == tasks and callback.seen_tasks == [{t} for t in tasks]
+    # a task start's evaluation comes before any update on that task: PPO's last update was at a rollout end of the
+    # previous task (32-step rollouts; tasks of 64 steps start mid-nothing: 65 = 2 rollouts + 1)
+    assert all(n <= (t - 1) // 32 for t, n in zip(callback.evaluation_num_timesteps, updates))
+    plain = ContinualEvalCallback(bandit(1, seed=2), eval_freq=48, n_eval_episodes=1, verbose=0)
+    PPO("MlpPolicy", bandit(n_envs, seed=1), n_steps=32, batch_size=32, n_epochs=1, seed=0).learn(total, callback=plain)
+    assert plain.evaluation_num_timesteps == regular and plain.last_task is None
+    with pytest.raises(ValueError, match="eval_at_task_start must be True or False, got 1"):
+        ContinualEvalCallback(bandit(1, seed=2), eval_freq=48, eval_at_task_start=1)
+
+
+class _UpdatesAtEvaluation(BaseCallback):
+    """Records PPO's number of train() calls so far at each evaluation of ``evaluator`` (which runs first)."""
+
+    def __init__(self, evaluator, out):
+        super().__init__()
+        self.evaluator, self.out, self.seen = evaluator, out, 0
+
+    def _on_step(self) -> bool:
+        if len(self.evaluator.evaluation_num_timesteps) > self.seen:
+            self.seen = len(self.evaluator.evaluation_num_timesteps)
+            self.out.append(int(self.model._n_updates) // max(int(self.model.n_epochs), 1))
+        return True

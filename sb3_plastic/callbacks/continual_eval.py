@@ -86,8 +86,14 @@ class TaskFollowingEvalMixin:
     evaluations_successes: list[list[bool]]
     _is_success_buffer: list[bool]
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, eval_at_task_start: bool = False, **kwargs: Any) -> None:
+        if not isinstance(eval_at_task_start, bool):
+            raise ValueError(f"eval_at_task_start must be True or False, got {eval_at_task_start!r}")
         super().__init__(*args, **kwargs)
+        #: Whether to evaluate also at the first step of the run and of every new task (zero-shot; see the class).
+        self.eval_at_task_start = eval_at_task_start
+        #: The training task of the last step (what :attr:`eval_at_task_start` compares against).
+        self.last_task: Optional[int] = None
         if self.eval_freq <= 0:  # EvalCallback evaluates when eval_freq > 0 and n_calls % eval_freq == 0
             warnings.warn(
                 f"{type(self).__name__}(eval_freq={self.eval_freq!r}) never evaluates: it evaluates every eval_freq "
@@ -201,8 +207,20 @@ class TaskFollowingEvalMixin:
 
     def _on_step(self) -> bool:
         due = self.eval_freq > 0 and self.n_calls % self.eval_freq == 0  # EvalCallback's own condition
-        task = self._follow_training_task() if due and self.follows_task else None
-        continue_training = super()._on_step()  # type: ignore[misc]
+        start = False
+        if self.eval_at_task_start and self.follows_task:
+            trained = self.trained_task()
+            start, self.last_task = trained is not None and trained != self.last_task, trained
+        task = self._follow_training_task() if (due or start) and self.follows_task else None
+        if start and not due:  # EvalCallback evaluates when n_calls % eval_freq == 0: make it so for this call
+            eval_freq, self.eval_freq = self.eval_freq, 1
+            try:
+                continue_training = super()._on_step()  # type: ignore[misc]
+            finally:
+                self.eval_freq = eval_freq
+            due = True
+        else:
+            continue_training = super()._on_step()  # type: ignore[misc]
         if due:
             self.evaluation_mean_rewards.append(float(self.last_mean_reward))
             self.evaluation_num_timesteps.append(int(self.num_timesteps))  # type: ignore[attr-defined]
@@ -302,8 +320,15 @@ class ContinualEvalCallback(TaskFollowingEvalMixin, EvalCallback):
         eval_env = make_vec_env("sb3_plastic/PermutedMinAtar-Breakout-v0", n_envs=1, env_kwargs=dict(change_every=100_000))
         model.learn(1_000_000, callback=ContinualEvalCallback(eval_env, eval_freq=10_000, log_path="logs/"))
 
+    With ``eval_at_task_start=True`` it also evaluates at the first step of the run and at the first step of every
+    new task, on that task, before any update on it (a zero-shot evaluation: what C-CHAIN's continual MinAtar runs log
+    at every game's start, Tang et al., 2025); :attr:`last_task` holds the task of the last step (a new callback, e.g.
+    on a resumed run, counts its first step as a task start).
+
     :param eval_env: the evaluation env (the same env id / wrappers as the training env).
     :param args: ``EvalCallback``'s other arguments.
+    :param eval_at_task_start: also evaluate when the training task changes, and at the first step (default
+        ``False``: ``EvalCallback``'s schedule only). Needs piecewise-stationary training and eval envs.
     :param kwargs: ``EvalCallback``'s keyword arguments.
     """
 
