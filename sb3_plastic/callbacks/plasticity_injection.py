@@ -195,15 +195,17 @@ def injected_layers(spec: NetworkSpec) -> list[tuple[nn.Module, bool]]:
     ``(layer, is_output_layer)`` pairs, in forward order within each branch; ``[]`` without injections. The frozen twins
     and the branches of earlier injections (frozen by the later one) are left out."""
     out: list[tuple[nn.Module, bool]] = []
-    for head in spec.heads():
-        for name, branch in head.named_children():
-            if not (name.startswith(BRANCH_PREFIX) and isinstance(branch, InjectedHead)):
-                continue
-            layers = [m for m in branch.new.modules() if isinstance(m, LAYER_TYPES)]
-            if not any(p.requires_grad for layer in layers for p in layer.parameters()):
-                continue
-            out += [(layer, i == len(layers) - 1) for i, layer in enumerate(layers)]
+    for _, branch in _trainable_branches(spec):
+        layers = [m for m in branch.new.modules() if isinstance(m, LAYER_TYPES)]
+        out += [(layer, i == len(layers) - 1) for i, layer in enumerate(layers)]
     return out
+
+
+def _trainable_branches(spec: NetworkSpec) -> list[tuple[str, InjectedHead]]:
+    """``(name, branch)`` of the trainable (latest) injected branch of every path of ``spec``."""
+    return [(name, branch) for head in spec.heads() for name, branch in head.named_children()
+            if name.startswith(BRANCH_PREFIX) and isinstance(branch, InjectedHead)
+            and any(p.requires_grad for p in branch.new.parameters())]
 
 
 #: the normalisations a branch can apply between a layer and its activation (:func:`_between` refuses batch statistics)
@@ -222,20 +224,15 @@ def injected_hidden_layers(spec: NetworkSpec) -> list[HiddenLayer]:
     the branch's output layer, with the normalisation and the activation the branch applies after it (the copies
     :func:`_between` made), for the diagnostics to read their units."""
     out: list[HiddenLayer] = []
-    for head in spec.heads():
-        for name, branch in head.named_children():
-            if not (name.startswith(BRANCH_PREFIX) and isinstance(branch, InjectedHead)):
-                continue
-            if not any(p.requires_grad for p in branch.new.parameters()):
-                continue
-            parts = list(branch.new.children())
-            at = [i for i, m in enumerate(parts) if isinstance(m, LAYER_TYPES)]
-            for i, j in itertools.pairwise(at):
-                between = [m for m in parts[i + 1:j] if not isinstance(m, nn.Flatten)]
-                norm = between.pop(0) if between and isinstance(between[0], _PRE_NORMS) else None
-                activation = between[0] if between else None
-                layer_name = spec.layer_names.get(id(parts[i]), f"{name}.new.{i}")
-                out.append(HiddenLayer(layer_name, parts[i], activation, pre_norm=norm))
+    for name, branch in _trainable_branches(spec):
+        parts = list(branch.new.children())
+        at = [i for i, m in enumerate(parts) if isinstance(m, LAYER_TYPES)]
+        for i, j in itertools.pairwise(at):
+            between = [m for m in parts[i + 1:j] if not isinstance(m, nn.Flatten)]
+            norm = between.pop(0) if between and isinstance(between[0], _PRE_NORMS) else None
+            activation = between[0] if between else None
+            layer_name = spec.layer_names.get(id(parts[i]), f"{name}.new.{i}")
+            out.append(HiddenLayer(layer_name, parts[i], activation, pre_norm=norm))
     return out
 
 
