@@ -24,7 +24,10 @@ export OMP_NUM_THREADS=1
 # It is the weight of the whole session: start the workers with `setsid` (as below) so that it stays theirs.
 [ -n "${GRID_PLAN:-}" ] || echo -5 2>/dev/null > /proc/self/autogroup || true
 # GRID_PLAN=1: print each call's arguments ("PLAN <args>") instead of running it (bench/queue_status.py reads them)
+# CARD_GRID_SETTING=S: walk only the calls on setting S (bench/protocol_grid.sh's worker takes minatar_intensive's
+# methods this way while worker 1 holds C-MinAtar's long run)
 run() {
+  if [ -n "${CARD_GRID_SETTING:-}" ] && [[ " ${*:2} " != *" --setting $CARD_GRID_SETTING "* ]]; then return; fi
   if [ -n "${GRID_PLAN:-}" ]; then echo "PLAN ${*:2}"; return; fi
   echo "$(date -u +%FT%T) worker ${1:-?} $*"; nice -n -5 python bench/continual.py "${@:2}" --no-diagnostics-plots || true
 }

@@ -57,6 +57,10 @@ for setting in "$BANDIT" "$CARTPOLE"; do run $setting --methods ppo_head2_reset;
 #    is checked on every env before the card's grid takes this worker), then plain PPO with a fresh agent on every
 #    task (their Oracle) on each env, CartPole first (~10 CPU-hours an env)
 for env in cchain_acrobot cchain_lunar; do run --setting $env --methods ppo --fresh none; done
+#    (twenty-sixth session) then the card grid's update-intensive MinAtar cells as its second worker, ahead of the
+#    Oracle: its methods' seeds 1-4 are issue #28's "8 methods x 5 seeds" (~35 CPU-hours), and worker 1 holds
+#    C-MinAtar's ~12 CPU-hour run meanwhile
+CARD_GRID_SETTING=minatar_intensive bash bench/card_envs_grid.sh 2 || true
 for env in cchain_cartpole cchain_acrobot cchain_lunar; do run --setting $env --methods ppo --fresh all; done
 # 5. the card's environments come first (issue #28): this worker joins bench/card_envs_grid.sh as its second worker
 #    (the two share its list through the runs' claims) until that list is done
