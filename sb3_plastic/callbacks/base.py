@@ -200,6 +200,28 @@ INJECTION_SOURCES_ATTR = "_injection_sources"
 _ACTIVE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+def announce_rewrite(
+    model: Any, params: Sequence[th.Tensor], source: Optional[BaseCallback] = None, *, redrawn: bool = False
+) -> None:
+    """Tell the other plastic callbacks of ``model``'s current ``learn()`` call that ``params`` were rewritten in place
+    outside an optimizer step (a :class:`~sb3_plastic.callbacks.LayerReset` re-draw, a
+    :class:`~sb3_plastic.callbacks.FIRE` polar factor, a :class:`~sb3_plastic.callbacks.ShrinkPerturb` event): each
+    gets :meth:`PlasticCallback._on_parameters_rewritten`, so that state it derived from the old values (a spectral
+    regulariser's power-iteration vectors, C-CHAIN's previous network) does not silently outlive them.
+
+    :param model: the SB3 model whose parameters were rewritten.
+    :param params: the rewritten tensors.
+    :param source: the callback that rewrote them (not told).
+    :param redrawn: whether whole layers were re-drawn from their initialiser (their units are new units: Continual
+        Backprop restarts their statistics), not transformed.
+    """
+    start = getattr(model, "start_time", None)
+    for ref, t in list(_ACTIVE.get(model, [])):
+        callback = ref()
+        if callback is not None and callback is not source and t == start:
+            callback._on_parameters_rewritten(params, redrawn=redrawn)
+
+
 def has_injected_branches(model: Any) -> bool:
     """Whether a plasticity injection has added branches to ``model``'s policy."""
     return any(hasattr(m, INJECTION_SOURCES_ATTR) for m in model.policy.modules())
@@ -277,6 +299,11 @@ class PlasticCallback(BaseCallback):
 
     def _on_step(self) -> bool:
         return True
+
+    def _on_parameters_rewritten(self, params: Sequence[th.Tensor], redrawn: bool = False) -> None:
+        """Another intervention of the same ``learn()`` call rewrote ``params`` in place outside an optimizer step
+        (:func:`announce_rewrite`; ``redrawn``: whole layers got a new draw of their initialiser). Nothing by default;
+        callbacks that keep state derived from parameter values override it."""
 
     def record(self, key: str, value: Any) -> None:
         """``logger.record("plasticity/<key>", value)`` for TensorBoard / CSV / JSON.

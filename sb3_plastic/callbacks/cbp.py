@@ -602,6 +602,22 @@ class GenerateAndTest:
                 entry["mean_activation"][feats] = 0.0
             entry["replaced"] += int(units.numel())
 
+    def restart_statistics(self, params: Sequence[th.Tensor]) -> list[str]:
+        """Restart the age, running utility and mean activation of every unit of the layers whose incoming weight is
+        among ``params`` (a layer re-drawn whole by another intervention: its units are new, as replaced ones are).
+
+        :return: the names of the restarted layers.
+        """
+        ids = {id(p) for p in params}
+        restarted = [name for name, info in self._info.items() if id(info.weight) in ids]
+        for name in restarted:
+            entry = self.state[name]
+            entry["age"].zero_()
+            entry["utility"].zero_()
+            if "mean_activation" in entry:
+                entry["mean_activation"].zero_()
+        return restarted
+
     def step(self, activations: Optional[Mapping[str, th.Tensor]] = None) -> dict[str, th.Tensor]:
         """One generate-and-test step (call it after each optimizer step).
 
@@ -978,6 +994,14 @@ class ContinualBackprop(PlasticCallback):
                 del buffer._get_samples
             else:
                 buffer._get_samples = previous
+
+    def _on_parameters_rewritten(self, params: Sequence[th.Tensor], redrawn: bool = False) -> None:
+        """A layer reset re-drew whole layers (``redrawn``): their units are new units, so their age, utility and mean
+        activation restart (:meth:`GenerateAndTest.restart_statistics`), as a replaced unit's do. Transformations of
+        existing units (FIRE's polar factor, a Shrink & Perturb event) keep the statistics: the units stay."""
+        if redrawn:
+            for engine in self.engines.values():
+                engine.restart_statistics(params)
 
     def _on_training_end(self) -> None:
         self._record_counts()

@@ -55,6 +55,15 @@ Deviations from the references (besides the adaptation unit above):
 * Adaptation steps of off-policy algorithms are SB3's ``train()`` calls weighted by their updates: the task loss of a
   call is SB3's mean over its updates, counted once per update (with ``gradient_steps=1`` exactly the reference's
   per-update lists).
+* A rewrite of the regularised network between two updates by another intervention of the same ``learn()`` call (a
+  :class:`~sb3_plastic.callbacks.LayerReset` re-draw, :class:`~sb3_plastic.callbacks.FIRE`, a
+  :class:`~sb3_plastic.callbacks.ShrinkPerturb` event; :func:`~sb3_plastic.callbacks.base.announce_rewrite`) is not
+  churn of an update, and the references, which never rewrite their networks, would otherwise measure it against the
+  network before the rewrite, pulling the first update after it back to the old outputs (and entering a loss many
+  times the usual one into the adaptive coefficient's window). The previous network is forgotten then: the next update
+  is not regularised, the one after it is, towards the rewritten network. Unit recycling (ReDo, Continual Backprop)
+  is not announced: its new units have zero outgoing weights, so it changes the outputs only by the removed units'
+  small contributions, which count as churn of the next update.
 * RecurrentPPO is not supported (a regularisation batch of a recurrent policy needs its LSTM states, which a random
   batch of the rollout does not have); CrossQ is not supported (its BatchRenorm layers would normalise, and count into
   their running statistics, the extra batch: the regulariser would change the statistics it regularises). Both raise a
@@ -368,6 +377,18 @@ class ChurnReduction(PlasticCallback):
         self.record("churn_reduction/coef", s["coef"])
         if regs:
             self.record("churn_reduction/reg_loss", float(np.mean(regs)))
+
+    def _on_parameters_rewritten(self, params: Any, redrawn: bool = False) -> None:
+        """A rewrite of the regularised network outside an update (a layer reset, FIRE, a Shrink & Perturb event) is not
+        churn: the previous network ``theta_{t-1}`` no longer describes the network the next update starts from, so it
+        is forgotten and the next update is regularised as the first one of a run (not at all; the update after it
+        towards the rewritten network)."""
+        if self._network is None:
+            return
+        own = {id(p) for p in self._network.parameters()}
+        if any(id(p) in own for p in params):
+            self._has_previous = False
+            self.state["previous"] = None
 
     # ------------------------------------------------------------------ the regulariser
     def _remember_network(self, optimizer: th.optim.Optimizer) -> None:

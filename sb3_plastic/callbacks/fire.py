@@ -98,7 +98,7 @@ from typing import Any, Optional, Union
 import torch as th
 from torch import nn
 
-from sb3_plastic.callbacks.base import InterventionConfig, changed_fields, warn_ignored_options
+from sb3_plastic.callbacks.base import InterventionConfig, announce_rewrite, changed_fields, warn_ignored_options
 from sb3_plastic.callbacks.redo import layer_init_scheme
 from sb3_plastic.callbacks.triggers import (
     UNSET,
@@ -371,7 +371,9 @@ class FIRE(TriggeredIntervention):
     :func:`fire_weight` (the polar factor, hidden layers scaled as the reference, heads keeping their
     initialisation's scale by default; see the module docstring); the
     optimizer state of each rewritten weight is dropped (Adam/AdamO moments and step count; biases keep
-    theirs); every target network is hard-synced to its online network. Off-policy algorithms fire in
+    theirs); every target network is hard-synced to its online network; the other interventions of the ``learn()``
+    call are told (:func:`~sb3_plastic.callbacks.base.announce_rewrite`, as :class:`~sb3_plastic.callbacks.LayerReset`
+    says). Off-policy algorithms fire in
     ``_on_step`` (between gradient steps). On-policy algorithms (``OnPolicyAlgorithm``: PPO, A2C, ...) only
     note in ``_on_step`` that a fire is due and perform it in ``_on_rollout_start``, i.e. after the previous
     rollout's ``train()`` and before the next rollout's first action: the next rollout is collected by the
@@ -536,6 +538,7 @@ class FIRE(TriggeredIntervention):
                 reset_norm_(norm)  # CrossQ's BatchRenorm: statistics of the old weights no longer apply
             sync_target(spec)
         seconds = time.perf_counter() - start
+        announce_rewrite(self.model, [w for w, _ in weights], self)  # spectral vectors, C-CHAIN's previous network
         dfi_after = sum(deviation_from_isometry(w, blocks=b) for w, b in weights)
 
         now = int(self.model.num_timesteps)

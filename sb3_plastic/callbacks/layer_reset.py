@@ -56,7 +56,13 @@ import torch as th
 from stable_baselines3.common.base_class import BaseAlgorithm
 from torch import nn
 
-from sb3_plastic.callbacks.base import InterventionConfig, PrivateRNGMixin, changed_fields, warn_ignored_options
+from sb3_plastic.callbacks.base import (
+    InterventionConfig,
+    PrivateRNGMixin,
+    announce_rewrite,
+    changed_fields,
+    warn_ignored_options,
+)
 from sb3_plastic.callbacks.redo import LayerInit, model_layer_init
 from sb3_plastic.callbacks.triggers import TriggeredIntervention, check_at, check_bool, check_every, is_int
 from sb3_plastic.common.surgery import NORM_TYPES, NetworkSpec, find_networks, reset_norm_, sync_target
@@ -209,7 +215,11 @@ class LayerReset(PrivateRNGMixin, TriggeredIntervention):
 
     At each event: every selected layer (:func:`selected_modules`) gets a fresh draw of the model's own initialiser,
     the ``log_std`` vector of a reset policy head its ``log_std_init``, their normalisation layers their initial state;
-    the whole optimizer state of every touched tensor is dropped; the target networks get the reset parameters.
+    the whole optimizer state of every touched tensor is dropped; the target networks get the reset parameters; the
+    other interventions of the ``learn()`` call are told (:func:`~sb3_plastic.callbacks.base.announce_rewrite`:
+    spectral regularisation re-warms its vectors, C-CHAIN forgets its previous network, Continual Backprop restarts the
+    age, utility and mean activation of the re-drawn layers' units, new units; L2-init's ``theta_0`` and
+    NaP's target norms stay those of the first training start).
     Triggers (``at``, ``every``, ``on_task_change``) and the on-policy timing: :class:`TriggeredIntervention`.
 
     "Head reset at every switch" is ``LayerReset("heads", on_task_change=True)`` (``"policy_head"`` / ``"value_head"``
@@ -285,6 +295,7 @@ class LayerReset(PrivateRNGMixin, TriggeredIntervention):
                 for param in [p for group in optimizer.param_groups for p in group["params"] if id(p) in held]:
                     reset_optimizer_state(optimizer, param)
             sync_target(spec, [*touched, *buffers])
+        announce_rewrite(self.model, touched, self, redrawn=True)  # spectral vectors, C-CHAIN, CBP's statistics
         return touched
 
     @th.no_grad()

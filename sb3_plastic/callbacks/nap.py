@@ -235,7 +235,10 @@ class NormalizeAndProject(PlasticCallback):
     Linear / Conv2d layer of every online network (``project="all"``). Target networks follow their online network
     by SB3's own updates. The initial norms (``self.state["norms"]``) are saved and restored with the model.
     Layers that join an optimizer later (a plasticity injection's new branch) are projected from their first step on,
-    to their norm when they joined; frozen layers are left alone.
+    to their norm when they joined; frozen layers are left alone. A layer another intervention rewrites in place (a
+    :class:`~sb3_plastic.callbacks.LayerReset` re-draw, FIRE's polar factor, a Shrink & Perturb event) keeps its
+    recorded target and is projected back to it after its next optimizer step (for a normalised layer only the
+    direction of the new ``[W, b]`` matters; a reset norm's scale 1 and offset 0 have its initial joint norm).
 
     The "normalize" part needs layer norms in the networks: the plastic algorithms' ``nap=True`` builds them; for a
     plain SB3 model call :func:`insert_layer_norms_` on its policy and :func:`add_norm_parameters_to_optimizers` before

@@ -45,6 +45,7 @@ from sb3_plastic.callbacks.base import (
     PlasticCallback,
     PrivateRNGMixin,
     TaskChangeWatch,
+    announce_rewrite,
     private_seed,
     warn_ignored_options,
     warn_unreachable,
@@ -320,7 +321,9 @@ class ShrinkPerturb(PrivateRNGMixin, PlasticCallback):
     the model used (:func:`sb3_plastic.callbacks.redo.model_layer_init`). Values are written in place; the
     optimizer state of every touched tensor is dropped; every target network is then hard-synced to its
     online network (DQN, QR-DQN, SAC, TQC), since a shrunk online net and an old target would disagree for
-    a whole target period. Events: every ``every`` env steps and/or when ``info["task_id"]`` changes
+    a whole target period; the other interventions of the ``learn()`` call are told
+    (:func:`~sb3_plastic.callbacks.base.announce_rewrite`, as :class:`~sb3_plastic.callbacks.LayerReset` says).
+    Events: every ``every`` env steps and/or when ``info["task_id"]`` changes
     (``on_task_change``). Off-policy algorithms apply an event at once (in ``_on_step``, between env
     steps, never inside ``train()``); on-policy algorithms apply it at the next rollout start, after the
     current rollout has been trained on with the network that collected it (an event still pending when
@@ -567,6 +570,7 @@ class ShrinkPerturb(PrivateRNGMixin, PlasticCallback):
             for norm in norms_fed_by(spec, layers):
                 reset_norm_(norm)  # CrossQ's BatchRenorm: statistics of the old weights no longer apply
             sync_target(spec)
+        announce_rewrite(self.model, touched, self)  # spectral vectors, C-CHAIN's previous network
         self.state["pending"] = False
         self.state["events"] = int(self.state.get("events", 0)) + 1
         self.record(f"{self.log_prefix}/events", self.state["events"])
