@@ -19,13 +19,14 @@ from typing import Any, Optional, Union
 import torch as th
 from stable_baselines3.common.policies import ActorCriticPolicy
 from stable_baselines3.common.type_aliases import Schedule
+from stable_baselines3.common.utils import get_device
 from stable_baselines3.dqn.policies import DQNPolicy
 from stable_baselines3.sac.policies import SACPolicy
 from torch import nn
 
 from sb3_plastic.activations import get_activation
 from sb3_plastic.common.surgery import head_layers
-from sb3_plastic.config import AUTO, EQUAL_BETA, IsometryConfig
+from sb3_plastic.config import AUTO, EQUAL_BETA, ISOMETRY_KEYS, IsometryConfig
 from sb3_plastic.isometry import WEIGHT_LAYERS, orthogonal_init_
 from sb3_plastic.networks import PlasticCNN, PlasticCombinedExtractor, check_even_widths, halve_for_doubling_
 from sb3_plastic.optim import AdamO, IsometryStepMixin, with_isometry_step
@@ -111,8 +112,12 @@ class PlasticPolicyMixin:
         if config.activation is None:
             # SB3's own activation for every part of the network: the policy family's MLP default (Tanh for
             # PPO-style actor-critics, ReLU for DQN / SAC style) or the user's activation_fn, and SB3's NatureCNN
-            # (always ReLU) for images
-            act = get_activation(user_fn) if user_fn is not None else self.sb3_default_activation()
+            # (always ReLU) for images. SB3 only calls activation_fn(): any callable that builds a module (a class,
+            # functools.partial(nn.LeakyReLU, 0.2), ...) is kept as given; a name is resolved
+            if user_fn is None:
+                act = self.sb3_default_activation()
+            else:
+                act = get_activation(user_fn) if isinstance(user_fn, str) else user_fn
             cnn_act: type[nn.Module] = nn.ReLU
         else:
             act = cnn_act = get_activation(config.activation)
@@ -332,7 +337,20 @@ class PlasticPolicyMixin:
             setattr(owner, attr, optimizer)
 
     def _get_constructor_parameters(self) -> dict[str, Any]:
+        """What ``policy.save`` writes to rebuild the policy: SB3's constructor parameters with the plastic keywords.
+        With plasticity off (``isometry_mode="off", optimizer="adam"``, ``activation=None``, no orthogonal
+        initialisation, no layer norms) they are SB3's own, so the SB3 / sb3-contrib policy class loads the file as it
+        loads its own (``MlpPolicy.load``) and :meth:`load` reads it back with plasticity off."""
         data = super()._get_constructor_parameters()  # type: ignore[misc]
+        config = self.isometry_config
+        if (
+            config.isometry_mode == "off"
+            and config.optimizer == "adam"
+            and config.activation is None
+            and not config.use_orthogonal_init
+            and not self.plastic_layer_norm
+        ):
+            return data
         for key in ("optimizer_class", "optimizer_kwargs"):
             if key in self._plastic_user_kwargs:
                 data[key] = self._plastic_user_kwargs[key]
@@ -342,6 +360,27 @@ class PlasticPolicyMixin:
         if self.plastic_layer_norm:
             data["layer_norm"] = True
         return data
+
+    @classmethod
+    def load(cls, path: str, device: Union[th.device, str] = "auto") -> Any:
+        """SB3's ``load`` of a file written by ``policy.save``. A file without the plastic keywords (written by the SB3
+        / sb3-contrib policy class, or by a plastic policy with plasticity off, :meth:`_get_constructor_parameters`)
+        loads with plasticity off, ``isometry_mode="off", optimizer="adam"``: SB3's networks and optimizer, as the
+        plastic algorithms' ``load`` of an SB3 zip.
+
+        :param path: the file.
+        :param device: device on which the policy is loaded.
+        :return: the policy.
+        """
+        device = get_device(device)
+        saved = th.load(path, map_location=device, weights_only=False)  # as SB3: gymnasium spaces are pickled
+        data = saved["data"]
+        if not set(ISOMETRY_KEYS) & set(data):
+            data = {**data, "isometry_mode": "off", "optimizer": "adam"}
+        model = cls(**data)
+        model.load_state_dict(saved["state_dict"])
+        model.to(device)
+        return model
 
 
 class PlasticActorCriticPolicy(PlasticPolicyMixin, ActorCriticPolicy):

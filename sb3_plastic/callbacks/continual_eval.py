@@ -325,6 +325,13 @@ class ContinualEvalCallback(TaskFollowingEvalMixin, EvalCallback):
     at every game's start, Tang et al., 2025); :attr:`last_task` holds the task of the last step (a new callback, e.g.
     on a resumed run, counts its first step as a task start).
 
+    Resuming: like ``EvalCallback`` it keeps nothing in the model's zip. The callback of a resumed run
+    (load -> ``learn(..., reset_num_timesteps=False)``) counts ``eval_freq`` from the resume, so its evaluations fall
+    on the uninterrupted run's steps only when the resume is a multiple of ``eval_freq * n_envs`` timesteps, and its
+    ``evaluations.npz`` holds only its own evaluations: give it another ``log_path`` (or keep the first part's file),
+    or the earlier evaluations are overwritten. With the same eval env (or one in the same state) the two parts'
+    files concatenate to the uninterrupted run's (``tests/test_resume_matrix.py``).
+
     :param eval_env: the evaluation env (the same env id / wrappers as the training env).
     :param args: ``EvalCallback``'s other arguments.
     :param eval_at_task_start: also evaluate when the training task changes, and at the first step (default

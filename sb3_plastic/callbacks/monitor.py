@@ -65,8 +65,12 @@ class PlasticityMonitor(PlasticCallback):
 
     With a ``name``, keys start with ``plasticity/<name>/`` instead.
 
-    The probe batch is drawn once (``resample=False``) and reused, so changes over training come from the
-    network, not from the data: on-policy, ``probe_size`` rows of the rollout buffer at the first rollout
+    The probe batch is drawn once per ``learn()`` call (``resample=False``) and reused, so changes over training
+    come from the network, not from the data. It is not saved with the model: a resumed run (load ->
+    ``learn(..., reset_num_timesteps=False)``), as any later ``learn()`` call, draws a new one at its first pass, so
+    the activation, gradient and NTK diagnostics step at that pass, while the weight diagnostics (``weight_norm``,
+    ``dist_from_init``, ``dfi``, ``sigma_max`` / ``sigma_min``) and the pass schedule continue the uninterrupted
+    run's exactly (``tests/test_resume_matrix.py``). On-policy, ``probe_size`` rows of the rollout buffer at the first rollout
     end (as :class:`~sb3_plastic.callbacks.redo.ReDo` draws them); off-policy, ``probe_size`` distinct
     transitions of the replay buffer once it holds that many (its actions feed the critics); a replay buffer that can
     never hold ``probe_size`` transitions (``buffer_size < probe_size``) gives all of its transitions once it is full,

@@ -24,6 +24,10 @@ from sb3_plastic.config import AUTO, ISOMETRY_KEYS, IsometryConfig, auto_isometr
 from sb3_plastic.isometry import ISOMETRY_FORMAT
 from sb3_plastic.policies import PlasticPolicyMixin
 
+#: the entries a plastic algorithm adds to the ``policy_kwargs`` it hands to its policy (and saves): the isometry
+#: keywords, and ``layer_norm`` for NaP
+PLASTIC_POLICY_KEYS: tuple[str, ...] = (*ISOMETRY_KEYS, "layer_norm")
+
 
 def intervention_config_classes() -> dict[str, type]:
     """The intervention configs whose fields are top-level keywords of every plastic algorithm."""
@@ -167,11 +171,6 @@ class PlasticAlgorithmMixin:
         except TypeError as exc:
             raise TypeError(f"{type(self).__name__}: {exc}") from None
         policy_kwargs = dict(bound.arguments.get("policy_kwargs") or {})
-        misplaced = sorted(set(ISOMETRY_KEYS) & set(policy_kwargs))
-        if misplaced:
-            raise ValueError(
-                f"{misplaced} must be top-level keywords of {type(self).__name__}, not entries of policy_kwargs"
-            )
         nap = interventions["nap"].enabled
         if isinstance(policy, str):
             self._check_plastic_policy(policy)
@@ -182,6 +181,16 @@ class PlasticAlgorithmMixin:
             batch_size = bound.arguments.get("batch_size", _default(base_init, "batch_size"))
             interval = auto_isometry_interval(batch_size) if batch_size is not None else 4
             config = dataclasses.replace(config, isometry_interval=interval)
+        # a plastic model's own ``policy_kwargs`` (which hold its plastic keywords) given back, as SB3 users clone a
+        # model's architecture: entries equal to this model's keywords are taken, any other value is misplaced
+        own = config.to_kwargs()
+        misplaced = sorted(key for key in set(ISOMETRY_KEYS) & set(policy_kwargs) if policy_kwargs[key] != own[key])
+        if misplaced:
+            raise ValueError(
+                f"{misplaced} must be top-level keywords of {type(self).__name__}, not entries of policy_kwargs"
+            )
+        for key in ISOMETRY_KEYS:
+            policy_kwargs.pop(key, None)
         if isinstance(policy, str) or issubclass(policy, PlasticPolicyMixin):  # a user's class with plasticity off: SB3's
             policy_kwargs.update(config.to_kwargs())
             if nap:
@@ -206,6 +215,8 @@ class PlasticAlgorithmMixin:
     ) -> Any:
         """SB3's ``load`` (same signature); intervention keywords (``replacement_rate=``, ``fire_at=``, ...) given here
         replace the saved ones. Isometry keywords cannot change after the networks and optimizer are built.
+        ``policy_kwargs=`` is checked as SB3 checks it (equal to the saved ones, else SB3's ``ValueError``), the plastic
+        keywords the model added to its saved ``policy_kwargs`` left out of the comparison.
 
         A zip saved by the SB3 / sb3-contrib class itself (``PPO.save`` read by ``PlasticPPO.load``) loads with
         plasticity off, ``isometry_mode="off", optimizer="adam"`` and SB3's activations (:func:`sb3_zip_objects`;
@@ -239,6 +250,13 @@ class PlasticAlgorithmMixin:
             kwargs["isometry_config"] = config  # set on the model before its networks are built (SB3's load)
         else:  # a plastic zip, perhaps of an older isometry convention
             custom_objects = {**(custom_objects or {}), **upgrade_isometry_data(data)}
+        stored = custom_objects.get("policy_kwargs", data.get("policy_kwargs"))
+        given = kwargs.get("policy_kwargs")
+        if isinstance(given, dict) and isinstance(stored, dict) and given != stored:
+            # SB3's load raises unless policy_kwargs= equals the saved ones; the saved ones also hold the plastic
+            # keywords, which the user never gave: compare without them
+            if {k: v for k, v in stored.items() if k not in PLASTIC_POLICY_KEYS} == given:
+                kwargs["policy_kwargs"] = stored
         updates = {key: kwargs.pop(key) for key in list(kwargs) if key in intervention_keys()}
         model = super().load(  # type: ignore[misc]
             path,
