@@ -141,10 +141,19 @@ class TaskChangeWatch:
     """Sees task changes in the ``info["task_id"]`` of each env copy; shared by the interventions that act
     "on a task change" (:class:`~sb3_plastic.callbacks.FIRE`, :class:`~sb3_plastic.callbacks.ShrinkPerturb`).
 
-    A change is an env copy whose ``task_id`` differs from the last one that copy reported (the first id
-    seen only sets the baseline; infos without a ``task_id`` keep the copy's last id). The last ids live in
-    the caller's persistent state (``state["task_ids"]``), so they survive save -> load and a resumed run
-    (whose schedule continues, :class:`~sb3_plastic.callbacks.TaskScheduleSync`) sees no change at its restart.
+    A copy switches when its ``task_id`` differs from the last one that copy reported (the first id seen only
+    sets the baseline; infos without a ``task_id`` keep the copy's last id; an id may come back, A -> B -> A is
+    two switches). The copies of a vector env run one task sequence, so their ``j``-th switches are the same task
+    switch: :meth:`changed` reports it **once, at the first copy that makes it**. The copies of an
+    ``at_episode_end=True`` env (or any copies not in lockstep) switch at their own episode ends, at different
+    steps; the later copies' switches to a task already acted on report nothing (with copies in lockstep all
+    switch at one step: one change). Per copy, the switches counted so far are ``state["task_changes"]``, and
+    ``state["task_switches"]`` is the number reported (the largest count); a copy that skipped a task (a long
+    episode under ``at_episode_end``) counts one switch where the others count two, so it does not report again
+    when it catches up. The last ids and the counts live in the caller's persistent state
+    (``state["task_ids"]``), so they survive save -> load and a resumed run (whose schedule continues,
+    :class:`~sb3_plastic.callbacks.TaskScheduleSync`) sees no change at its restart; a call with another number
+    of copies starts a new baseline.
 
     An option that cannot act must say so: :meth:`warn_if_blind` warns once per ``learn()`` call when no
     info of the training env had a ``task_id`` (called at the end of the first rollout).
@@ -165,18 +174,31 @@ class TaskChangeWatch:
         self._warned = False
 
     def changed(self, infos: Optional[Sequence[Any]], state: dict[str, Any]) -> bool:
-        """Whether some env copy's ``task_id`` in ``infos`` differs from its last one in ``state["task_ids"]``
-        (updated in place)."""
+        """Whether a task switch not reported yet happened in ``infos``: some env copy's ``task_id`` differs from
+        its last one in ``state["task_ids"]`` and that copy has now made more switches than any copy before it
+        (``state`` updated in place; see the class docstring)."""
         if not infos:
             return False
         ids = [canonical_task_id(info.get("task_id")) if isinstance(info, dict) else None for info in infos]
         self.seen = self.seen or any(i is not None for i in ids)
         previous = state.get("task_ids")
+        counts = state.get("task_changes")
         changed = False
         if previous is not None and len(previous) == len(ids):
-            changed = any(new is not None and old is not None and new != old for old, new in zip(previous, ids))
+            if not isinstance(counts, list) or len(counts) != len(ids):
+                counts = [0] * len(ids)  # a state saved before the counts: they start here
+                state["task_switches"] = 0
+            counts = [int(c) + (new is not None and old is not None and new != old)
+                      for c, old, new in zip(counts, previous, ids)]
+            reported = int(state.get("task_switches") or 0)
+            changed = max(counts) > reported
+            state["task_switches"] = max(reported, *counts)
             ids = [old if new is None else new for old, new in zip(previous, ids)]
+        else:  # a new baseline (first infos, or another number of copies)
+            counts = [0] * len(ids)
+            state["task_switches"] = 0
         state["task_ids"] = ids
+        state["task_changes"] = counts
         return changed
 
     def warn_if_blind(self, timesteps: int) -> None:

@@ -401,8 +401,10 @@ class FIRE(TriggeredIntervention):
     * ``every`` N: whenever ``num_timesteps`` passes a multiple of N (``N, 2N, ...`` on SB3's
       ``num_timesteps`` axis; on-policy fires are coalesced to the next rollout boundary, so several
       multiples passed within one rollout give one fire).
-    * ``on_task_change``: when any env's ``info["task_id"]`` differs from the last one seen for that env
-      (the first value seen only sets the baseline; the last ids are kept in the model's state, so a task
+    * ``on_task_change``: once per task switch, when the first env copy's ``info["task_id"]`` differs from the
+      last one seen for that copy (copies that switch later, as ``at_episode_end=True`` copies do at their own
+      episode ends, do not fire again for it: :class:`~sb3_plastic.callbacks.base.TaskChangeWatch`;
+      the first value seen only sets the baseline; the last ids are kept in the model's state, so a task
       change between two ``learn()`` calls or across save -> load is seen too). A resumed run (load ->
       ``learn(..., reset_num_timesteps=False)``) continues the task sequence
       (:class:`~sb3_plastic.callbacks.TaskScheduleSync`, added by the plastic algorithms), so it fires where
@@ -416,7 +418,7 @@ class FIRE(TriggeredIntervention):
 
     Persistent state (``self.state``, saved with the model, see :class:`PlasticCallback`): ``count``,
     ``timesteps`` (the ``num_timesteps`` of every fire), ``reasons``, ``run``, ``at_point``, ``at_done``,
-    ``every_done``, ``task_ids``, ``pending``.
+    ``every_done``, ``task_ids`` (with ``task_changes``, ``task_switches``), ``pending``.
 
     Logged (``plasticity/fire/...``): ``dfi_before`` and ``dfi_after`` (sum over the rewritten layers of
     the deviation from isometry ``DfI = ||Gram - I||_F^2`` with ``s = 1``,

@@ -368,13 +368,14 @@ class ShrinkPerturb(PrivateRNGMixin, PlasticCallback):
 
     Logged: ``plasticity/shrink_perturb/events`` (event mode), ``plasticity/shrink_perturb/noise_steps``
     (continual mode). Persistent (``self.state``): ``events``, ``pending``, ``steps_since_event``,
-    ``task_ids``, ``noise_steps``, ``rng`` (``seed`` and the generators' ``states`` per device).
+    ``task_ids`` (with ``task_changes``, ``task_switches``), ``noise_steps``, ``rng`` (``seed`` and the generators'
+    ``states`` per device).
 
     :param mode: ``"event"`` or ``"continual"``.
     :param shrink: ``lambda`` in (0, 1] (event mode; Ash & Adams: 0.4).
     :param perturb: ``p`` >= 0 (event mode; Ash & Adams: 0.1).
     :param every: event every this many env steps (``model.num_timesteps``), or ``None``.
-    :param on_task_change: event when some env copy's ``info["task_id"]`` changes
+    :param on_task_change: event once per task switch, when the first env copy's ``info["task_id"]`` changes
         (:class:`~sb3_plastic.callbacks.base.TaskChangeWatch`; warns once per ``learn()`` when the env's infos
         have no ``task_id``).
     :param noise_std: ``sigma`` >= 0 of the continual noise (Dohare et al.: 1e-4 .. 1e-6; default 1e-5).

@@ -90,15 +90,18 @@ class TriggeredIntervention(PlasticCallback):
       run's plan is made does not act).
     * ``every`` N: whenever ``num_timesteps`` passes a multiple of N (on-policy events are coalesced to the next
       rollout boundary).
-    * ``on_task_change``: when any env's ``info["task_id"]`` differs from the last one seen for that env
-      (:class:`~sb3_plastic.callbacks.base.TaskChangeWatch`; the last ids are kept in the model's state).
+    * ``on_task_change``: once per task switch, at the first env copy whose ``info["task_id"]`` differs from the
+      last one seen for that copy; copies that switch later (``at_episode_end=True``: each at its own episode end)
+      do not act again for the same switch (:class:`~sb3_plastic.callbacks.base.TaskChangeWatch`; the last ids
+      are kept in the model's state).
 
     A trigger that cannot act warns (``UserWarning``): ``at`` due after the end of the ``learn()`` call, an int
     ``at`` already passed, ``every`` with no multiple inside the call, ``on_task_change`` when no info of the first
     rollout has a ``task_id``.
 
     Persistent state (``self.state``): ``count``, ``timesteps`` (the ``num_timesteps`` of every event), ``reasons``,
-    ``run``, ``at_spec``, ``at_point``, ``at_done``, ``every_spec``, ``every_done``, ``task_ids``, ``pending``.
+    ``run``, ``at_spec``, ``at_point``, ``at_done``, ``every_spec``, ``every_done``, ``task_ids`` (with ``task_changes``,
+    ``task_switches``: :class:`~sb3_plastic.callbacks.base.TaskChangeWatch`), ``pending``.
 
     :param at: see above (``None``: off).
     :param every: act every ``every`` timesteps, or ``None``.
