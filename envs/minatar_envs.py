@@ -247,7 +247,10 @@ def make_switching_minatar(
     games = check_games(games, canonical_minatar_game, "MinAtar")
     TaskSchedule(change_every, task_seed, at_episode_end)
     if idle_episode_steps is not None:
-        TruncateIdleEpisode(gym.Env(), max_steps=idle_episode_steps)  # validate before building
+        try:
+            TruncateIdleEpisode(gym.Env(), max_steps=idle_episode_steps)  # validate before building
+        except ValueError as exc:  # the wrapper names its own keyword, max_steps
+            raise ValueError(f"idle_episode_steps={idle_episode_steps!r}: {exc} (or None: no cut)") from None
     fns = [partial(_padded_minatar_game, game, render_mode, minatar_kwargs, idle_episode_steps) for game in games]
     return GameSwitchingEnv(fns, change_every, names=games, task_seed=task_seed, at_episode_end=at_episode_end)
 

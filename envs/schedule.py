@@ -44,6 +44,14 @@ def check_change_every(change_every: object, name: str = "change_every") -> int:
     return value
 
 
+def check_at_episode_end(at_episode_end: object) -> bool:
+    """Return ``at_episode_end`` as a ``bool``; :raises ValueError: for anything but True / False (a string such as
+    ``"False"`` would otherwise count as True)."""
+    if not isinstance(at_episode_end, (bool, np.bool_)):
+        raise ValueError(f"at_episode_end must be True or False, got {at_episode_end!r}")
+    return bool(at_episode_end)
+
+
 def check_task_seed(task_seed: object) -> int:
     """Return ``task_seed`` as a non-negative ``int``; :raises ValueError: otherwise."""
     if isinstance(task_seed, bool) or not isinstance(task_seed, numbers.Integral) or int(task_seed) < 0:
@@ -87,7 +95,7 @@ class TaskSchedule:
     def __post_init__(self) -> None:
         object.__setattr__(self, "change_every", check_change_every(self.change_every))
         object.__setattr__(self, "task_seed", check_task_seed(self.task_seed))
-        object.__setattr__(self, "at_episode_end", bool(self.at_episode_end))
+        object.__setattr__(self, "at_episode_end", check_at_episode_end(self.at_episode_end))
 
     def task_index(self, step: int) -> int:
         """The task due after ``step`` env steps: ``step // change_every``."""

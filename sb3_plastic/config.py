@@ -203,7 +203,7 @@ class IsometryConfig:
             raise ValueError(f"isometry_interval must be an int >= 1 or {AUTO!r}, got {interval!r}")
         if self.isometry_mode == "coupled" and interval != 1:
             raise ValueError(coupled_interval_message(interval))
-        if self.orthogonal_init not in (None, True, False):
+        if not (self.orthogonal_init is None or isinstance(self.orthogonal_init, bool)):  # not 0 / 1
             raise ValueError(f"orthogonal_init must be True, False or None, got {self.orthogonal_init!r}")
 
     @property

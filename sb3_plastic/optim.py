@@ -60,7 +60,7 @@ MAX_ISOMETRY_STEP = 0.5
 
 
 def _check_nonneg(name: str, value: Any) -> None:
-    if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+    if isinstance(value, bool) or not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
         raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
 
 
@@ -70,7 +70,7 @@ def _check_group(group: dict[str, Any]) -> None:
         if not isinstance(group.get(key, False), bool):
             raise ValueError(f"{key} must be True or False, got {group[key]!r}")
     scale = group["isometry_scale"]
-    if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+    if isinstance(scale, bool) or not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
         raise ValueError(f"isometry_scale must be a finite number > 0, got {scale!r}")
     interval = group.get("isometry_interval", 1)
     if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:

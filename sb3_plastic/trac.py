@@ -97,7 +97,10 @@ class TRACMixin:
     state: Any
 
     def _init_trac(self, trac_betas: Sequence[float], trac_s_prev: float, trac_eps: float) -> None:
-        betas = tuple(float(b) for b in trac_betas)
+        numbers = isinstance(trac_betas, (list, tuple)) and all(
+            isinstance(b, (int, float)) and not isinstance(b, bool) for b in trac_betas
+        )  # a scalar or a string is not iterable into numbers
+        betas = tuple(float(b) for b in trac_betas) if numbers else ()
         if not betas or any(not 0.0 <= b < 1.0 for b in betas):
             raise ValueError(f"trac_betas must be a non-empty sequence of numbers in [0, 1), got {trac_betas!r}")
         for name, value in (("trac_s_prev", trac_s_prev), ("trac_eps", trac_eps)):

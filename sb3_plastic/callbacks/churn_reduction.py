@@ -220,7 +220,7 @@ class ChurnReduction(PlasticCallback):
     :param coef: initial (or, with ``target_scale=0``, fixed) coefficient ``lambda``; ``None``: the agent's reference
         value (:data:`CCHAIN_DEFAULTS`).
     :param target_scale: the target ratio ``lambda L_reg / |L_task|`` of the adaptive coefficient; 0 keeps ``coef``
-        fixed; ``None``: the reference value.
+        fixed; ``None``: the reference value. ``coef=0`` with ``target_scale=0`` changes nothing and warns.
     :param warmup: adaptation steps (PPO iterations / gradient updates) after a reset before ``lambda`` adapts;
         ``None``: the reference value.
     :param window: adaptation steps the running means average over; ``None``: the reference value.
@@ -479,6 +479,13 @@ def _check_settings(coef: Any, target_scale: Any, warmup: Any, window: Any, min_
             raise ValueError(f"{prefix}{name} must be None or an int >= {low}, got {value!r}")
     if reset is not None and not isinstance(reset, bool):
         raise ValueError(f"{prefix}reset_on_task_change must be None, True or False, got {reset!r}")
+    if coef is not None and target_scale is not None and coef == 0 and target_scale == 0:
+        warnings.warn(
+            f"{prefix}coef=0 and {prefix}target_scale=0 changes nothing: the coefficient stays 0 (target_scale=0 keeps "
+            f"it fixed), so the regulariser is computed at every update and applied with weight 0; give {prefix}coef "
+            f"> 0, or {prefix}target_scale > 0 to adapt it",
+            stacklevel=3 if not prefix else 5,
+        )
 
 
 @dataclass
@@ -525,12 +532,14 @@ class ChurnReductionConfig(InterventionConfig):
         """The :class:`ChurnReduction` callback for these settings, or ``None`` when it is off."""
         if not self.enabled:
             return None
-        return ChurnReduction(
-            coef=self.churn_reduction_coef,
-            target_scale=self.churn_reduction_target_scale,
-            warmup=self.churn_reduction_warmup,
-            window=self.churn_reduction_window,
-            reset_on_task_change=self.churn_reduction_reset_on_task_change,
-            batch_size=self.churn_reduction_batch_size,
-        )
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*changes nothing", category=UserWarning)  # validate() warned
+            return ChurnReduction(
+                coef=self.churn_reduction_coef,
+                target_scale=self.churn_reduction_target_scale,
+                warmup=self.churn_reduction_warmup,
+                window=self.churn_reduction_window,
+                reset_on_task_change=self.churn_reduction_reset_on_task_change,
+                batch_size=self.churn_reduction_batch_size,
+            )
 

@@ -23,6 +23,7 @@ from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_plastic.callbacks.base import iter_callbacks
 from sb3_plastic.callbacks.schedule import piecewise_stationary_copies
+from sb3_plastic.callbacks.triggers import is_int
 
 #: Name of the extra array of ``evaluations.npz``: the task index each evaluation measured.
 TASK_IDS_KEY = "task_ids"
@@ -94,6 +95,10 @@ class TaskFollowingEvalMixin:
         self.eval_at_task_start = eval_at_task_start
         #: The training task of the last step (what :attr:`eval_at_task_start` compares against).
         self.last_task: Optional[int] = None
+        if not is_int(self.eval_freq):  # SB3 compares n_calls % eval_freq == 0: a string crashes, 10.5 means 21
+            raise ValueError(
+                f"eval_freq must be an int (evaluate every eval_freq calls: steps of the vector env), got {self.eval_freq!r}"
+            )
         if self.eval_freq <= 0:  # EvalCallback evaluates when eval_freq > 0 and n_calls % eval_freq == 0
             warnings.warn(
                 f"{type(self).__name__}(eval_freq={self.eval_freq!r}) never evaluates: it evaluates every eval_freq "

@@ -17,6 +17,7 @@ from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 
 from sb3_plastic.callbacks.base import PlasticCallback, preserved_numpy_rng
 from sb3_plastic.callbacks.redo import ReDo, _validate_positive_int, _validate_tau
+from sb3_plastic.callbacks.triggers import check_bool
 from sb3_plastic.diagnostics import MAX_JACOBIAN_ELEMENTS, network_diagnostics, spec_parameters
 
 #: Default period in environment steps. A diagnostics pass costs about as much as 15-35 environment steps of
@@ -146,7 +147,8 @@ class PlasticityMonitor(PlasticCallback):
         if max_overhead is not None and not (isinstance(max_overhead, (int, float)) and 0 < max_overhead < 1):
             raise ValueError(f"max_overhead must be a number in (0, 1) or None, got {max_overhead!r}")
         self.max_overhead = max_overhead
-        self.resample = bool(resample)
+        check_bool("resample", resample)
+        self.resample = resample
         self._pass_seconds = 0.0
         self._pass_end = 0.0
         self._schedule_step: Optional[int] = None

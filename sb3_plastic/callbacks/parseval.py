@@ -26,6 +26,8 @@ offered.
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -112,7 +114,7 @@ class ParsevalRegularisation(GradientPenalty):
 
 
 def _check_scale(name: str, value: Any) -> None:
-    if _check_coef(name, value) <= 0:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
 
 
