@@ -55,6 +55,7 @@ class PlasticRecurrentActorCriticPolicy(PlasticActorCriticPolicy, RecurrentActor
     def _build(self, lr_schedule: Schedule) -> None:
         # SB3's _build only: the LSTMs do not exist yet (see the class docstring)
         super(PlasticPolicyMixin, self)._build(lr_schedule)  # type: ignore[misc]
+        self._plastic_halve_for_doubling()  # CReLU / Fourier: the MLP after the LSTM keeps half its units
         self._plastic_insert_layer_norms()  # NaP; sb3-contrib's later optimizer takes every parameter
 
     def plastic_recurrent_modules(self) -> list[nn.RNNBase]:

@@ -48,7 +48,16 @@ log-uniform in [1e-3, 1e5] (the references' values differ by agent: 1e4 for disc
 ``plasticity_injection_layers`` 2 or 3 layers, ``"parseval"`` samples ``parseval_coef`` log-uniform in [1e-5, 1e-1]
 (:class:`~sb3_plastic.callbacks.ParsevalRegularisation`; Plasticine's value 1e-3 in the middle), ``"weight_clipping"``
 turns weight clipping on (:class:`~sb3_plastic.callbacks.WeightClipping`) and samples ``weight_clipping_kappa``
-log-uniform in [1, 10] (the reference's RL value 3 inside). ``"crelu"`` and
+log-uniform in [1, 10] (the reference's RL value 3 inside). The earlier methods have spaces too:
+``"shrink_perturb"`` (the event form: ``shrink_factor`` uniform in [0.1, 0.9], ``perturb_scale`` log-uniform in
+[1e-3, 1], period ``shrink_perturb_every`` log-uniform in [1e4, 1e6] timesteps; Ash & Adams' 0.4 / 0.1 inside),
+``"shrink_perturb_continual"`` (``perturb_noise_std`` in [1e-7, 1e-3], ``shrink_weight_decay`` in [1e-6, 1e-2],
+log-uniform; Dohare et al.'s 1e-5 / 1e-4 inside), ``"redo"`` (``redo_period`` in [100, 10 000] gradient steps and
+``redo_tau`` in [0.01, 0.2], log-uniform; Sokar et al.'s 1 000 and 0.025 / 0.1 inside), ``"fire"`` (one FIRE at
+``fire_at`` uniform in [0.1, 0.9] of the run), ``"layernorm"`` (``nap=True, nap_project="none"``: the layer norms
+alone), ``"l2"`` (plain L2: ``weight_decay`` log-uniform in [1e-6, 1e-2], merged into
+``policy_kwargs["optimizer_kwargs"]``) and ``"adam_equal_betas"`` (``optimizer="adam_equal_betas"``, penalty off;
+nothing else sampled). ``"crelu"`` and
 ``"fourier"`` fix the activation (the ``activation`` parameter has that one choice; :class:`~sb3_plastic.activations.CReLU`,
 :class:`~sb3_plastic.activations.Fourier`) and sample nothing else. To compare
 against the plain baseline, set ``isometry_mode: "off"`` and ``optimizer: adam`` in the yaml (otherwise AdamO's
@@ -93,11 +102,28 @@ LAYER_RESET_EVERY_RANGE = (10_000, 1_000_000)
 CHURN_TARGET_SCALE_RANGE = (1e-3, 1e5)
 #: Search range of ``weight_clipping_kappa`` (log-uniform).
 WEIGHT_CLIPPING_KAPPA_RANGE = (1.0, 10.0)
+#: Search range of ``shrink_factor`` (uniform) and ``perturb_scale`` (log-uniform) of event Shrink & Perturb.
+SHRINK_FACTOR_RANGE = (0.1, 0.9)
+PERTURB_SCALE_RANGE = (1e-3, 1.0)
+#: Search range of ``shrink_perturb_every`` (integer timesteps, log-uniform).
+SHRINK_PERTURB_EVERY_RANGE = (10_000, 1_000_000)
+#: Search range of ``perturb_noise_std`` and ``shrink_weight_decay`` of continual Shrink & Perturb (log-uniform).
+PERTURB_NOISE_STD_RANGE = (1e-7, 1e-3)
+SHRINK_WEIGHT_DECAY_RANGE = (1e-6, 1e-2)
+#: Search range of ``redo_period`` (integer gradient steps, log-uniform) and ``redo_tau`` (log-uniform).
+REDO_PERIOD_RANGE = (100, 10_000)
+REDO_TAU_RANGE = (0.01, 0.2)
+#: Search range of ``fire_at`` (uniform fraction of the run).
+FIRE_AT_RANGE = (0.1, 0.9)
+#: Search range of plain L2's ``weight_decay`` (``optimizer_kwargs``; log-uniform).
+WEIGHT_DECAY_RANGE = (1e-6, 1e-2)
 #: The optuna parameters of the baselines' spaces (:data:`BASELINE_SPACES`).
 BASELINE_PARAMS: tuple[str, ...] = ("l2_init_coef", "spectral_coef", "nap_project", "layer_reset_layers",
                                     "layer_reset_every", "churn_reduction_target_scale", "optimizer",
                                     "plasticity_injection_at", "plasticity_injection_layers", "parseval_coef",
-                                    "weight_clipping_kappa")
+                                    "weight_clipping_kappa", "shrink_factor", "perturb_scale",
+                                    "shrink_perturb_every", "perturb_noise_std", "shrink_weight_decay", "redo_period",
+                                    "redo_tau", "fire_at")
 #: ``activation`` choices of on-policy samplers (rl_zoo3's tanh / relu, plus MaxMin).
 ON_POLICY_ACTIVATIONS = ("tanh", "relu", "maxmin")
 #: ``activation`` choices of off-policy samplers (rl_zoo3 keeps SB3's ReLU there; MaxMin added).
@@ -174,6 +200,60 @@ def sample_weight_clipping_params(trial: optuna.Trial) -> dict[str, Any]:
     return {"weight_clipping": True, "weight_clipping_kappa": kappa}
 
 
+def sample_shrink_perturb_params(trial: optuna.Trial) -> dict[str, Any]:
+    """Shrink & Perturb's event form (Ash & Adams, 2020; :class:`~sb3_plastic.callbacks.ShrinkPerturb`): ``shrink_factor``,
+    ``perturb_scale`` and the period ``shrink_perturb_every`` (a yaml's ``shrink_perturb_on_task_change: true`` adds the
+    switches)."""
+    return {
+        "shrink_perturb": "event",
+        "shrink_factor": trial.suggest_float("shrink_factor", *SHRINK_FACTOR_RANGE),
+        "perturb_scale": trial.suggest_float("perturb_scale", *PERTURB_SCALE_RANGE, log=True),
+        "shrink_perturb_every": trial.suggest_int("shrink_perturb_every", *SHRINK_PERTURB_EVERY_RANGE, log=True),
+    }
+
+
+def sample_shrink_perturb_continual_params(trial: optuna.Trial) -> dict[str, Any]:
+    """Shrink & Perturb's continual form (Dohare et al., 2024): ``perturb_noise_std`` and ``shrink_weight_decay``."""
+    return {
+        "shrink_perturb": "continual",
+        "perturb_noise_std": trial.suggest_float("perturb_noise_std", *PERTURB_NOISE_STD_RANGE, log=True),
+        "shrink_weight_decay": trial.suggest_float("shrink_weight_decay", *SHRINK_WEIGHT_DECAY_RANGE, log=True),
+    }
+
+
+def sample_redo_params(trial: optuna.Trial) -> dict[str, Any]:
+    """ReDo's space (Sokar et al., 2023; :class:`~sb3_plastic.callbacks.ReDo`): ``redo_period`` and ``redo_tau`` (their
+    0.025 and 0.1 inside)."""
+    return {
+        "redo_period": trial.suggest_int("redo_period", *REDO_PERIOD_RANGE, log=True),
+        "redo_tau": trial.suggest_float("redo_tau", *REDO_TAU_RANGE, log=True),
+    }
+
+
+def sample_fire_params(trial: optuna.Trial) -> dict[str, Any]:
+    """FIRE's space (Lee et al., 2024; :class:`~sb3_plastic.callbacks.FIRE`): one FIRE at a fraction ``fire_at`` of the
+    run (a yaml's ``fire_on_task_change: true`` adds the switches)."""
+    return {"fire_at": trial.suggest_float("fire_at", *FIRE_AT_RANGE)}
+
+
+def sample_layernorm_params(trial: optuna.Trial) -> dict[str, Any]:
+    """LayerNorm alone: NaP's layer norms without its projection (``nap=True, nap_project="none"``; recorded as a
+    one-choice categorical, so ``--trial-id`` restores it)."""
+    return {"nap": True, "nap_project": trial.suggest_categorical("nap_project", ["none"])}
+
+
+def sample_adam_equal_betas_params(trial: optuna.Trial) -> dict[str, Any]:
+    """Adam with beta1 = beta2 (Dohare et al., 2023): ``optimizer="adam_equal_betas"`` (a one-choice categorical) with the
+    isometry penalty off; nothing else of its own (the base space's learning rate stays)."""
+    return {"optimizer": trial.suggest_categorical("optimizer", ["adam_equal_betas"]), "isometry_mode": "off"}
+
+
+def sample_l2_params(trial: optuna.Trial) -> dict[str, Any]:
+    """Plain L2: the optimizer's ``weight_decay`` (``policy_kwargs["optimizer_kwargs"]``, torch Adam's coupled L2),
+    log-uniform; the sampler merges it into the sampled ``policy_kwargs``."""
+    return {"weight_decay": trial.suggest_float("weight_decay", *WEIGHT_DECAY_RANGE, log=True)}
+
+
 #: method -> its search space, used in place of :func:`sample_plastic_params` (see the module docstring).
 BASELINE_SPACES: dict[str, Callable[[optuna.Trial], dict[str, Any]]] = {
     "l2_init": sample_l2_init_params,
@@ -185,6 +265,13 @@ BASELINE_SPACES: dict[str, Callable[[optuna.Trial], dict[str, Any]]] = {
     "plasticity_injection": sample_plasticity_injection_params,
     "parseval": sample_parseval_params,
     "weight_clipping": sample_weight_clipping_params,
+    "shrink_perturb": sample_shrink_perturb_params,
+    "shrink_perturb_continual": sample_shrink_perturb_continual_params,
+    "redo": sample_redo_params,
+    "fire": sample_fire_params,
+    "layernorm": sample_layernorm_params,
+    "adam_equal_betas": sample_adam_equal_betas_params,
+    "l2": sample_l2_params,
 }
 
 
@@ -252,11 +339,22 @@ def make_plastic_sampler(
             activation = trial.suggest_categorical("activation", list(activations))
         params = _to_plastic(params, activation)
         params.update(plastic(trial))
-        return params
+        return _weight_decay_into_optimizer_kwargs(params)
 
     sampler.__name__ = f"plastic_{getattr(base_sampler, '__name__', 'sampler')}"
     sampler.__doc__ = f"{getattr(base_sampler, '__name__', 'the base sampler')} + sb3_plastic.samplers.sample_plastic_params"
     return sampler
+
+
+def _weight_decay_into_optimizer_kwargs(params: dict[str, Any]) -> dict[str, Any]:
+    """Move a sampled ``weight_decay`` (plain L2) into ``policy_kwargs["optimizer_kwargs"]``, where SB3 hands it to the
+    optimizer."""
+    if "weight_decay" in params:
+        policy_kwargs = dict(params.get("policy_kwargs") or {})
+        policy_kwargs["optimizer_kwargs"] = {**(policy_kwargs.get("optimizer_kwargs") or {}),
+                                             "weight_decay": params.pop("weight_decay")}
+        params["policy_kwargs"] = policy_kwargs
+    return params
 
 
 def make_plastic_converter(base_converter: Converter, base_samples_activation: bool) -> Converter:
@@ -269,21 +367,25 @@ def make_plastic_converter(base_converter: Converter, base_samples_activation: b
 
     def convert(sampled_params: dict[str, Any]) -> dict[str, Any]:
         params = dict(sampled_params)
-        plastic = {key: params.pop(key) for key in (*PLASTIC_PARAMS, *BASELINE_PARAMS) if key in params}
+        plastic = {key: params.pop(key) for key in (*PLASTIC_PARAMS, *BASELINE_PARAMS, "weight_decay") if key in params}
         if "nap_project" in plastic:
             plastic["nap"] = True
+        if "shrink_factor" in plastic:
+            plastic["shrink_perturb"] = "event"
+        if "perturb_noise_std" in plastic:
+            plastic["shrink_perturb"] = "continual"
         if "churn_reduction_target_scale" in plastic:
             plastic["churn_reduction"] = True
         if "weight_clipping_kappa" in plastic:
             plastic["weight_clipping"] = True
-        if plastic.get("optimizer") == "trac":
+        if plastic.get("optimizer") in ("trac", "adam_equal_betas"):
             plastic["isometry_mode"] = "off"
         activation = params.pop("activation", None)
         if activation is not None and base_samples_activation:
             params["activation_fn"] = activation if activation in ("tanh", "relu") else "relu"
         hyperparams = _to_plastic(base_converter(params), activation)
         hyperparams.update(plastic)
-        return hyperparams
+        return _weight_decay_into_optimizer_kwargs(hyperparams)
 
     convert.__name__ = f"plastic_{getattr(base_converter, '__name__', 'converter')}"
     return convert
@@ -387,6 +489,13 @@ SAMPLER_BASES: dict[str, str] = {"crossq": "sac", "ppo_mask": "ppo"}
 
 #: Methods that are an activation: the sampler's ``activation`` parameter has that one choice.
 ACTIVATION_METHODS: tuple[str, ...] = ("crelu", "fourier")
+#: ``(base, method)`` pairs whose plastic algorithm refuses the method in ``learn()`` (``ValueError``, with this reason):
+#: :func:`plastic_sampler_for` raises for them rather than hand out a sampler every trial of which would fail.
+UNSUPPORTED_METHODS: dict[tuple[str, str], str] = {
+    ("crossq", "churn_reduction"): "ChurnReduction does not support CrossQ (BatchRenorm's batch statistics)",
+    ("crossq", "plasticity_injection"): "PlasticityInjection does not support CrossQ (BatchRenorm's batch statistics)",
+    ("ppo_lstm", "churn_reduction"): "ChurnReduction does not support RecurrentPPO (a batch needs its sequences' LSTM states)",
+}
 
 
 def plastic_sampler_for(base_name: str, method: str | None = None) -> tuple[Sampler, Converter] | None:
@@ -397,12 +506,14 @@ def plastic_sampler_for(base_name: str, method: str | None = None) -> tuple[Samp
     :param method: ``None`` (the plastic space, :func:`sample_plastic_params`), a key of :data:`BASELINE_SPACES`
         (``"l2_init"``, ``"spectral"``, ``"nap"``, ...): the base space + ``activation`` + that baseline's space, or one of
         :data:`ACTIVATION_METHODS`: the base space with that activation.
-    :raises ValueError: for an unknown ``method``.
+    :raises ValueError: for an unknown ``method``, or one the algorithm refuses (:data:`UNSUPPORTED_METHODS`).
     """
     from rl_zoo3 import hyperparams_opt
 
     if method is not None and method not in BASELINE_SPACES and method not in ACTIVATION_METHODS:
         raise ValueError(f"Unknown method {method!r}; allowed: None or {sorted([*BASELINE_SPACES, *ACTIVATION_METHODS])}")
+    if (base_name, method) in UNSUPPORTED_METHODS:
+        raise ValueError(f"No {method!r} sampler for {base_name!r}: {UNSUPPORTED_METHODS[base_name, method]}")
 
     source = SAMPLER_BASES.get(base_name, base_name)
     if not hasattr(hyperparams_opt, f"sample_{source}_params") or source not in hyperparams_opt.HYPERPARAMS_CONVERTER:

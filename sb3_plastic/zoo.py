@@ -86,6 +86,9 @@ ZOO_SET_KEYS: tuple[str, ...] = ("env", "tensorboard_log", "seed", "verbose", "d
 DEFAULT_ALGO = "plastic_ppo"
 #: A worker stops after this many failed trials in a row (a broken setup must not loop for ever).
 MAX_CONSECUTIVE_FAILURES = 10
+#: Intervention keywords built into the networks (``nap``: NaP's layer norms): like the isometry keywords, a run
+#: continued with ``-i`` keeps the trained model's value (``PlasticX.load`` refuses to change them).
+FIXED_ON_LOAD: tuple[str, ...] = ("nap",)
 #: ``--monitor EVERY`` of the ``train`` call in progress (``None``: no PlasticityMonitor added).
 _MONITOR_EVERY: Optional[int] = None
 
@@ -246,14 +249,12 @@ def _experiment_manager_class() -> type:
             given = {key: hyperparams.pop(key) for key in list(hyperparams) if key in plastic}
             model = super()._load_pretrained_agent(hyperparams, env)
             for group, names in groups.items():
-                update = {key: value for key, value in given.items() if key in names}
+                update = {key: value for key, value in given.items() if key in names and key not in FIXED_ON_LOAD}
                 if update:
                     model.intervention_configs[group] = dataclasses.replace(model.intervention_configs[group], **update)
-            kept = {
-                key: getattr(model.isometry_config, key)
-                for key in ISOMETRY_KEYS
-                if key in given and given[key] != getattr(model.isometry_config, key)
-            }
+            trained = {key: getattr(model.isometry_config, key) for key in ISOMETRY_KEYS}
+            trained["nap"] = model.intervention_configs["nap"].nap  # NaP's layer norms are part of the networks
+            kept = {key: value for key, value in trained.items() if key in given and given[key] != value}
             if kept:
                 warnings.warn(
                     f"Continuing training of {self.trained_agent}: the trained model's network/optimizer settings "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gymnasium as gym
 import optuna
 import pytest
+import torch as th
 
 from sb3_plastic import PlasticDQN, PlasticPPO, PlasticSAC
 from sb3_plastic.samplers import ACTIVATION_METHODS, BASELINE_SPACES, plastic_sampler_for
@@ -55,6 +56,34 @@ def test_baseline_sampler_builds_the_model_and_round_trips(method, base, cls, en
         assert config.layer_reset_layers == trial.params["layer_reset_layers"]
         assert config.layer_reset_every == trial.params["layer_reset_every"] >= 10_000
         assert [type(c).__name__ for c in model.intervention_callbacks()] == ["LayerReset"]
+    elif method == "shrink_perturb":
+        config = configs["shrink_perturb"]
+        assert config.shrink_perturb == "event" and config.shrink_factor == trial.params["shrink_factor"]
+        assert config.perturb_scale == trial.params["perturb_scale"]
+        assert config.shrink_perturb_every == trial.params["shrink_perturb_every"] >= 10_000
+        assert [type(c).__name__ for c in model.intervention_callbacks()] == ["ShrinkPerturb"]
+    elif method == "shrink_perturb_continual":
+        config = configs["shrink_perturb"]
+        assert config.shrink_perturb == "continual" and config.perturb_noise_std == trial.params["perturb_noise_std"]
+        assert config.shrink_weight_decay == trial.params["shrink_weight_decay"]
+    elif method == "redo":
+        config = configs["redo"]
+        assert (config.redo_period, config.redo_tau) == (trial.params["redo_period"], trial.params["redo_tau"])
+        assert [type(c).__name__ for c in model.intervention_callbacks()] == ["ReDo"]
+    elif method == "fire":
+        assert configs["fire"].fire_at == trial.params["fire_at"]
+        assert [type(c).__name__ for c in model.intervention_callbacks()] == ["FIRE"]
+    elif method == "adam_equal_betas":
+        optimizer = model.policy.optimizer if base != "sac" else model.critic.optimizer
+        beta1, beta2 = optimizer.param_groups[0]["betas"]
+        assert model.isometry_config.optimizer == "adam_equal_betas" and beta1 == beta2
+    elif method == "l2":
+        optimizer = model.policy.optimizer if base != "sac" else model.critic.optimizer
+        assert optimizer.param_groups[0]["weight_decay"] == trial.params["weight_decay"] > 0
+        assert type(optimizer) is th.optim.Adam and model.intervention_callbacks() == []
+    elif method == "layernorm":
+        assert configs["nap"].nap and configs["nap"].nap_project == "none" == trial.params["nap_project"]
+        assert model.policy.plastic_layer_norm and model.intervention_callbacks() == []
     else:
         assert configs["nap"].nap and configs["nap"].nap_project == trial.params["nap_project"]
         assert model.policy.plastic_layer_norm

@@ -77,8 +77,8 @@ ENTRIES = _continual_entries()
 
 def test_the_continual_entries_are_found():
     # 11 + the baselines of #15 (3) + PerturbedCartPole + the field's methods of #30 (7) + Perturbed Acrobot and
-    # LunarLander (#29) + weight clipping on Slippery Ant (#30)
-    assert len(ENTRIES) == 25
+    # LunarLander (#29) + weight clipping on Slippery Ant (#30) + S&P at every switch on QR-DQN's permuted SpaceInvaders
+    assert len(ENTRIES) == 26
     for path in CONFIGS.glob("*.yml"):  # every sb3_plastic/ id but the stationary masking env is continual
         for env_id in yaml.load(path.read_text(), Loader=yaml.UnsafeLoader):
             if env_id.startswith("sb3_plastic/") and env_id != "sb3_plastic/InvalidActionDiscrete-v0":

@@ -149,6 +149,14 @@ class PlasticAlgorithmMixin:
                 "isometry_mode='off' (no isometry penalty); set isometry_mode='decoupled' (AdamO) or 'coupled'",
                 stacklevel=3,
             )
+        elif isinstance(isometry_coef, (int, float)) and not isinstance(isometry_coef, bool) and isometry_coef == 0:
+            from sb3_plastic.callbacks.base import warn_ignored_options
+
+            warn_ignored_options(
+                {"isometry_layers": (isometry_layers, "hidden"), "isometry_interval": (isometry_interval, 1)},
+                "isometry_coef=0 (no isometry penalty); give isometry_coef > 0",
+                stacklevel=3,
+            )
         config = IsometryConfig(
             activation=activation,
             isometry_coef=type(self).default_isometry_coef if isometry_coef is None else isometry_coef,
@@ -185,6 +193,7 @@ class PlasticAlgorithmMixin:
         # model's architecture: entries equal to this model's keywords are taken, any other value is misplaced
         own = config.to_kwargs()
         misplaced = sorted(key for key in set(ISOMETRY_KEYS) & set(policy_kwargs) if policy_kwargs[key] != own[key])
+        misplaced += sorted(set(intervention_keys()) & set(policy_kwargs))  # never in a plastic model's policy_kwargs
         if misplaced:
             raise ValueError(
                 f"{misplaced} must be top-level keywords of {type(self).__name__}, not entries of policy_kwargs"
