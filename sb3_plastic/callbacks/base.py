@@ -139,7 +139,9 @@ def canonical_task_id(value: Any) -> Any:
 
 class TaskChangeWatch:
     """Sees task changes in the ``info["task_id"]`` of each env copy; shared by the interventions that act
-    "on a task change" (:class:`~sb3_plastic.callbacks.FIRE`, :class:`~sb3_plastic.callbacks.ShrinkPerturb`).
+    "on a task change" (:class:`~sb3_plastic.callbacks.FIRE`, :class:`~sb3_plastic.callbacks.ShrinkPerturb`,
+    :class:`~sb3_plastic.callbacks.LayerReset`, :class:`~sb3_plastic.callbacks.PlasticityInjection`,
+    :class:`~sb3_plastic.callbacks.ChurnReduction`'s coefficient restart).
 
     A copy switches when its ``task_id`` differs from the last one that copy reported (the first id seen only
     sets the baseline; infos without a ``task_id`` keep the copy's last id; an id may come back, A -> B -> A is
