@@ -847,7 +847,8 @@ class ContinualBackprop(PlasticCallback):
     updates), not environment steps.
 
     Logged: ``plasticity/cbp/<network>/<layer>/replaced`` (cumulative) and ``plasticity/cbp/replaced``
-    (total). Utilities, ages, mean activations, accumulators and counts live in ``self.state`` (stored on
+    (total), whatever the ``name``.
+    Utilities, ages, mean activations, accumulators and counts live in ``self.state`` (stored on
     the model, keyed ``state[network][layer]``; the ``"stochastic"`` rule's generator state in ``state["rng"]``), so
     they survive save -> load -> learn.
 

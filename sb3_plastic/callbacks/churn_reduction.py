@@ -211,7 +211,8 @@ class ChurnReduction(PlasticCallback):
     ``ValueError`` at training start, with the reason).
 
     Logged (``plasticity/churn_reduction/...``, per ``train()`` call): ``coef`` (the coefficient in force) and
-    ``reg_loss`` (the regulariser's mean, before the coefficient). Persistent (``self.state``, saved with the model):
+    ``reg_loss`` (the regulariser's mean, before the coefficient), whatever the ``name``.
+    Persistent (``self.state``, saved with the model):
     ``coef``, ``task_losses`` / ``reg_losses`` (the running windows), ``since_reset``, ``task_ids``, ``np_rng`` (the
     regularisation batches' numpy stream), ``previous`` (the shadow network ``theta_{t-1}``'s state dict, ``None``
     before the first update) and ``pending`` (the updates and regulariser losses of a ``train()`` call whose adaptation

@@ -430,7 +430,7 @@ class FIRE(TriggeredIntervention):
     (per-tap polar factors times ``sqrt(out / in) / (kh * kw)``) is no isometry of its ``(out, in * kh * kw)``
     view even when ``out = in`` (25.3 for a 32 -> 32 3x3 kernel), and output heads at ``head_scale="init"``
     keep their init scale), ``seconds`` (the surgery: orthogonalisation, optimizer reset and target sync) and
-    ``count``.
+    ``count``. The keys do not depend on ``name``: two FIRE callbacks on one model write the same keys.
 
     :param at: see above. Default: 0.5 (the midpoint) when neither ``every`` nor ``on_task_change`` is
         given, else ``None``.

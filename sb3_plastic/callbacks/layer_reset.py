@@ -226,7 +226,7 @@ class LayerReset(PrivateRNGMixin, TriggeredIntervention):
     for one of them).
 
     Logged: ``plasticity/layer_reset/count`` and ``plasticity/layer_reset/parameters`` (parameters reset at the last
-    event). Persistent: the trigger state, ``rng`` (the private generator).
+    event); the keys do not depend on ``name``. Persistent: the trigger state, ``rng`` (the private generator).
 
     :param layers: an int ``k`` >= 1 (the last ``k`` Linear / Conv2d layers of every path of every online network; ``1``:
         the output heads; recurrent layers are not counted), a role of :data:`LAYER_ROLES`, or a list of ``fnmatch``

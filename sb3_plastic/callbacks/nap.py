@@ -249,7 +249,8 @@ class NormalizeAndProject(PlasticCallback):
     projected jointly to their norm at the first training start (module docstring, part 3; ``self.state["affine"]``;
     a model saved before this option existed gets PyTorch's initial ``sqrt(width)``).
 
-    Logged at each rollout end: ``plasticity/nap/projections`` (optimizer steps projected so far).
+    Logged at each rollout end: ``plasticity/nap/projections`` (optimizer steps projected so far; ``nap_<name>``
+    with a ``name`` other than the keywords' ``"auto"``).
 
     :param project: ``"normalized"`` or ``"all"``.
     :param project_affine: also project each norm's ``(scale, offset)`` before a homogeneous activation (default).

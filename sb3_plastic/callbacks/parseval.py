@@ -68,7 +68,7 @@ class ParsevalRegularisation(GradientPenalty):
     from its first update.
 
     Logged: ``plasticity/parseval/penalty`` (the sum of ``||W W^T - s I||_F^2``, without the coefficient) at each rollout
-    end. No persistent state.
+    end (the same key whatever the ``name``). No persistent state.
 
     :param coef: ``lambda`` >= 0 (Plasticine's default 1e-3).
     :param scale: ``s`` > 0 (default 1).

@@ -364,7 +364,8 @@ class PlasticityInjection(PrivateRNGMixin, TriggeredIntervention):
     midpoint, when no other trigger is given), ``every``, ``on_task_change``; on-policy algorithms inject between a
     ``train()`` and the next rollout.
 
-    Logged: ``plasticity/injection/count`` and ``plasticity/injection/parameters`` (new trainable parameters).
+    Logged: ``plasticity/injection/count`` and ``plasticity/injection/parameters`` (new trainable parameters),
+    whatever the ``name``.
     Persistent: the trigger state, ``layers`` (what :func:`restore_injections` needs), ``rng``.
 
     :param layers: the head's size in Linear / Conv2d layers from the output (>= 1; default 2, see the module docstring).

@@ -515,7 +515,8 @@ class ReDo(PlasticCallback):
       receives the recycled units at its next scheduled hard update, SAC / TQC targets through polyak
       averaging. Copying online -> target here would shorten the target's schedule.
 
-    Logged (``plasticity/redo/...``; ``redo_<name>`` with a ``name``): ``<network>/<layer>/dormant_fraction``
+    Logged (``plasticity/redo/...``; ``redo_<name>`` with a ``name`` other than the keywords' ``"auto"``):
+    ``<network>/<layer>/dormant_fraction``
     and ``<network>/<layer>/resets`` at each check, ``dormant_fraction``, ``resets``, ``total_resets``
     and ``events``. Persistent (``self.state``; survives save -> load -> learn): ``optimizer_steps`` (the step
     count per network, so a resumed run continues the period), ``last_step`` (gradient step of the last check),
@@ -554,7 +555,7 @@ class ReDo(PlasticCallback):
 
     @property
     def log_prefix(self) -> str:
-        return "redo" if self.name is None else f"redo_{self.name}"
+        return "redo" if self.name in (None, "auto") else f"redo_{self.name}"
 
     def _init_callback(self) -> None:
         super()._init_callback()

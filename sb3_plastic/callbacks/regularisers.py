@@ -198,7 +198,8 @@ class L2Init(GradientPenalty):
     initialisation of the run; their method resets nothing). For an anchor at the new draw, continue with a new
     L2Init of another ``name`` in place of this one: it takes ``theta_0`` at its first training start.
 
-    Logged: ``plasticity/l2_init/distance`` (``||theta - theta_0||_2`` at each rollout end).
+    Logged: ``plasticity/l2_init/distance`` (``||theta - theta_0||_2`` at each rollout end; ``l2_init_<name>``
+    with a ``name`` other than the keywords' ``"auto"``).
 
     :param coef: ``lambda`` >= 0 (Kumar et al. tune it in {1e-2, 1e-3, 1e-4, 1e-5}; 0: off).
     :param name: distinguishes two L2Init callbacks on one model.
@@ -442,7 +443,7 @@ class SpectralRegularisation(GradientPenalty):
       networks follow their online network.
 
     Logged at each rollout end: ``plasticity/spectral/sigma_max`` (largest estimate over the layers) and
-    ``plasticity/spectral/sigma_mean``.
+    ``plasticity/spectral/sigma_mean`` (``spectral_<name>`` with a ``name`` other than the keywords' ``"auto"``).
 
     :param coef: ``lambda`` >= 0 (0: off).
     :param exponent: ``k`` > 0 of ``(sigma^k - 1)^2`` and ``||b||^(2k)``.

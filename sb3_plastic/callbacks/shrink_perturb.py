@@ -367,7 +367,8 @@ class ShrinkPerturb(PrivateRNGMixin, PlasticCallback):
     generator's state on a CPU model) cannot be used there and that device's generator restarts from the seed.
 
     Logged: ``plasticity/shrink_perturb/events`` (event mode), ``plasticity/shrink_perturb/noise_steps``
-    (continual mode). Persistent (``self.state``): ``events``, ``pending``, ``steps_since_event``,
+    (continual mode); ``shrink_perturb_<name>`` with a ``name`` other than the keywords' ``"auto"``.
+    Persistent (``self.state``): ``events``, ``pending``, ``steps_since_event``,
     ``task_ids`` (with ``task_changes``, ``task_switches``), ``noise_steps``, ``rng`` (``seed`` and the generators'
     ``states`` per device).
 
@@ -422,7 +423,7 @@ class ShrinkPerturb(PrivateRNGMixin, PlasticCallback):
 
     @property
     def log_prefix(self) -> str:
-        return "shrink_perturb" if self.name is None else f"shrink_perturb_{self.name}"
+        return "shrink_perturb" if self.name in (None, "auto") else f"shrink_perturb_{self.name}"
 
     # ------------------------------------------------------------------ lifecycle
     def _init_callback(self) -> None:

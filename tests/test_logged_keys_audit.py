@@ -1,0 +1,67 @@
+"""The ``plasticity/...`` TensorBoard keys are a stable interface: a small PPO run with the monitor and the
+interventions logs exactly the keys the callbacks' docstrings name (a renamed or new key fails here)."""
+
+import csv
+
+from stable_baselines3.common.logger import configure
+
+from sb3_plastic import PlasticPPO
+from sb3_plastic.callbacks import (
+    FIRE,
+    ChurnReduction,
+    ContinualBackprop,
+    L2Init,
+    LayerReset,
+    PlasticityMonitor,
+    WeightClipping,
+)
+
+LAYERS = ("mlp_extractor.policy_net.0", "mlp_extractor.value_net.0")
+HEADS = ("action_net", "value_net")
+WEIGHT_METRICS = ("weight_norm", "dist_from_init", "dfi", "sigma_max", "sigma_min", "cond")
+FEATURE_METRICS = ("dormant_fraction", "zero_fraction", "srank", "effective_rank", "feature_norm")
+NETWORK_METRICS = (
+    "dormant_fraction", "zero_fraction", "weight_norm", "dist_from_init", "dfi", "dfi_hidden", "grad_norm",
+    "ntk_cond", "ntk_log10_cond", "ntk_erank", "ntk_trace", "ntk_size",
+)
+
+EXPECTED = (
+    {f"plasticity/policy/{layer}/{m}" for layer in LAYERS for m in FEATURE_METRICS + WEIGHT_METRICS}
+    | {f"plasticity/policy/{head}/{m}" for head in HEADS for m in WEIGHT_METRICS}
+    | {f"plasticity/policy/{m}" for m in NETWORK_METRICS}
+    | {"plasticity/monitor_seconds", "plasticity/skipped_passes"}
+    | {f"plasticity/cbp/policy/{layer}/replaced" for layer in LAYERS}
+    | {"plasticity/cbp/replaced"}
+    | {"plasticity/churn_reduction/coef", "plasticity/churn_reduction/reg_loss"}
+    | {"plasticity/fire/dfi_before", "plasticity/fire/dfi_after", "plasticity/fire/seconds", "plasticity/fire/count"}
+    | {"plasticity/l2_init/distance"}
+    | {"plasticity/layer_reset/count", "plasticity/layer_reset/parameters"}
+    # ReDo and ShrinkPerturb enabled through the algorithm's keywords (callbacks named "auto"): unprefixed keys
+    | {f"plasticity/redo/policy/{layer}/{m}" for layer in LAYERS for m in ("dormant_fraction", "resets")}
+    | {"plasticity/redo/dormant_fraction", "plasticity/redo/resets", "plasticity/redo/total_resets",
+       "plasticity/redo/events"}
+    | {"plasticity/shrink_perturb/events"}
+    | {"plasticity/weight_clipping/at_bound"}
+)
+
+
+def test_ppo_logs_exactly_the_documented_plasticity_keys(tmp_path):
+    model = PlasticPPO(
+        "MlpPolicy", "CartPole-v1", n_steps=64, batch_size=32, n_epochs=1, policy_kwargs=dict(net_arch=[16]),
+        seed=0, device="cpu", redo_period=2, redo_probe_size=64, shrink_perturb="event", shrink_perturb_every=64,
+    )
+    model.set_logger(configure(str(tmp_path), ["csv"]))
+    callbacks = [
+        PlasticityMonitor(every=64, max_overhead=None),
+        FIRE(at=128),
+        ContinualBackprop(maturity_threshold=2, replacement_rate=0.1),
+        LayerReset(every=64),
+        ChurnReduction(),
+        L2Init(coef=1e-3),
+        WeightClipping(),
+    ]
+    model.learn(256, callback=callbacks)
+    with open(tmp_path / "progress.csv", newline="") as f:
+        header = next(csv.reader(f))
+    logged = {k for k in header if k.startswith("plasticity/")}
+    assert logged == EXPECTED, (sorted(logged - EXPECTED), sorted(EXPECTED - logged))
