@@ -149,8 +149,8 @@ class TaskChangeWatch:
     switch: :meth:`changed` reports it **once, at the first copy that makes it**. The copies of an
     ``at_episode_end=True`` env (or any copies not in lockstep) switch at their own episode ends, at different
     steps; the later copies' switches to a task already acted on report nothing (with copies in lockstep all
-    switch at one step: one change). Per copy, the switches counted so far are ``state["task_changes"]``, and
-    ``state["task_switches"]`` is the number reported (the largest count); a copy that skipped a task (a long
+    switch at one step: one change). Per copy, the switches counted so far are ``state["task_changes"]``; the
+    switches reported are the largest count; a copy that skipped a task (a long
     episode under ``at_episode_end``) counts one switch where the others count two, so it does not report again
     when it catches up. The last ids and the counts live in the caller's persistent state
     (``state["task_ids"]``), so they survive save -> load and a resumed run (whose schedule continues,
@@ -184,21 +184,16 @@ class TaskChangeWatch:
         ids = [canonical_task_id(info.get("task_id")) if isinstance(info, dict) else None for info in infos]
         self.seen = self.seen or any(i is not None for i in ids)
         previous = state.get("task_ids")
-        counts = state.get("task_changes")
+        counts = [0] * len(ids)  # a new baseline (first infos, or another number of copies)
         changed = False
         if previous is not None and len(previous) == len(ids):
-            if not isinstance(counts, list) or len(counts) != len(ids):
-                counts = [0] * len(ids)  # a state saved before the counts: they start here
-                state["task_switches"] = 0
-            counts = [int(c) + (new is not None and old is not None and new != old)
-                      for c, old, new in zip(counts, previous, ids)]
-            reported = int(state.get("task_switches") or 0)
+            before = state.get("task_changes")
+            if isinstance(before, list) and len(before) == len(ids):  # else a state saved before the counts
+                counts = [int(c) for c in before]
+            reported = max(counts)  # the switches already acted on: the most any copy has made
+            counts = [c + (new is not None and old is not None and new != old) for c, old, new in zip(counts, previous, ids)]
             changed = max(counts) > reported
-            state["task_switches"] = max(reported, *counts)
             ids = [old if new is None else new for old, new in zip(previous, ids)]
-        else:  # a new baseline (first infos, or another number of copies)
-            counts = [0] * len(ids)
-            state["task_switches"] = 0
         state["task_ids"] = ids
         state["task_changes"] = counts
         return changed

@@ -418,7 +418,7 @@ class FIRE(TriggeredIntervention):
 
     Persistent state (``self.state``, saved with the model, see :class:`PlasticCallback`): ``count``,
     ``timesteps`` (the ``num_timesteps`` of every fire), ``reasons``, ``run``, ``at_point``, ``at_done``,
-    ``every_done``, ``task_ids`` (with ``task_changes``, ``task_switches``), ``pending``.
+    ``every_done``, ``task_ids`` (with ``task_changes``), ``pending``.
 
     Logged (``plasticity/fire/...``): ``dfi_before`` and ``dfi_after`` (sum over the rewritten layers of
     the deviation from isometry ``DfI = ||Gram - I||_F^2`` with ``s = 1``,

@@ -369,7 +369,7 @@ class ShrinkPerturb(PrivateRNGMixin, PlasticCallback):
     Logged: ``plasticity/shrink_perturb/events`` (event mode), ``plasticity/shrink_perturb/noise_steps``
     (continual mode); ``shrink_perturb_<name>`` with a ``name`` other than the keywords' ``"auto"``.
     Persistent (``self.state``): ``events``, ``pending``, ``steps_since_event``,
-    ``task_ids`` (with ``task_changes``, ``task_switches``), ``noise_steps``, ``rng`` (``seed`` and the generators'
+    ``task_ids`` (with ``task_changes``), ``noise_steps``, ``rng`` (``seed`` and the generators'
     ``states`` per device).
 
     :param mode: ``"event"`` or ``"continual"``.

@@ -100,8 +100,8 @@ class TriggeredIntervention(PlasticCallback):
     rollout has a ``task_id``.
 
     Persistent state (``self.state``): ``count``, ``timesteps`` (the ``num_timesteps`` of every event), ``reasons``,
-    ``run``, ``at_spec``, ``at_point``, ``at_done``, ``every_spec``, ``every_done``, ``task_ids`` (with ``task_changes``,
-    ``task_switches``: :class:`~sb3_plastic.callbacks.base.TaskChangeWatch`), ``pending``.
+    ``run``, ``at_spec``, ``at_point``, ``at_done``, ``every_spec``, ``every_done``, ``task_ids`` (with ``task_changes``:
+    :class:`~sb3_plastic.callbacks.base.TaskChangeWatch`), ``pending``.
 
     :param at: see above (``None``: off).
     :param every: act every ``every`` timesteps, or ``None``.
