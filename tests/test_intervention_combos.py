@@ -174,6 +174,43 @@ def test_the_rewrites_of_a_learn_call_reach_the_other_callbacks_of_that_call():
     assert spy.told == [(64, 4), (128, 4)]
 
 
+class _CountingChurn(ChurnReduction):
+    """Counts the updates regularised (those with a previous network)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.regularised = 0
+
+    def regulariser(self):
+        self.regularised += 1
+        return super().regulariser()
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("layers, share, n_envs, forgets", [
+    (("value_net",), True, 1, False), (("mlp_extractor.value_net.0",), False, 4, False),
+    (("action_net",), True, 4, True), (("mlp_extractor.policy_net.0",), False, 1, True),
+])
+def test_churn_reduction_on_ppo_forgets_only_for_rewrites_of_what_it_regularises(layers, share, n_envs, forgets):
+    """PPO's C-CHAIN regularises the policy's action distribution. A reset of the value head (or of the value path of
+    separate networks) leaves that distribution and the previous network's as they were: every update but the run's
+    first stays regularised (before the fix the first update after each value-head reset lost its regulariser). A
+    reset of the action head or of the policy path is a rewrite of what it regularises: the first update after each
+    is not regularised. 4 rollouts x 2 minibatches, a reset at each rollout's end (before its updates): the first, before
+    any update, changes nothing, the other three come between updates."""
+    from stable_baselines3 import PPO
+
+    kwargs = dict(net_arch=[8]) if share else dict(net_arch=dict(pi=[8], vf=[8]))
+    from stable_baselines3.common.env_util import make_vec_env
+
+    env = make_vec_env("CartPole-v1", n_envs=n_envs, seed=0)
+    model = PPO("MlpPolicy", env, n_steps=32 // n_envs, batch_size=16, n_epochs=1, seed=0, policy_kwargs=kwargs)
+    churn, reset = _CountingChurn(coef=1.0, target_scale=0.0), LayerReset(layers, every=32)
+    model.learn(128, callback=[churn, reset])
+    assert reset.event_count == 4
+    assert churn.regularised == (8 - 1 - 3 if forgets else 8 - 1)
+
+
 @pytest.mark.filterwarnings("ignore::UserWarning")
 @pytest.mark.parametrize("writer", ["layer_reset", "fire"])
 def test_continual_backprop_restarts_the_statistics_of_units_a_reset_re_draws(writer):

@@ -12,7 +12,10 @@ from sb3_plastic.callbacks import (
     ContinualBackprop,
     L2Init,
     LayerReset,
+    ParsevalRegularisation,
+    PlasticityInjection,
     PlasticityMonitor,
+    SpectralRegularisation,
     WeightClipping,
 )
 
@@ -65,3 +68,39 @@ def test_ppo_logs_exactly_the_documented_plasticity_keys(tmp_path):
         header = next(csv.reader(f))
     logged = {k for k in header if k.startswith("plasticity/")}
     assert logged == EXPECTED, (sorted(logged - EXPECTED), sorted(EXPECTED - logged))
+
+
+def _logged(model, tmp_path, callbacks, steps=256):
+    model.set_logger(configure(str(tmp_path), ["csv"]))
+    model.learn(steps, callback=callbacks)
+    with open(tmp_path / "progress.csv", newline="") as f:
+        return {k for k in next(csv.reader(f)) if k.startswith("plasticity/")}
+
+
+def test_named_callbacks_of_one_class_log_apart(tmp_path):
+    """Two named callbacks of one class on one model (a policy-head and a value-head reset, two FIRE points...)
+    write their own keys, ``<group>_<name>/``, for every class; an unnamed one keeps the plain group."""
+    model = PlasticPPO("MlpPolicy", "CartPole-v1", n_steps=64, batch_size=32, n_epochs=1,
+                       policy_kwargs=dict(net_arch=[16]), seed=0, device="cpu")
+    callbacks = [
+        FIRE(at=128, name="a"), FIRE(at=192, name="b"),
+        ContinualBackprop(maturity_threshold=2, replacement_rate=0.1, name="a"),
+        LayerReset(every=64, layers=("action_net",), name="policy"),
+        LayerReset(every=128, layers=("value_net",), name="value"),
+        ChurnReduction(name="a"), L2Init(coef=1e-3, name="a"), WeightClipping(name="a"),
+        ParsevalRegularisation(coef=1e-3, name="a"), SpectralRegularisation(coef=1e-3, name="a"),
+    ]
+    logged = _logged(model, tmp_path, callbacks)
+    groups = {k.split("/")[1] for k in logged}
+    assert groups == {"fire_a", "fire_b", "cbp_a", "layer_reset_policy", "layer_reset_value", "churn_reduction_a",
+                      "l2_init_a", "weight_clipping_a", "parseval_a", "spectral_a"}, sorted(groups)
+    for group in ("fire_a", "fire_b"):
+        assert {f"plasticity/{group}/{k}" for k in ("dfi_before", "dfi_after", "seconds", "count")} <= logged
+    assert {"plasticity/layer_reset_policy/count", "plasticity/layer_reset_value/parameters"} <= logged
+
+
+def test_named_injection_logs_under_its_name(tmp_path):
+    model = PlasticPPO("MlpPolicy", "CartPole-v1", n_steps=64, batch_size=32, n_epochs=1,
+                       policy_kwargs=dict(net_arch=[16]), seed=0, device="cpu")
+    logged = _logged(model, tmp_path, [PlasticityInjection(at=128, name="x")])
+    assert logged == {"plasticity/injection_x/count", "plasticity/injection_x/parameters"}, sorted(logged)

@@ -324,6 +324,13 @@ class PlasticCallback(BaseCallback):
         (:func:`announce_rewrite`; ``redrawn``: whole layers got a new draw of their initialiser). Nothing by default;
         callbacks that keep state derived from parameter values override it."""
 
+    def log_group(self, group: str) -> str:
+        """The first part of this callback's log keys: ``group`` (e.g. ``"fire"``) for an unnamed callback and for
+        the one an algorithm's keywords build (named ``"auto"``), ``<group>_<name>`` for a named one, so that two
+        named callbacks of one class on one model log apart (``plasticity/layer_reset_policy/count`` beside
+        ``plasticity/layer_reset_value/count``)."""
+        return group if self.name in (None, "auto") else f"{group}_{self.name}"
+
     def record(self, key: str, value: Any) -> None:
         """``logger.record("plasticity/<key>", value)`` for TensorBoard / CSV / JSON.
 

@@ -847,7 +847,7 @@ class ContinualBackprop(PlasticCallback):
     updates), not environment steps.
 
     Logged: ``plasticity/cbp/<network>/<layer>/replaced`` (cumulative) and ``plasticity/cbp/replaced``
-    (total), whatever the ``name``.
+    (total); ``cbp_<name>`` with a ``name`` (:meth:`~.base.PlasticCallback.log_group`).
     Utilities, ages, mean activations, accumulators and counts live in ``self.state`` (stored on
     the model, keyed ``state[network][layer]``; the ``"stochastic"`` rule's generator state in ``state["rng"]``), so
     they survive save -> load -> learn.
@@ -1069,8 +1069,8 @@ class ContinualBackprop(PlasticCallback):
             return
         counts = self.counts()
         for key, value in counts.items():
-            self.record(f"cbp/{key}/replaced", value)
-        self.record("cbp/replaced", sum(counts.values()))
+            self.record(f"{self.log_group('cbp')}/{key}/replaced", value)
+        self.record(f"{self.log_group('cbp')}/replaced", sum(counts.values()))
 
 
 # ---------------------------------------------------------------------------------------------- config

@@ -55,7 +55,8 @@ Deviations from the references (besides the adaptation unit above):
 * Adaptation steps of off-policy algorithms are SB3's ``train()`` calls weighted by their updates: the task loss of a
   call is SB3's mean over its updates, counted once per update (with ``gradient_steps=1`` exactly the reference's
   per-update lists).
-* A rewrite of the regularised network between two updates by another intervention of the same ``learn()`` call (a
+* A rewrite of the regularised network (for PPO / A2C: of a parameter the action distribution depends on, so not of
+  the value head) between two updates by another intervention of the same ``learn()`` call (a
   :class:`~sb3_plastic.callbacks.LayerReset` re-draw, :class:`~sb3_plastic.callbacks.FIRE`, a
   :class:`~sb3_plastic.callbacks.ShrinkPerturb` event; :func:`~sb3_plastic.callbacks.base.announce_rewrite`) is not
   churn of an update, and the references, which never rewrite their networks, would otherwise measure it against the
@@ -211,7 +212,7 @@ class ChurnReduction(PlasticCallback):
     ``ValueError`` at training start, with the reason).
 
     Logged (``plasticity/churn_reduction/...``, per ``train()`` call): ``coef`` (the coefficient in force) and
-    ``reg_loss`` (the regulariser's mean, before the coefficient), whatever the ``name``.
+    ``reg_loss`` (the regulariser's mean, before the coefficient); ``churn_reduction_<name>`` with a ``name``.
     Persistent (``self.state``, saved with the model):
     ``coef``, ``task_losses`` / ``reg_losses`` (the running windows), ``since_reset``, ``task_ids``, ``np_rng`` (the
     regularisation batches' numpy stream), ``previous`` (the shadow network ``theta_{t-1}``'s state dict, ``None``
@@ -255,6 +256,7 @@ class ChurnReduction(PlasticCallback):
         self._hooks: list[Any] = []
         self._shadow: Optional[nn.Module] = None
         self._network: Optional[nn.Module] = None
+        self._regularised: Optional[set[int]] = None  # ids of the parameters the regularised output depends on
         self._has_previous = False
         self._perm: Optional[np.ndarray] = None
         self._perm_pos = 0
@@ -280,6 +282,7 @@ class ChurnReduction(PlasticCallback):
         self._remove_hooks()
         self._network, optimizer = self._network_and_optimizer()
         self._shadow = frozen_copy(self._network)
+        self._regularised = None
         self._has_previous = False
         if s["previous"] is not None:  # a second learn() call, or a loaded model: theta_{t-1} continues
             names = set(self._shadow.state_dict())
@@ -375,9 +378,9 @@ class ChurnReduction(PlasticCallback):
             if self.settings["target_scale"] > 0 and s["since_reset"] >= self.settings["warmup"]:
                 ratio = float(np.mean(s["task_losses"])) / (float(np.mean(s["reg_losses"])) + 1e-8)
                 s["coef"] = max(float(self.settings["target_scale"]) * ratio, float(self.settings["min_coef"]))
-        self.record("churn_reduction/coef", s["coef"])
+        self.record(f"{self.log_group('churn_reduction')}/coef", s["coef"])
         if regs:
-            self.record("churn_reduction/reg_loss", float(np.mean(regs)))
+            self.record(f"{self.log_group('churn_reduction')}/reg_loss", float(np.mean(regs)))
 
     def _on_parameters_rewritten(self, params: Any, redrawn: bool = False) -> None:
         """A rewrite of the regularised network outside an update (a layer reset, FIRE, a Shrink & Perturb event) is not
@@ -386,10 +389,27 @@ class ChurnReduction(PlasticCallback):
         towards the rewritten network)."""
         if self._network is None:
             return
-        own = {id(p) for p in self._network.parameters()}
+        own = self._regularised_parameters()
         if any(id(p) in own for p in params):
             self._has_previous = False
             self.state["previous"] = None
+
+    def _regularised_parameters(self) -> set[int]:
+        """The ids of the parameters the regularised output depends on: the whole network for the Q-value and critic
+        forms; for PPO / A2C those the policy's action distribution is computed from (a rewrite of the value head or of
+        a separate value path alone leaves what C-CHAIN regularises as it was). Read once per ``learn()`` call from the
+        autograd graph of the envs' current observations (connectivity, not values: zero gradients count)."""
+        if self._regularised is None:
+            assert self._network is not None
+            params = [p for p in self._network.parameters() if p.requires_grad]
+            if self.kind.startswith("policy"):
+                obs, _ = self._network.obs_to_tensor(self.model._last_obs)  # the envs' current observations
+                with th.enable_grad():  # rewrites are announced from inside no_grad blocks
+                    dist = self._network.get_distribution(obs)
+                    grads = th.autograd.grad(policy_churn(dist, dist), params, allow_unused=True)
+                params = [p for p, g in zip(params, grads) if g is not None]
+            self._regularised = {id(p) for p in params}
+        return self._regularised
 
     # ------------------------------------------------------------------ the regulariser
     def _remember_network(self, optimizer: th.optim.Optimizer) -> None:
@@ -397,6 +417,7 @@ class ChurnReduction(PlasticCallback):
         if sum(1 for _ in self._shadow.parameters()) != sum(1 for _ in self._network.parameters()):
             self._shadow = frozen_copy(self._network)  # the structure changed (a plasticity injection added a head)
             self.state["previous"] = None
+            self._regularised = None
         copy_into_(self._shadow, self._network)
         self._has_previous = True
         if self.state["previous"] is None:

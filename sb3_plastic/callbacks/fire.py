@@ -430,7 +430,7 @@ class FIRE(TriggeredIntervention):
     (per-tap polar factors times ``sqrt(out / in) / (kh * kw)``) is no isometry of its ``(out, in * kh * kw)``
     view even when ``out = in`` (25.3 for a 32 -> 32 3x3 kernel), and output heads at ``head_scale="init"``
     keep their init scale), ``seconds`` (the surgery: orthogonalisation, optimizer reset and target sync) and
-    ``count``. The keys do not depend on ``name``: two FIRE callbacks on one model write the same keys.
+    ``count``; ``fire_<name>`` with a ``name``, so two named FIRE callbacks on one model log apart.
 
     :param at: see above. Default: 0.5 (the midpoint) when neither ``every`` nor ``on_task_change`` is
         given, else ``None``.
@@ -545,10 +545,10 @@ class FIRE(TriggeredIntervention):
 
         now = int(self.model.num_timesteps)
         count = self._count_event(reasons)
-        self.record("fire/dfi_before", dfi_before)
-        self.record("fire/dfi_after", dfi_after)
-        self.record("fire/seconds", seconds)
-        self.record("fire/count", count)
+        self.record(f"{self.log_group('fire')}/dfi_before", dfi_before)
+        self.record(f"{self.log_group('fire')}/dfi_after", dfi_after)
+        self.record(f"{self.log_group('fire')}/seconds", seconds)
+        self.record(f"{self.log_group('fire')}/count", count)
         if self.verbose >= 1:
             print(
                 f"FIRE #{count} at num_timesteps={now} ({'+'.join(reasons)}): {len(layers)} layers, "

@@ -226,7 +226,7 @@ class LayerReset(PrivateRNGMixin, TriggeredIntervention):
     for one of them).
 
     Logged: ``plasticity/layer_reset/count`` and ``plasticity/layer_reset/parameters`` (parameters reset at the last
-    event); the keys do not depend on ``name``. Persistent: the trigger state, ``rng`` (the private generator).
+    event); ``layer_reset_<name>`` with a ``name``. Persistent: the trigger state, ``rng`` (the private generator).
 
     :param layers: an int ``k`` >= 1 (the last ``k`` Linear / Conv2d layers of every path of every online network; ``1``:
         the output heads; recurrent layers are not counted), a role of :data:`LAYER_ROLES`, or a list of ``fnmatch``
@@ -321,8 +321,8 @@ class LayerReset(PrivateRNGMixin, TriggeredIntervention):
         seconds = time.perf_counter() - start
         count = self._count_event(reasons)
         n_params = int(sum(t.numel() for t in touched))
-        self.record("layer_reset/count", count)
-        self.record("layer_reset/parameters", n_params)
+        self.record(f"{self.log_group('layer_reset')}/count", count)
+        self.record(f"{self.log_group('layer_reset')}/parameters", n_params)
         if self.verbose >= 1:
             print(f"LayerReset #{count} at num_timesteps={self.model.num_timesteps} ({'+'.join(reasons)}): "
                   f"{n_params} parameters, {seconds * 1e3:.1f} ms")

@@ -250,7 +250,7 @@ class NormalizeAndProject(PlasticCallback):
     a model saved before this option existed gets PyTorch's initial ``sqrt(width)``).
 
     Logged at each rollout end: ``plasticity/nap/projections`` (optimizer steps projected so far; ``nap_<name>``
-    with a ``name`` other than the keywords' ``"auto"``).
+    with a ``name`` other than the keywords' ``"auto"``: :meth:`~.base.PlasticCallback.log_group`).
 
     :param project: ``"normalized"`` or ``"all"``.
     :param project_affine: also project each norm's ``(scale, offset)`` before a homogeneous activation (default).
@@ -377,7 +377,7 @@ class NormalizeAndProject(PlasticCallback):
         self._handles = []
 
     def _on_rollout_end(self) -> None:
-        prefix = "nap" if self.name in (None, "auto") else f"nap_{self.name}"
+        prefix = self.log_group("nap")
         self.record(f"{prefix}/projections", int(self.state.get("projections", 0)))
 
 

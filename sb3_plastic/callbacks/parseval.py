@@ -68,7 +68,7 @@ class ParsevalRegularisation(GradientPenalty):
     from its first update.
 
     Logged: ``plasticity/parseval/penalty`` (the sum of ``||W W^T - s I||_F^2``, without the coefficient) at each rollout
-    end (the same key whatever the ``name``). No persistent state.
+    end (``parseval_<name>`` with a ``name``). No persistent state.
 
     :param coef: ``lambda`` >= 0 (Plasticine's default 1e-3).
     :param scale: ``s`` > 0 (default 1).
@@ -110,7 +110,7 @@ class ParsevalRegularisation(GradientPenalty):
 
     def _on_rollout_end(self) -> None:
         super()._on_rollout_end()
-        self.record("parseval/penalty", self.penalty())
+        self.record(f"{self.log_group('parseval')}/penalty", self.penalty())
 
 
 def _check_scale(name: str, value: Any) -> None:

@@ -364,8 +364,8 @@ class PlasticityInjection(PrivateRNGMixin, TriggeredIntervention):
     midpoint, when no other trigger is given), ``every``, ``on_task_change``; on-policy algorithms inject between a
     ``train()`` and the next rollout.
 
-    Logged: ``plasticity/injection/count`` and ``plasticity/injection/parameters`` (new trainable parameters),
-    whatever the ``name``.
+    Logged: ``plasticity/injection/count`` and ``plasticity/injection/parameters`` (new trainable parameters);
+    ``injection_<name>`` with a ``name``.
     Persistent: the trigger state, ``layers`` (what :func:`restore_injections` needs), ``rng``.
 
     :param layers: the head's size in Linear / Conv2d layers from the output (>= 1; default 2, see the module docstring).
@@ -414,8 +414,8 @@ class PlasticityInjection(PrivateRNGMixin, TriggeredIntervention):
         self.networks = find_networks(self.model)
         count = self._count_event(reasons)
         n_params = int(sum(p.numel() for p in new))
-        self.record("injection/count", count)
-        self.record("injection/parameters", n_params)
+        self.record(f"{self.log_group('injection')}/count", count)
+        self.record(f"{self.log_group('injection')}/parameters", n_params)
         if self.verbose >= 1:
             print(f"PlasticityInjection #{count} at num_timesteps={self.model.num_timesteps} ({'+'.join(reasons)}): "
                   f"{n_params} new trainable parameters")

@@ -555,7 +555,7 @@ class ReDo(PlasticCallback):
 
     @property
     def log_prefix(self) -> str:
-        return "redo" if self.name in (None, "auto") else f"redo_{self.name}"
+        return self.log_group("redo")
 
     def _init_callback(self) -> None:
         super()._init_callback()

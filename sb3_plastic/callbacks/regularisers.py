@@ -250,7 +250,7 @@ class L2Init(GradientPenalty):
     def _on_rollout_end(self) -> None:
         super()._on_rollout_end()
         if "theta0" in self.state:
-            prefix = "l2_init" if self.name in (None, "auto") else f"l2_init_{self.name}"
+            prefix = self.log_group("l2_init")
             self.record(f"{prefix}/distance", self.distance())
 
 
@@ -598,7 +598,7 @@ class SpectralRegularisation(GradientPenalty):
         super()._on_rollout_end()
         sigmas = [float(s) for s in self.state.get("sigma", {}).values()]
         if sigmas:
-            prefix = "spectral" if self.name in (None, "auto") else f"spectral_{self.name}"
+            prefix = self.log_group("spectral")
             self.record(f"{prefix}/sigma_max", max(sigmas))
             self.record(f"{prefix}/sigma_mean", sum(sigmas) / len(sigmas))
 

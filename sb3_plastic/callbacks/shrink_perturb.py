@@ -423,7 +423,7 @@ class ShrinkPerturb(PrivateRNGMixin, PlasticCallback):
 
     @property
     def log_prefix(self) -> str:
-        return "shrink_perturb" if self.name in (None, "auto") else f"shrink_perturb_{self.name}"
+        return self.log_group("shrink_perturb")
 
     # ------------------------------------------------------------------ lifecycle
     def _init_callback(self) -> None:

@@ -80,7 +80,8 @@ class WeightClipping(PlasticCallback):
     RecurrentPPO, MaskablePPO, DQN, QR-DQN, SAC, TQC, CrossQ and TD3, plain or plastic, with any torch optimizer.
 
     Logged at each rollout end: ``plasticity/weight_clipping/at_bound`` (the fraction of the clipped entries that sit
-    on their bound; the same key whatever the ``name``). Persistent: ``steps`` (the optimizer steps followed by a clamp).
+    on their bound; ``weight_clipping_<name>`` with a ``name``). Persistent: ``steps`` (the optimizer steps followed by a
+    clamp).
 
     :param kappa: the clipping bound in units of the initialisation bound (> 0; the reference's RL value 3).
     :param heads: clip the output layers too (the reference's default ``clip_last_layer=True``).
@@ -153,7 +154,7 @@ class WeightClipping(PlasticCallback):
         return at / total if total else 0.0
 
     def _on_rollout_end(self) -> None:
-        self.record("weight_clipping/at_bound", self.at_bound())
+        self.record(f"{self.log_group('weight_clipping')}/at_bound", self.at_bound())
 
     def _on_training_end(self) -> None:
         self._remove_hooks()
