@@ -20,6 +20,11 @@ matrix ``(N, F)`` with ``F = C*H*W`` for a conv layer; ``sigma_i``: its singular
   entropy (``0 log 0 = 0``); 0 for an all-zero matrix.
 * **feature norm**: mean over the batch of the Euclidean norm of a sample's features, ``mean_n ||h_n||``
   (Lyle et al., 2024, "Disentangling the Causes of Plasticity Loss in Neural Networks").
+* **feature variance**: mean over the batch of the variance of a sample's features across its ``F`` units,
+  ``mean_n var_i h_{n,i}`` (unbiased, ``F - 1`` in the denominator; 0 for a single unit): Plasticine's definition
+  ("Plasticine: Accelerating Research in Plasticity-Motivated Deep Reinforcement Learning", arXiv 2504.17490;
+  RLE-Foundation/Plasticine ``plasticine/metrics.py``). It shrinks towards 0 as a layer's units collapse onto one
+  value (dead ReLUs, a saturated tanh) and grows with the feature norm, so read it beside ``feature_norm``.
 * **weight norm**: Frobenius norm ``||W||_F`` of a layer's weight; for a whole network, the Euclidean norm
   of all its trained parameters (weights and biases).
 * **distance from initialisation**: ``||W - W_0||_F`` per layer, ``||theta - theta_0||`` per network.
@@ -257,6 +262,15 @@ def effective_rank(features: th.Tensor) -> float:
 def feature_norm(features: th.Tensor) -> float:
     """Mean over the batch of the Euclidean norm of each sample's (flattened) features."""
     return float(feature_matrix(features).norm(dim=1).mean())
+
+
+def feature_variance(features: th.Tensor) -> float:
+    """Mean over the batch of the unbiased variance of each sample's (flattened) features across its units
+    (Plasticine's ``compute_feature_variance``); 0 for a layer of one unit."""
+    h = feature_matrix(features)
+    if h.shape[1] < 2:
+        return 0.0
+    return float(h.var(dim=1).mean())
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -677,7 +691,8 @@ def network_diagnostics(
     """All diagnostics of one network of a model on a probe batch, as ``{"<layer>/<metric>" or "<metric>": value}``.
 
     Per hidden layer (on the probe batch): ``dormant_fraction``, ``zero_fraction``, ``srank``,
-    ``effective_rank``, ``feature_norm``; likewise per LSTM layer of a recurrent policy (``<lstm>.l<index>``, on
+    ``effective_rank``, ``feature_norm``, ``feature_variance``; likewise per LSTM layer of a recurrent policy
+    (``<lstm>.l<index>``, on
     the cells' outputs ``h`` at the first step from zero states, as ReDo scores them,
     :func:`sb3_plastic.callbacks.redo.recurrent_probe_outputs`), counted in the network-level fractions.
     Per weight layer (heads included): ``weight_norm``,
@@ -753,7 +768,9 @@ def _is_finite(t: th.Tensor) -> bool:
     return bool(th.isfinite(t).all())
 
 
-_FEATURE_METRICS = ("dormant_fraction", "zero_fraction", "srank", "effective_rank", "feature_norm")
+_FEATURE_METRICS = (
+    "dormant_fraction", "zero_fraction", "srank", "effective_rank", "feature_norm", "feature_variance",
+)
 
 
 def _network_diagnostics(
@@ -811,6 +828,7 @@ def _network_diagnostics(
         out[f"{layer.name}/srank"] = float(srank_from_singular_values(sigma))
         out[f"{layer.name}/effective_rank"] = effective_rank_from_values(sigma)
         out[f"{layer.name}/feature_norm"] = feature_norm(h)
+        out[f"{layer.name}/feature_variance"] = feature_variance(h)
         n_units += layer.n_units
         n_dormant += d * layer.n_units
         n_dead += z * layer.n_units

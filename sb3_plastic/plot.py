@@ -87,6 +87,7 @@ METRIC_LABELS = {
     "srank": "srank of the features (singular values covering 99%)",
     "effective_rank": "effective rank of the features",
     "feature_norm": "mean feature norm",
+    "feature_variance": "mean per-sample feature variance",
     "weight_norm": "weight norm",
     "dist_from_init": "distance from the initial weights",
     "dfi": "deviation from isometry ‖WᵀW − sI‖² (WWᵀ if wide; s: isometry_scale)",

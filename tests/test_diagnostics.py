@@ -23,6 +23,7 @@ from sb3_plastic.diagnostics import (
     empirical_ntk,
     feature_norm,
     feature_singular_values,
+    feature_variance,
     gradient_norm,
     kernel_stats,
     module_function,
@@ -204,6 +205,18 @@ def test_capture_features_keeps_a_repeated_identical_output_once():
 def test_feature_norm_is_the_mean_per_sample_norm():
     h = th.tensor([[3.0, 4.0], [0.0, 1.0], [6.0, 8.0]])
     assert feature_norm(h) == pytest.approx((5 + 1 + 10) / 3)
+
+
+def test_feature_variance_is_plasticines_mean_per_sample_variance_across_units():
+    """By hand: each sample's unbiased variance over its units, averaged over the batch (a conv map flattened to
+    C*H*W units); a one-unit layer has none (0, not NaN)."""
+    h = th.tensor([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0], [2.0, 4.0, 9.0]])
+    per_sample = [sum((v - sum(r) / 3) ** 2 for v in r) / 2 for r in ([1, 2, 3], [0, 0, 0], [2, 4, 9])]
+    assert feature_variance(h) == pytest.approx(sum(per_sample) / 3)  # (1 + 0 + 13) / 3
+    g = th.Generator().manual_seed(0)
+    conv = th.randn(4, 2, 3, 3, generator=g)
+    assert feature_variance(conv) == pytest.approx(float(conv.reshape(4, -1).double().var(dim=1).mean()))
+    assert feature_variance(th.ones(5, 1)) == 0.0
 
 
 # ---------------------------------------------------------------------------------------------------

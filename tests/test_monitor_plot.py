@@ -32,7 +32,8 @@ def tiny(kwargs: dict, **policy_kwargs) -> dict:
     return dict(kwargs, policy_kwargs=dict(net_arch=[16, 16], **policy_kwargs))
 
 
-LAYER_METRICS = ("dormant_fraction", "zero_fraction", "srank", "effective_rank", "feature_norm")
+LAYER_METRICS = ("dormant_fraction", "zero_fraction", "srank", "effective_rank", "feature_norm",
+                   "feature_variance")
 WEIGHT_METRICS = ("weight_norm", "dist_from_init", "dfi", "sigma_max", "sigma_min", "cond")
 NETWORK_METRICS = ("dormant_fraction", "zero_fraction", "weight_norm", "dist_from_init", "dfi", "grad_norm")
 NTK_METRICS = ("ntk_cond", "ntk_erank", "ntk_trace", "ntk_size")

@@ -746,6 +746,7 @@ def test_diagnostics_cover_lstm_cells():
         assert values[f"{name}.l0/dormant_fraction"] == pytest.approx(d)
         assert values[f"{name}.l0/zero_fraction"] == float((h == 0).all(dim=0).float().mean())
         assert values[f"{name}.l0/feature_norm"] == pytest.approx(float(h.norm(dim=1).mean()), rel=1e-5)
+        assert values[f"{name}.l0/feature_variance"] == pytest.approx(float(h.double().var(dim=1).mean()), rel=1e-5)
         s = th.linalg.svdvals(h.double())
         p = s / s.sum()
         assert values[f"{name}.l0/effective_rank"] == pytest.approx(float(th.exp(-(p * th.log(p)).sum())), rel=1e-4)
@@ -760,7 +761,7 @@ def test_diagnostics_cover_lstm_cells():
     model.learn(32, callback=monitor, reset_num_timesteps=False)
     reported = monitor.run()
     for name in ("lstm_actor.l0", "lstm_critic.l0"):
-        for metric in ("dormant_fraction", "zero_fraction", "srank", "effective_rank", "feature_norm"):
+        for metric in ("dormant_fraction", "zero_fraction", "srank", "effective_rank", "feature_norm", "feature_variance"):
             assert math.isfinite(reported[f"plasticity/policy/{name}/{metric}"])
 
 

@@ -43,9 +43,10 @@ class PlasticityMonitor(PlasticCallback):
 
     * ``plasticity/<net>/<layer>/<metric>`` per layer: ``dormant_fraction`` (Sokar et al., 2023),
       ``zero_fraction``, ``srank`` (Kumar et al., 2021), ``effective_rank`` (Roy & Vetterli, 2007),
-      ``feature_norm`` for hidden layers; ``weight_norm``, ``dist_from_init``, ``dfi``, ``sigma_max``,
-      ``sigma_min``, ``cond`` for every weight layer (heads included); ``dfi`` is ``||W^T W - s I||_F^2`` (smaller Gram
-      matrix) with ``s`` the model's ``isometry_scale`` (:attr:`isometry_scale`; 1 for a model without one);
+      ``feature_norm``, ``feature_variance`` (Plasticine's) for hidden layers; ``weight_norm``, ``dist_from_init``,
+      ``dfi``, ``sigma_max``, ``sigma_min``, ``cond`` for every weight layer (heads included); ``dfi`` is
+      ``||W^T W - s I||_F^2`` (smaller Gram matrix) with ``s`` the model's ``isometry_scale`` (:attr:`isometry_scale`;
+      1 for a model without one);
     * ``plasticity/<net>/<metric>`` per network: ``dormant_fraction``, ``zero_fraction``, ``weight_norm``,
       ``dist_from_init``, ``dfi`` (every weight layer, heads included), ``dfi_hidden`` (the same sum without the
       output heads: the layers AdamO regularises by default), ``grad_norm`` and the empirical NTK's ``ntk_cond``,
