@@ -127,6 +127,11 @@ def dumps_env(env: Any) -> bytes:
     it is written as ``("VecNormalize", wrapper, returns, dumps_env(wrapped env))``: the running observation and
     return statistics, the wrapped env and the returns all come back. A ``VecNormalize`` below another wrapper
     would lose its env: that raises ``TypeError`` (the checkpointer then warns and goes on without checkpoints).
+    Envs that pickle through gymnasium's ``EzPickle`` are rebuilt from their constructor arguments: the Slippery
+    MuJoCo envs carry their simulation and generator through (``SlipperyFriction.__getstate__``); Box2D's
+    LunarLander comes back without its episode in progress (it must be reset before it steps) and with an unseeded
+    generator: its C-CHAIN setting resets the env at every rollout start, where checkpoints are written, so a resumed
+    run is unbiased but not bit for bit the uninterrupted one.
     """
     import cloudpickle
     from stable_baselines3.common.vec_env import VecEnvWrapper, VecNormalize

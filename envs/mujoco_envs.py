@@ -7,10 +7,20 @@ continual learning", Nature 632, 768-774 (reference code: shibhansh/loss-of-plas
 Friction: for every task ``k`` a sliding friction coefficient ``f = 10 ** U(log10 lo, log10 hi)`` is
 drawn from ``schedule.rng(k)`` (default range ``(0.02, 2.0)``, so ``log10 f ~ U(-1.7, 0.3)``; task 0 is
 drawn too) and written into the first column (sliding) of ``model.geom_friction`` of *every* geom.
-MuJoCo combines the friction of two touching geoms with an element-wise maximum, so writing only the
-floor (as the reference code edits the floor of the XML) would leave every contact at least as
-grippy as the feet (``1.0`` for Ant); writing all geoms makes every floor/feet contact use exactly ``f``.
-Torsional and rolling friction are left as they are.
+The reference code does the same through the XML: it rewrites the ``friction`` of the ``<default><geom>``
+class (``root[3][1]``, ``f 0.5 0.5``), which every geom of ``ant.xml`` inherits, floor included (tested: the
+two models have equal ``geom_friction`` and step bit for bit alike). MuJoCo combines the friction of two
+touching geoms with an element-wise maximum, so every floor/feet contact uses exactly ``f``. Torsional and
+rolling friction are left as they are (``0.5``; unused with the model's ``condim=3``).
+
+Differences from the reference that remain: its frictions are read from the file ``cfg/frictions`` (row
+``seed``, the same log-uniform distribution, other draws); it changes the friction at the first episode end
+more than ``change_time`` steps after the previous change (so each change drifts by up to one episode; ours
+change at the first reset at or after ``k * change_every`` steps); and it runs gym 0.23's ``Ant-v3`` on mujoco-py 2.1,
+whose 84 contact-force entries of the observation and contact cost are always zero (MuJoCo 2 no longer computes
+``cfrc_ext``; openai/gym#1541), where ``Ant-v5`` observes 78 live, clipped contact forces and charges their
+cost (pass ``include_cfrc_ext_in_observation=False, contact_cost_weight=0.0`` to match it); ``Ant-v5`` also
+gives no healthy reward on the step that terminates.
 
 By default a change takes effect at the next episode end (Dohare et al.): the episode that starts
 with a ``reset()`` after ``n`` env steps runs with the friction of task ``n // change_every``.
@@ -96,6 +106,28 @@ class SlipperyFriction(PhysicsParameterSchedule):
 
     def apply_parameters(self, parameters: dict[str, Any]) -> None:
         self.env.unwrapped.model.geom_friction[:, 0] = parameters["friction"]
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickling (the bench's checkpoints pickle the vector env): gymnasium's MuJoCo envs pickle through
+        ``EzPickle``, which rebuilds them from their constructor arguments, so the model would come back with the XML's
+        friction (1.0 for Ant) until the next task switch, the episode in progress at its initial pose and the
+        generator unseeded. The live model, data and generator travel with this wrapper instead (``MjModel`` /
+        ``MjData`` pickle natively): an unpickled copy steps exactly as the original."""
+        state = self.__dict__.copy()
+        sim = self.env.unwrapped
+        state["_simulation"] = (sim.model, sim.data, getattr(sim, "_np_random", None),
+                                getattr(sim, "_np_random_seed", None))
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        simulation = state.pop("_simulation", None)
+        super().__setstate__(state)  # the friction in force written into the rebuilt model
+        if simulation is not None:
+            sim = self.env.unwrapped
+            sim.model, sim.data, sim._np_random, sim._np_random_seed = simulation
+            renderer = getattr(sim, "mujoco_renderer", None)
+            if renderer is not None:
+                renderer.model, renderer.data = sim.model, sim.data
 
 
 def make_slippery(

@@ -388,6 +388,15 @@ class PhysicsParameterSchedule(PiecewiseStationaryWrapper):
         self.parameters = parameters
         return parameters
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Unpickling writes the parameters in force into the simulator again: simulators that pickle by rebuilding
+        themselves from their constructor arguments (gymnasium's MuJoCo envs, through ``EzPickle``) come back with
+        their default physics, which would otherwise stay until the next task switch while ``info`` still reported
+        the task's parameters."""
+        self.__dict__.update(state)
+        if self.parameters:
+            self.apply_parameters(self.parameters)
+
 
 class TruncateIdleEpisode(gym.Wrapper):
     """Truncate an episode once it has run ``max_steps`` steps with a return still below ``min_return``.
