@@ -331,13 +331,18 @@ SETTINGS["slippery_ant_ppo"] = replace(
 )
 # Dohare et al.'s own Slippery Ant design (issue #28: the 200 k and 500 k intervals showed no loss of plain PPO): a new
 # friction every 2 M env steps, 10 frictions = 20 M steps (their ``n_steps: 2e7``, ``change_time: 2000000``), their
-# minibatch of 128; read in absolute return (their loss is a decline of the continual return; no fresh reference)
+# minibatch of 128; read in absolute return (their loss is a decline of the continual return; no fresh reference).
+# Their Ant is gym 0.23's Ant-v3 on mujoco-py 2.1, whose 84 contact-force observations and contact cost are always 0
+# (MuJoCo 2 leaves cfrc_ext unset; openai/gym#1541): Ant-v5 without its contact forces in the observation and without
+# the contact cost is the env their agents saw (27 observations; twenty-seventh session, the env audit)
 SETTINGS["slippery_ant_dohare"] = replace(
     SETTINGS["slippery_ant_ppo"],
     change_every=500_000,
     ppo=dict(_PPO_SLIPPERY, batch_size=128),
     monitor_every=500_000,
-    description="SlipperyAnt (friction re-drawn every 2M steps), PPO [256, 256] (Dohare's settings, minibatch 128)",
+    env_kwargs=dict(include_cfrc_ext_in_observation=False, contact_cost_weight=0.0),
+    description="SlipperyAnt (friction re-drawn every 2M steps, no contact forces: Dohare's Ant-v3), PPO [256, 256] "
+                "(Dohare's settings, minibatch 128)",
 )
 
 

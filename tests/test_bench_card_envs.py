@@ -311,6 +311,12 @@ def test_dohare_slippery_ant_is_his_design_and_his_regularised_agents(continual)
     assert continual.SETTINGS["slippery_ant_ppo"].ppo["batch_size"] == 64  # the interval runs' minibatch, unchanged
     params = continual.MethodParams()
     plain, _ = continual.build_model("ppo", setting, params, 0, "cpu", None)
+    # his gym 0.23 Ant-v3 on mujoco-py 2.1 saw no contact forces (always 0 there) and paid no contact cost: Ant-v5
+    # without them, 27 observations (the interval runs kept Ant-v5's 105)
+    assert plain.observation_space.shape == (27,)
+    assert continual.SETTINGS["slippery_ant_ppo"].env_kwargs == {}
+    ant = plain.env.envs[0].unwrapped
+    assert ant._contact_cost_weight == 0.0 and not ant._include_cfrc_ext_in_observation
     expected = {"ppo_l2_dohare": 1e-3, "ppo_snp_continual": 0.0}
     for method, weight_decay in expected.items():
         for fresh_task in (None, 3):  # both act on every step: their fresh agents run them too
