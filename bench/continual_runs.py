@@ -218,7 +218,8 @@ _EVALUATOR_FIELDS = ("n_calls", "evaluation_num_timesteps", "evaluation_task_ids
 def _evaluator(setting: Setting, seed: int, fresh_task: Optional[int], method: str = "ppo") -> Any:
     """The greedy evaluations of a setting with ``eval_every`` (else ``None``): a
     :class:`~sb3_plastic.callbacks.ContinualEvalCallback` on a second env of the run's task sequence (env seed
-    ``1234 * seed``, C-CHAIN's), ``eval_episodes`` deterministic episodes every ``eval_every`` timesteps. For
+    ``1234 * seed + 1``: C-CHAIN's ``1234 * seed``, plus 1 so that seed 0's evaluation env is not seeded as its
+    training env is), ``eval_episodes`` deterministic episodes every ``eval_every`` timesteps. For
     ``ppo_vecnorm`` the evaluation env is normalised too, with the training env's statistics (SB3's ``EvalCallback``
     copies them before each evaluation; they are not updated by the evaluation)."""
     if not setting.eval_every:

@@ -61,7 +61,8 @@ class Setting:
         ``exploration_fraction`` is set to ``exploration_steps / timesteps of the run``; C-CHAIN's schedule); 0: the
         algorithm keywords' own ``exploration_fraction`` (a fraction of each run's length).
     :param eval_every: timesteps between two greedy evaluations (:class:`~sb3_plastic.callbacks.ContinualEvalCallback`
-        on a second env of the same task sequence, env seed ``1234 * seed`` as C-CHAIN's; the task just trained),
+        on a second env of the same task sequence, env seed ``1234 * seed + 1``: C-CHAIN's ``1234 * seed`` kept apart
+        from the training env's seed 0; the task just trained),
         recorded as ``evaluations`` ``[[timesteps, task, mean return], ...]``; 0: none.
     :param eval_episodes: episodes per evaluation.
     :param eval_at_task_start: also evaluate at the run's first step and at the first step of every new task, before
