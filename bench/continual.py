@@ -138,6 +138,7 @@ from continual_methods import (  # noqa: F401
     MethodParams,
     build_model,
     canonical_method,
+    lecun_init_,
     make_env,
     method_name,
     methods_of,

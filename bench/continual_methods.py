@@ -256,6 +256,23 @@ def normalise_observations(env: Any, training: bool = True) -> Any:
     return VecNormalize(env, training=training, norm_obs=True, norm_reward=False)
 
 
+def lecun_init_(policy: Any) -> None:
+    """Dohare et al.'s ``lecun_init`` (lop/utils/miscellaneous.py) on an SB3 actor-critic policy, in place: every
+    Linear layer of its MLP extractor and of both heads ``U(-sqrt(3 / fan_in), sqrt(3 / fan_in))`` (standard
+    deviation ``1 / sqrt(fan_in)``), biases 0; drawn from torch's global generator (seeded by SB3 with the model's
+    seed). The Gaussian policy's ``log_std`` stays 0, as theirs starts."""
+    import math
+
+    from torch import nn
+
+    for module in (policy.mlp_extractor, policy.action_net, policy.value_net):
+        for layer in module.modules():
+            if isinstance(layer, nn.Linear):
+                bound = math.sqrt(3.0 / layer.in_features)
+                nn.init.uniform_(layer.weight, -bound, bound)
+                nn.init.zeros_(layer.bias)
+
+
 def build_model(method: str, setting: Setting, params: MethodParams, seed: int, device: str, tb_dir: Optional[str],
                 fresh_task: Optional[int] = None) -> Any:
     """The agent of ``method`` and the callbacks it trains with (besides the monitor and the recorder).
@@ -346,6 +363,8 @@ def build_model(method: str, setting: Setting, params: MethodParams, seed: int, 
     elif canonical == "ppo_l2_dohare":
         policy_kwargs["optimizer_kwargs"] = dict(optimizer_kwargs, betas=EQUAL_BETAS, weight_decay=DOHARE_L2)
     model = sb3_cls(setting.policy, env, policy_kwargs=policy_kwargs, **common)
+    if setting.init == "lecun":
+        lecun_init_(model.policy)
     if fresh_task is not None and canonical in TASK_CHANGE_METHODS:
         return model, callbacks
     if canonical == "ppo_snp":

@@ -33,6 +33,8 @@ PLAIN_ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "leaky_relu": 
 #: TRAC / C-CHAIN's per-iteration return (the mean over the tail's rollouts of each rollout's mean episode return, the
 #: episode its end cuts counted with its partial return; needs ``rollout_reset``)
 SCORES = ("end_reward", "end_return", "iteration_return")
+#: the weight initialisations of :attr:`Setting.init`
+INITS = ("default", "lecun")
 #: how the tables and figures name each score
 SCORE_LABELS = {"end_reward": "reward per env step", "end_return": "episode return",
                 "iteration_return": "episode return per PPO iteration (TRAC / C-CHAIN's)"}
@@ -85,6 +87,12 @@ class Setting:
     :param random_steps_per_task: DQN only: after each task switch of a continual run, this many env steps of uniformly
         random actions without an update (SB3's ``learning_starts`` moved to the switch plus this), as C-CHAIN's runs
         start every game (their ``INIT_RANDOM_STEPS``); a fresh agent has the algorithm's ``learning_starts``; 0: none.
+    :param init: weight initialisation of the agents built on SB3's algorithm class (the plain agent and the methods
+        that add an optimizer setting or a callback to it: Adam beta1 = beta2, L2, CBP, S&P, ...; the methods built on
+        a plastic class, ``plastic_*``, ``ppo_trac``, ``ppo_nap``, ``ppo_layernorm``, ``ppo_crelu``, ``ppo_fourier``,
+        keep theirs): ``"default"`` (SB3's orthogonal init) or ``"lecun"`` (Dohare et al.'s ``lecun_init``, PPO with
+        an MLP policy only: every Linear layer of the actor and critic, heads included,
+        ``U(-sqrt(3 / fan_in), sqrt(3 / fan_in))``, biases 0; :func:`continual_methods.lecun_init_`).
     """
 
     env_id: str
@@ -110,8 +118,14 @@ class Setting:
     floor_below: Optional[float] = None
     random_steps_per_task: int = 0
     eval_at_task_start: bool = False
+    init: str = "default"
 
     def __post_init__(self) -> None:
+        if self.init not in INITS:
+            raise ValueError(f"init must be one of {', '.join(map(repr, INITS))}, got {self.init!r}")
+        if self.init == "lecun" and (self.algo, self.policy) != ("ppo", "MlpPolicy"):
+            raise ValueError(f"init='lecun' is for a PPO setting with an MLP policy, got algo={self.algo!r}, "
+                             f"policy={self.policy!r}")
         if self.random_steps_per_task and self.algo != "dqn":
             raise ValueError(f"random_steps_per_task is for a DQN setting (learning_starts), got algo={self.algo!r} "
                              f"with random_steps_per_task={self.random_steps_per_task!r}")
@@ -336,10 +350,17 @@ SETTINGS["slippery_ant_ppo"] = replace(
 # Their Ant is gym 0.23's Ant-v3 on mujoco-py 2.1, whose 84 contact-force observations and contact cost are always 0
 # (MuJoCo 2 leaves cfrc_ext unset; openai/gym#1541): Ant-v5 without its contact forces in the observation and without
 # the contact cost is the env their agents saw (27 observations; twenty-seventh session, the env audit)
+# Their PPO (lop/algos/rl/ppo.py, run_ppo.py's defaults; the twenty-seventh session's audit): no gradient clipping
+# (max_grad_norm 1e9), the value loss unweighted (vf_coef 1), Adam's eps 1e-8, LeCun-uniform init of every layer. With
+# SB3's defaults instead (max_grad_norm 0.5, vf_coef 0.5, eps 1e-5) every update was clipped (gradient norms 57-340,
+# mostly the value loss's), the clipped policy gradients fell below eps, and the weight decay of the L2 / CBP arms,
+# which torch's Adam adds after the clip, erased their policy networks within ~40-80 k steps.
 SETTINGS["slippery_ant_dohare"] = replace(
     SETTINGS["slippery_ant_ppo"],
     change_every=500_000,
-    ppo=dict(_PPO_SLIPPERY, batch_size=128),
+    ppo=dict(_PPO_SLIPPERY, batch_size=128, max_grad_norm=float("inf"), vf_coef=1.0),
+    policy_kwargs=dict(optimizer_kwargs=dict(eps=1e-8)),
+    init="lecun",
     monitor_every=500_000,
     env_kwargs=dict(include_cfrc_ext_in_observation=False, contact_cost_weight=0.0),
     description="SlipperyAnt (friction re-drawn every 2M steps, no contact forces: Dohare's Ant-v3), PPO [256, 256] "
@@ -350,7 +371,7 @@ SETTINGS["slippery_ant_dohare"] = replace(
 #: Setting fields added by issue #29 (the cchain settings) and after; summary.json leaves them out where they are at
 #: their defaults, so the tables of the settings before them rebuild byte for byte
 LATE_FIELDS = ("activation", "policy_kwargs", "reward_scale", "rollout_reset", "floor_below", "random_steps_per_task",
-               "eval_at_task_start")
+               "eval_at_task_start", "init")
 #: Setting fields that change how runs are summarised, not how they run: :func:`same_setting` ignores them
 REPORT_FIELDS = ("floor_below",)
 

@@ -314,6 +314,14 @@ def test_dohare_slippery_ant_is_his_design_and_his_regularised_agents(continual)
     # his gym 0.23 Ant-v3 on mujoco-py 2.1 saw no contact forces (always 0 there) and paid no contact cost: Ant-v5
     # without them, 27 observations (the interval runs kept Ant-v5's 105)
     assert plain.observation_space.shape == (27,)
+    # his PPO (lop/algos/rl/ppo.py): no gradient clipping, the value loss unweighted, Adam eps 1e-8, LeCun init
+    assert (plain.max_grad_norm, plain.vf_coef) == (float("inf"), 1.0)
+    assert plain.policy.optimizer.param_groups[0]["eps"] == 1e-8
+    for name, weight in plain.policy.named_parameters():
+        if weight.dim() == 2:  # U(+-sqrt(3 / fan_in)): within the bound, standard deviation 1 / sqrt(fan_in)
+            bound = (3.0 / weight.shape[1]) ** 0.5
+            assert float(weight.abs().max()) <= bound and abs(float(weight.std()) * weight.shape[1] ** 0.5 - 1) < 0.1
+            assert not plain.policy.get_parameter(name.replace("weight", "bias")).any()
     assert continual.SETTINGS["slippery_ant_ppo"].env_kwargs == {}
     ant = plain.env.envs[0].unwrapped
     assert ant._contact_cost_weight == 0.0 and not ant._include_cfrc_ext_in_observation
@@ -323,7 +331,7 @@ def test_dohare_slippery_ant_is_his_design_and_his_regularised_agents(continual)
             model, callbacks = continual.build_model(method, setting, params, 0, "cpu", None, fresh_task=fresh_task)
             (group,) = model.policy.optimizer.param_groups
             assert group["betas"] == (0.99, 0.99) and group["weight_decay"] == weight_decay
-            assert group["eps"] == 1e-5 and model.batch_size == 128
+            assert group["eps"] == 1e-8 and model.batch_size == 128
             if method == "ppo_snp_continual":
                 (snp,) = callbacks
                 assert isinstance(snp, ShrinkPerturb) and snp.mode == "continual"
@@ -685,3 +693,33 @@ def test_slippery_summaries_show_each_runs_friction_per_task_as_mujoco_runs_it(c
     f = extra["task_parameters"]["2"]
     assert f"| 2 | friction | {f[0]['friction']:.3g} | {f[1]['friction']:.3g} | {f[2]['friction']:.3g} |" in table
     assert "| 2 | ppo | 1 | 2 | 3 |" in table and "| 0 | ppo | 10 | 20 | 30 |" in table
+
+
+def test_lecun_init_is_dohares_and_only_for_a_ppo_mlp_setting(continual):
+    """lecun_init_ against a hand-written draw from the same generator state: lop's ``lecun_init`` (every Linear layer,
+    U(+-sqrt(3 / fan_in)), biases 0), in the order of the extractor's layers, then the heads; log_std untouched."""
+    import math
+    from dataclasses import replace
+
+    from stable_baselines3 import PPO
+    from torch import nn
+
+    model = PPO("MlpPolicy", "Pendulum-v1", policy_kwargs=dict(net_arch=[16, 8]), seed=3, device="cpu")
+    policy = model.policy
+    layers = [m for part in (policy.mlp_extractor, policy.action_net, policy.value_net) for m in part.modules()
+              if isinstance(m, nn.Linear)]
+    th.manual_seed(11)
+    expected = [th.empty_like(m.weight).uniform_(-math.sqrt(3 / m.in_features), math.sqrt(3 / m.in_features))
+                for m in layers]
+    th.manual_seed(11)
+    continual.lecun_init_(policy)
+    for layer, weight in zip(layers, expected):
+        assert th.equal(layer.weight, weight) and not layer.bias.any()
+    assert not policy.log_std.any()
+    model.env.close()
+    base = continual.SETTINGS["slippery_ant_ppo"]
+    assert base.init == "default"
+    with pytest.raises(ValueError, match="init must be one of 'default', 'lecun', got 'he'"):
+        replace(base, init="he")
+    with pytest.raises(ValueError, match="init='lecun' is for a PPO setting with an MLP policy"):
+        replace(continual.SETTINGS["minatar_intensive"], init="lecun")

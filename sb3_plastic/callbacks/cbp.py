@@ -75,8 +75,9 @@ it, ``lop/algos/rl/ppo.py`` and ``lop/rl/cfg/ant/cbp.yml``; ``convGnT.py`` for c
   torch's global generator, which the reference uses, is left alone), whose state is saved with the model.
 * **Conv utility**: the product of the means over positions (the reference averages per-position products).
 * **New incoming weights**: the layer's own initialiser (:func:`resolve_init`); the reference draws
-  ``U(-b, b)`` with ``b = gain * sqrt(3 / fan_in)`` (Kaiming uniform), which is PyTorch's default only up to the
-  gain.
+  ``U(-b, b)`` with ``b = sqrt(3 / fan_in)`` in its RL runs (``init='lecun'``, ``run_ppo.py``'s default;
+  ``get_layer_bound`` in ``lop/utils/miscellaneous.py``) and ``b = gain * sqrt(3 / fan_in)`` (Kaiming uniform) with
+  ``init='kaiming'``; neither is PyTorch's default bound ``sqrt(1 / fan_in)``.
 * **Units**: MaxMin pairs, LSTM cells, normalisation features and every consumer of a unit (actor and critics of a
   shared extractor) are handled as above; the reference knows only ``nn.Sequential`` MLPs (and CNNs in
   ``convGnT.py``) with one consumer per layer.
