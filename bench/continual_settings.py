@@ -355,6 +355,8 @@ SETTINGS["slippery_ant_ppo"] = replace(
 # SB3's defaults instead (max_grad_norm 0.5, vf_coef 0.5, eps 1e-5) every update was clipped (gradient norms 57-340,
 # mostly the value loss's), the clipped policy gradients fell below eps, and the weight decay of the L2 / CBP arms,
 # which torch's Adam adds after the clip, erased their policy networks within ~40-80 k steps.
+# Their agent sent its raw Gaussian sample to the env (gym 0.23 did not clip): the control cost charged every sample,
+# MuJoCo clamped it for the dynamics; raw_actions=True does that for SB3, which clips to the action space.
 SETTINGS["slippery_ant_dohare"] = replace(
     SETTINGS["slippery_ant_ppo"],
     change_every=500_000,
@@ -362,7 +364,7 @@ SETTINGS["slippery_ant_dohare"] = replace(
     policy_kwargs=dict(optimizer_kwargs=dict(eps=1e-8)),
     init="lecun",
     monitor_every=500_000,
-    env_kwargs=dict(include_cfrc_ext_in_observation=False, contact_cost_weight=0.0),
+    env_kwargs=dict(include_cfrc_ext_in_observation=False, contact_cost_weight=0.0, raw_actions=True),
     description="SlipperyAnt (friction re-drawn every 2M steps, no contact forces: Dohare's Ant-v3), PPO [256, 256] "
                 "(Dohare's settings, minibatch 128)",
 )

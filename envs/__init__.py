@@ -53,6 +53,7 @@ from sb3_plastic.envs.wrappers import (
     PadChannels,
     PhysicsParameterSchedule,
     PiecewiseStationaryWrapper,
+    RawActions,
     TruncateIdleEpisode,
 )
 
@@ -138,6 +139,7 @@ __all__ = [
     "PadChannels",
     "PhysicsParameterSchedule",
     "PiecewiseStationaryWrapper",
+    "RawActions",
     "TaskSchedule",
     "TruncateIdleEpisode",
     "register_env",

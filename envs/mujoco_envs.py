@@ -38,7 +38,7 @@ import numpy as np
 
 from sb3_plastic.envs._deps import require
 from sb3_plastic.envs.schedule import TaskSchedule
-from sb3_plastic.envs.wrappers import PhysicsParameterSchedule
+from sb3_plastic.envs.wrappers import PhysicsParameterSchedule, RawActions
 
 #: Default friction range ``(low, high)`` of the log-uniform draw (Dohare et al., 2024).
 DEFAULT_FRICTION_RANGE = (0.02, 2.0)
@@ -136,9 +136,14 @@ def make_slippery(
     friction_range: tuple[float, float] = DEFAULT_FRICTION_RANGE,
     task_seed: int = 0,
     at_episode_end: bool = True,
+    raw_actions: bool = False,
     **kwargs: Any,
 ) -> gym.Env:
     """Build :class:`SlipperyFriction` over the MuJoCo env ``base_id`` (constructor keywords in ``kwargs``).
+
+    ``raw_actions=True`` wraps it in :class:`~sb3_plastic.envs.wrappers.RawActions`: an agent's raw action reaches
+    the env unclipped, so the control cost charges the action sampled, as in Dohare et al.'s runs (MuJoCo still clamps
+    it for the dynamics).
 
     The base env is built without its time limit: the registered ``sb3_plastic/`` ids add the base
     env's 1000-step limit outside the wrapper, so ``gym.make(..., max_episode_steps=...)`` works.
@@ -149,7 +154,8 @@ def make_slippery(
     spec = gym.spec(base_id)
     creator = gym.envs.registration.load_env_creator(spec.entry_point)
     env = creator(**{**spec.kwargs, **kwargs})
-    return SlipperyFriction(env, change_every, friction_range, task_seed, at_episode_end)
+    slippery = SlipperyFriction(env, change_every, friction_range, task_seed, at_episode_end)
+    return RawActions(slippery) if raw_actions else slippery
 
 
 def make_slippery_half_cheetah(**kwargs: Any) -> gym.Env:

@@ -9,6 +9,7 @@
 * :class:`GameSwitchingEnv`: cycles through a list of envs ("games") with one fixed observation and
   action space, switching at episode boundaries.
 * :class:`PadChannels` / :class:`PadActions`: bring games to a common observation / action space.
+* :class:`RawActions`: lets an agent's raw continuous action reach the env unclipped.
 
 Example, a user's own permuted env, every copy of the vector env switching in lockstep::
 
@@ -495,6 +496,33 @@ class PadActions(gym.ActionWrapper):
     def action(self, action: ActType) -> int:
         action = int(action)
         return action if action < self._start + self._n else self.fallback
+
+
+class RawActions(gym.Wrapper):
+    """Declare a wide ``Box`` action space, so that an agent's raw continuous action reaches the env unclipped.
+
+    SB3 clips a ``Box`` action to the env's action space before ``step()``. An env that clamps the action for its
+    dynamics (MuJoCo's ``ctrlrange``) but computes reward terms from the action it is given (the control cost of
+    gymnasium's Ant and HalfCheetah) then charges the clipped action, so an action outside the bounds costs nothing
+    more than the bound. Dohare et al.'s PPO (shibhansh/loss-of-plasticity, gym 0.23, which did not clip) sent the
+    raw Gaussian sample: its agents paid the control cost of every sample. This wrapper gives that behaviour to an SB3
+    agent: the dynamics are unchanged (the env still clamps), the reward terms see the raw action.
+
+    :param env: an env with a ``Box`` action space.
+    :param bound: the declared space is ``[-bound, bound]`` per dimension (SB3 needs finite bounds; the default
+        ``1e6`` never binds a Gaussian policy).
+    """
+
+    def __init__(self, env: gym.Env, bound: float = 1e6) -> None:
+        super().__init__(env)
+        space = env.action_space
+        if not isinstance(space, spaces.Box):
+            raise ValueError(f"RawActions needs a Box action space, got {space}")
+        if not (isinstance(bound, numbers.Real) and not isinstance(bound, bool) and np.isfinite(bound)
+                and bound >= float(np.max(np.abs(np.concatenate([space.low.ravel(), space.high.ravel()]))))):
+            raise ValueError(f"bound must be a finite number at least as large as the env's own bounds "
+                             f"(|low|, |high| <= {float(np.max(np.abs(space.high)))}), got {bound!r}")
+        self.action_space = spaces.Box(-float(bound), float(bound), shape=space.shape, dtype=space.dtype)
 
 
 class GameMux(gym.Env):

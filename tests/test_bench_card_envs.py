@@ -314,6 +314,7 @@ def test_dohare_slippery_ant_is_his_design_and_his_regularised_agents(continual)
     # his gym 0.23 Ant-v3 on mujoco-py 2.1 saw no contact forces (always 0 there) and paid no contact cost: Ant-v5
     # without them, 27 observations (the interval runs kept Ant-v5's 105)
     assert plain.observation_space.shape == (27,)
+    assert plain.action_space.high.max() == 1e6  # raw_actions: his raw Gaussian sample reaches the env, cost included
     # his PPO (lop/algos/rl/ppo.py): no gradient clipping, the value loss unweighted, Adam eps 1e-8, LeCun init
     assert (plain.max_grad_norm, plain.vf_coef) == (float("inf"), 1.0)
     assert plain.policy.optimizer.param_groups[0]["eps"] == 1e-8

@@ -75,3 +75,4 @@ def test_the_bench_checkpoint_of_a_vector_env_keeps_every_copys_friction():
         assert restored.get_wrapper_attr("friction") == friction
         assert np.all(restored.unwrapped.model.geom_friction[:, 0] == friction)
         assert np.array_equal(restored.unwrapped.data.qpos, original.unwrapped.data.qpos)
+
