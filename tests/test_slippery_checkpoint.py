@@ -53,15 +53,11 @@ def test_pickled_env_continues_the_episode_and_generator_exactly(env_id):
             assert np.array_equal(o1, o2)
 
 
-def test_the_bench_checkpoint_of_a_vector_env_keeps_every_copys_friction():
+def test_the_bench_checkpoint_of_a_vector_env_keeps_every_copys_friction(continual):
     """Through the bench's own checkpoint functions, on a DummyVecEnv of two copies past a task switch."""
-    import sys
-    from pathlib import Path
-
     from stable_baselines3.common.env_util import make_vec_env
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    from run_checkpoint import dumps_env, loads_env
+    dumps_env, loads_env = continual.run_checkpoint.dumps_env, continual.run_checkpoint.loads_env
 
     venv = make_vec_env("sb3_plastic/SlipperyAnt-v0", n_envs=2, seed=0,
                         env_kwargs=dict(change_every=60, task_seed=4, at_episode_end=False))
