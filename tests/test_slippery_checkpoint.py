@@ -23,6 +23,7 @@ import sb3_plastic.envs  # noqa: F401  (registers the ids)
 def test_friction_survives_a_pickle_round_trip(env_id):
     env = gym.make(env_id, change_every=100_000, task_seed=0)
     env.reset(seed=0)
+    env.action_space.seed(0)
     for _ in range(20):
         env.step(env.action_space.sample())
     copy = cloudpickle.loads(cloudpickle.dumps(env))
