@@ -159,6 +159,12 @@ class MethodParams:
 EQUAL_BETAS = (0.99, 0.99)
 #: Continual Backprop at Dohare's RL settings (``ppo_cbp_dohare``; his Slippery Ant PPO runs)
 DOHARE_CBP = dict(replacement_rate=1e-4, maturity_threshold=10_000, betas=(0.99, 0.99), weight_decay=1e-4)
+#: ``ppo_cbp_dohare`` on a setting that is his design (``init="lecun"``: ``slippery_ant_dohare``) also follows how his
+#: RL runs' ``gnt.py`` replaces units: new incoming weights LeCun uniform (``init='lecun'``), the stochastic count
+#: (``accumulate=False``) and torch's plain Adam, whose state of the touched entries ``update_optim_params`` leaves
+#: alone. Elsewhere (``minatar_intensive``: SB3's CNN and init) the library's defaults: the layer's own initialiser,
+#: the accumulated count, the touched entries' Adam state restarted.
+DOHARE_GNT = dict(unit_init="lecun", replacement_rule="stochastic", optimizer_restart=False)
 #: Adam ``weight_decay`` of ``ppo_l2_dohare`` (Dohare et al.'s ``cfg/sant/l2.yml``, with betas :data:`EQUAL_BETAS`)
 DOHARE_L2 = 1e-3
 
@@ -180,6 +186,21 @@ def scaled_reward(reward: float, scale: float) -> float:
     return reward / scale
 
 
+def wrap_env(env: Any, setting: Setting) -> Any:
+    """The wrappers a setting puts around each env copy, outside SB3's ``Monitor`` (episode returns and every score
+    stay in the env's units and ends): ``reward / reward_scale`` (:func:`scaled_reward`) where ``reward_scale`` is not
+    1, and :class:`~sb3_plastic.envs.TruncationAsTermination` with ``time_limit_terminal``; ``env`` itself otherwise."""
+    if setting.reward_scale != 1:
+        from gymnasium.wrappers import TransformReward
+
+        env = TransformReward(env, functools.partial(scaled_reward, scale=setting.reward_scale))
+    if setting.time_limit_terminal:
+        from sb3_plastic.envs import TruncationAsTermination
+
+        env = TruncationAsTermination(env)
+    return env
+
+
 def make_env(setting: Setting, seed: int, fresh_task: Optional[int] = None, env_seed: Optional[int] = None) -> Any:
     """The vector env of run seed ``seed``: ``task_seed = seed`` (independent task sequences per seed); with
     ``fresh_task`` every copy is pinned to that task of the sequence (``pin_task``) for a fresh-agent reference;
@@ -188,18 +209,12 @@ def make_env(setting: Setting, seed: int, fresh_task: Optional[int] = None, env_
 
     import sb3_plastic.envs  # noqa: F401  (registers the ids)
 
-    scaled = {}
-    if setting.reward_scale != 1:  # outside the Monitor: episode returns stay in the env's units
-        from gymnasium.wrappers import TransformReward
-
-        scaled = dict(wrapper_class=TransformReward,
-                      wrapper_kwargs=dict(func=functools.partial(scaled_reward, scale=setting.reward_scale)))
     env = make_vec_env(
         setting.env_id,
         n_envs=setting.n_envs,
         seed=seed if env_seed is None else env_seed,
         env_kwargs=dict(change_every=setting.change_every, task_seed=seed, **setting.env_kwargs),
-        **scaled,
+        wrapper_class=functools.partial(wrap_env, setting=setting),
     )
     if fresh_task is not None:
         env.env_method("pin_task", int(fresh_task))
@@ -377,6 +392,8 @@ def build_model(method: str, setting: Setting, params: MethodParams, seed: int, 
         callbacks.append(ContinualBackprop(replacement_rate=params.cbp_rate, maturity_threshold=params.cbp_maturity))
     elif canonical == "ppo_cbp_dohare":
         cbp = {k: DOHARE_CBP[k] for k in ("replacement_rate", "maturity_threshold")}
+        if setting.init == "lecun":  # his design (slippery_ant_dohare): his GnT's unit draws, rule and plain Adam too
+            cbp.update(DOHARE_GNT)
         callbacks.append(ContinualBackprop(**cbp))
     elif canonical == "ppo_snp_continual":
         callbacks.append(ShrinkPerturb("continual"))

@@ -360,6 +360,10 @@ def _train_run(method: str, seed: int, setting: Setting, params: MethodParams, o
     steps = setting.total_timesteps if fresh_task is None else setting.task_timesteps
     evaluating = [] if evaluator is None else [evaluator]
     resetting = [_rollout_reset()] if setting.rollout_reset else []
+    if setting.advantage_norm == "rollout":
+        import dohare_ppo
+
+        resetting.append(dohare_ppo.rollout_advantage_norm())
     if setting.random_steps_per_task and fresh_task is None:
         resetting.append(_random_steps_at_switch(setting.random_steps_per_task))
     model.learn(steps - model.num_timesteps if resume else steps,

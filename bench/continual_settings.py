@@ -35,6 +35,8 @@ PLAIN_ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "leaky_relu": 
 SCORES = ("end_reward", "end_return", "iteration_return")
 #: the weight initialisations of :attr:`Setting.init`
 INITS = ("default", "lecun")
+#: where PPO's advantages are normalised (:attr:`Setting.advantage_norm`)
+ADVANTAGE_NORMS = ("minibatch", "rollout")
 #: how the tables and figures name each score
 SCORE_LABELS = {"end_reward": "reward per env step", "end_return": "episode return",
                 "iteration_return": "episode return per PPO iteration (TRAC / C-CHAIN's)"}
@@ -93,6 +95,12 @@ class Setting:
         keep theirs): ``"default"`` (SB3's orthogonal init) or ``"lecun"`` (Dohare et al.'s ``lecun_init``, PPO with
         an MLP policy only: every Linear layer of the actor and critic, heads included,
         ``U(-sqrt(3 / fan_in), sqrt(3 / fan_in))``, biases 0; :func:`continual_methods.lecun_init_`).
+    :param advantage_norm: PPO only, every method: ``"minibatch"`` (SB3's ``normalize_advantage``: each minibatch
+        by its own mean and std) or ``"rollout"`` (once over each rollout's advantages, as Dohare et al.'s PPO does:
+        :func:`dohare_ppo.rollout_advantage_norm`).
+    :param time_limit_terminal: an episode cut by the env's time limit ends as a terminal state, not bootstrapped
+        (:class:`~sb3_plastic.envs.TruncationAsTermination` around every env copy: gym 0.23's single ``done``, which
+        Dohare et al.'s PPO stored as terminal at Ant's 1000-step limit); ``False``: SB3 bootstraps a truncation.
     """
 
     env_id: str
@@ -119,8 +127,18 @@ class Setting:
     random_steps_per_task: int = 0
     eval_at_task_start: bool = False
     init: str = "default"
+    advantage_norm: str = "minibatch"
+    time_limit_terminal: bool = False
 
     def __post_init__(self) -> None:
+        if self.advantage_norm not in ADVANTAGE_NORMS:
+            raise ValueError(f"advantage_norm must be one of {', '.join(map(repr, ADVANTAGE_NORMS))}, "
+                             f"got {self.advantage_norm!r}")
+        if self.advantage_norm != "minibatch" and self.algo != "ppo":
+            raise ValueError(f"advantage_norm={self.advantage_norm!r} normalises PPO's advantages; the setting's "
+                             f"algo is {self.algo!r} (allowed: 'minibatch', which leaves it alone)")
+        if not isinstance(self.time_limit_terminal, bool):
+            raise ValueError(f"time_limit_terminal must be a bool, got {self.time_limit_terminal!r}")
         if self.init not in INITS:
             raise ValueError(f"init must be one of {', '.join(map(repr, INITS))}, got {self.init!r}")
         if self.init == "lecun" and (self.algo, self.policy) != ("ppo", "MlpPolicy"):
@@ -365,6 +383,8 @@ SETTINGS["slippery_ant_dohare"] = replace(
     init="lecun",
     monitor_every=500_000,
     env_kwargs=dict(include_cfrc_ext_in_observation=False, contact_cost_weight=0.0, raw_actions=True),
+    advantage_norm="rollout",
+    time_limit_terminal=True,
     description="SlipperyAnt (friction re-drawn every 2M steps, no contact forces: Dohare's Ant-v3), PPO [256, 256] "
                 "(Dohare's settings, minibatch 128)",
 )
@@ -373,7 +393,7 @@ SETTINGS["slippery_ant_dohare"] = replace(
 #: Setting fields added by issue #29 (the cchain settings) and after; summary.json leaves them out where they are at
 #: their defaults, so the tables of the settings before them rebuild byte for byte
 LATE_FIELDS = ("activation", "policy_kwargs", "reward_scale", "rollout_reset", "floor_below", "random_steps_per_task",
-               "eval_at_task_start", "init")
+               "eval_at_task_start", "init", "advantage_norm", "time_limit_terminal")
 #: Setting fields that change how runs are summarised, not how they run: :func:`same_setting` ignores them
 REPORT_FIELDS = ("floor_below",)
 

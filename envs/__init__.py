@@ -55,6 +55,7 @@ from sb3_plastic.envs.wrappers import (
     PiecewiseStationaryWrapper,
     RawActions,
     TruncateIdleEpisode,
+    TruncationAsTermination,
 )
 
 #: Namespace of the gymnasium ids of this package.
@@ -142,6 +143,7 @@ __all__ = [
     "RawActions",
     "TaskSchedule",
     "TruncateIdleEpisode",
+    "TruncationAsTermination",
     "register_env",
     "register_envs",
 ]

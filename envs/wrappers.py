@@ -10,6 +10,7 @@
   action space, switching at episode boundaries.
 * :class:`PadChannels` / :class:`PadActions`: bring games to a common observation / action space.
 * :class:`RawActions`: lets an agent's raw continuous action reach the env unclipped.
+* :class:`TruncationAsTermination`: an episode cut by a time limit ends as a terminal state.
 
 Example, a user's own permuted env, every copy of the vector env switching in lockstep::
 
@@ -523,6 +524,26 @@ class RawActions(gym.Wrapper):
             raise ValueError(f"bound must be a finite number at least as large as the env's own bounds "
                              f"(|low|, |high| <= {float(np.max(np.abs(space.high)))}), got {bound!r}")
         self.action_space = spaces.Box(-float(bound), float(bound), shape=space.shape, dtype=space.dtype)
+
+
+class TruncationAsTermination(gym.Wrapper):
+    """Report an episode cut by a time limit (``truncated``) as terminated: the agent learns the cut as a terminal
+    state and does not bootstrap there.
+
+    gymnasium separates the two ends (Pardo et al., 2018, "Time Limits in Reinforcement Learning") and SB3 bootstraps
+    a truncated episode with the value of its last observation. Code written for gym < 0.26 saw one ``done`` for
+    both: Dohare et al.'s PPO (shibhansh/loss-of-plasticity, ``lop/rl/run_ppo.py``, gym 0.23) stored ``done`` at Ant's
+    1000-step limit as a terminal state. This wrapper gives that behaviour to an SB3 agent, for a faithful replication;
+    it is not a better target. Wrap it outside the time limit (``gym.make`` adds the registered limit outermost, so
+    wrap what ``gym.make`` returns, e.g. ``make_vec_env(..., wrapper_class=TruncationAsTermination)``). Rewards,
+    observations and infos are unchanged; an episode that terminates and is truncated at once stays terminated.
+
+    :param env: the env, time limit included.
+    """
+
+    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
+        observation, reward, terminated, truncated, info = self.env.step(action)
+        return observation, reward, bool(terminated or truncated), False, info
 
 
 class GameMux(gym.Env):

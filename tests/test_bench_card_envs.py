@@ -324,6 +324,9 @@ def test_dohare_slippery_ant_is_his_design_and_his_regularised_agents(continual)
             assert float(weight.abs().max()) <= bound and abs(float(weight.std()) * weight.shape[1] ** 0.5 - 1) < 0.1
             assert not plain.policy.get_parameter(name.replace("weight", "bias")).any()
     assert continual.SETTINGS["slippery_ant_ppo"].env_kwargs == {}
+    # his advantages normalised once per 2048-step batch, his time limit a terminal state (tests/test_bench_dohare_ppo.py)
+    assert (setting.advantage_norm, setting.time_limit_terminal) == ("rollout", True)
+    assert type(plain.env.envs[0]).__name__ == "TruncationAsTermination"
     ant = plain.env.envs[0].unwrapped
     assert ant._contact_cost_weight == 0.0 and not ant._include_cfrc_ext_in_observation
     expected = {"ppo_l2_dohare": 1e-3, "ppo_snp_continual": 0.0}

@@ -527,7 +527,7 @@ def test_structure_and_core_errors():
         GenerateAndTest([wrong])
     with pytest.raises(ValueError, match="unique layer names"):
         GenerateAndTest([hidden_of(net), hidden_of(net)])
-    with pytest.raises(ValueError, match=r"Unknown init 'xavier'; allowed: \['default', 'orthogonal'\]"):
+    with pytest.raises(ValueError, match=r"Unknown init 'xavier'; allowed: \['default', 'orthogonal', 'lecun'\]"):
         GenerateAndTest([hidden_of(net)], init="xavier")
     with pytest.raises(ValueError, match="has 7 units, the layer has 5"):
         GenerateAndTest([hidden_of(net)], state={"0": {"age": th.zeros(7, dtype=th.long)}})
@@ -538,7 +538,7 @@ def test_structure_and_core_errors():
 def test_config():
     assert CBP_KEYS == (
         "replacement_rate", "maturity_threshold", "cbp_decay_rate", "cbp_utility", "cbp_bias_absorption",
-        "cbp_replacement_rule",
+        "cbp_replacement_rule", "cbp_unit_init", "cbp_optimizer_restart",
     )
     config = ContinualBackpropConfig()
     assert not config.enabled

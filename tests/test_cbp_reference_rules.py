@@ -125,3 +125,106 @@ def test_stochastic_generator_state_survives_save_and_load(tmp_path):
         th.rand(1, generator=expected)
         draws += 1
         assert draws < 10_000
+
+
+# ------------------------------------------------------------------ Dohare's RL runs: LeCun new units, Adam kept
+@pytest.mark.parametrize("shape", [(6, 20), (5, 3, 2, 2)])
+def test_lecun_new_units_are_the_reference_draw(shape):
+    """``init="lecun"``: ``U(-b, b)``, ``b = gain * sqrt(3 / fan_in)`` (``get_layer_bound`` of lop/utils/miscellaneous.py
+    with ``init='lecun'``), drawn from torch's generator: the same numbers as a hand draw of that bound."""
+    import math
+
+    from sb3_plastic.common.unit_reset import fresh_incoming_weights
+
+    weight = th.zeros(shape)
+    rows = th.tensor([1, 4])
+    fan_in = math.prod(shape[1:])
+    for gain in (1.0, 0.5):
+        th.manual_seed(7)
+        fresh = fresh_incoming_weights(weight, rows, "lecun", gain)
+        th.manual_seed(7)
+        bound = gain * math.sqrt(3.0 / fan_in)
+        expected = th.empty(2, *shape[1:]).uniform_(-bound, bound)
+        assert fresh.shape == (2, *shape[1:]) and th.equal(fresh, expected)
+    big = fresh_incoming_weights(th.zeros(4000, 30), th.arange(4000), "lecun")
+    assert float(big.abs().max()) <= math.sqrt(0.1) and float(big.var()) == pytest.approx(1 / 30, rel=0.03)
+
+
+def _stepped_adam_net():
+    net = _net()
+    opt = th.optim.Adam(net.parameters(), lr=1e-2)
+    for _ in range(3):
+        opt.zero_grad()
+        net(th.randn(16, 3)).pow(2).sum().backward()
+        opt.step()
+    return net, opt
+
+
+@pytest.mark.parametrize("restart", [True, False])
+def test_optimizer_restart_can_be_left_to_the_reference_plain_adam(restart):
+    """``optimizer_restart=False``: a replacement leaves every optimizer entry as it was (the reference's RL runs built
+    torch's plain Adam, which ``update_optim_params`` never touches); the default zeroes the touched rows / columns."""
+    net, opt = _stepped_adam_net()
+    gnt = GenerateAndTest([HiddenLayer("0", net[0], net[1], [Consumer(net[2])])], opt, replacement_rate=0.2,
+                          maturity_threshold=0, optimizer_restart=restart)
+    assert gnt.restarted_optimizers == ([opt] if restart else [])
+    before = {name: {k: v.clone() for k, v in opt.state[p].items()} for name, p in net.named_parameters()}
+    chosen = gnt.step({"0": th.rand(4, 8) + 0.5})
+    units = chosen["0"]
+    assert units.numel() >= 1
+    for name, p in net.named_parameters():
+        for key in ("exp_avg", "exp_avg_sq"):
+            now, was = opt.state[p][key], before[name][key]
+            if not restart:
+                assert th.equal(now, was)
+            elif name in ("0.weight", "0.bias"):
+                kept = ~th.isin(th.arange(8), units)
+                assert not now[units].any() and th.equal(now[kept], was[kept])
+            elif name == "2.weight":
+                assert not now[:, units].any()
+    with pytest.raises(ValueError, match="optimizer_restart must be True or False, got 1"):
+        GenerateAndTest([HiddenLayer("0", net[0], net[1], [Consumer(net[2])])], opt, optimizer_restart=1)
+
+
+def test_the_callback_and_the_keywords_carry_the_unit_init_and_the_restart_switch(tmp_path, monkeypatch):
+    """``ContinualBackprop(unit_init="lecun", optimizer_restart=False)`` draws new units with LeCun's bound whatever the
+    policy was built with and keeps torch's plain Adam (no restart class); the algorithm keywords ``cbp_unit_init`` /
+    ``cbp_optimizer_restart`` build that callback and survive save / load; bad values name themselves."""
+    import sb3_plastic.callbacks.cbp as cbp_module
+    from sb3_plastic import PlasticPPO
+    from sb3_plastic.adam_restart import AdamRestartMixin
+
+    draws = []
+    original = cbp_module.fresh_incoming_weights
+
+    def spy(weight, rows, init="default", gain=1.0):
+        draws.append((init, gain))
+        return original(weight, rows, init, gain)
+
+    monkeypatch.setattr(cbp_module, "fresh_incoming_weights", spy)
+    for unit_init, restart, expected in ((None, True, ("orthogonal", 2 ** 0.5)), ("lecun", False, ("lecun", 1.0))):
+        draws.clear()
+        model = PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=16, n_epochs=1, seed=0)
+        callback = ContinualBackprop(replacement_rate=0.5, maturity_threshold=1, unit_init=unit_init,
+                                     optimizer_restart=restart)
+        model.learn(64, callback=callback)
+        assert draws and set(draws) == {expected}
+        assert isinstance(model.policy.optimizer, AdamRestartMixin) is restart
+    model = PlasticPPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=16, n_epochs=1, seed=0, replacement_rate=0.5,
+                       maturity_threshold=1, cbp_unit_init="lecun", cbp_optimizer_restart=False)
+    draws.clear()
+    model.learn(64)
+    assert draws and set(draws) == {("lecun", 1.0)}
+    model.save(tmp_path / "cbp")
+    loaded = PlasticPPO.load(tmp_path / "cbp")
+    config = loaded.intervention_configs["cbp"]
+    assert (config.cbp_unit_init, config.cbp_optimizer_restart) == ("lecun", False)
+    with pytest.raises(ValueError, match=r"Unknown cbp_unit_init 'xavier'; allowed: None \(the layer's own initialiser\), "
+                                         r"'default', 'orthogonal', 'lecun'"):
+        ContinualBackpropConfig(replacement_rate=1e-4, cbp_unit_init="xavier")
+    with pytest.raises(ValueError, match="cbp_optimizer_restart must be True or False, got 'no'"):
+        ContinualBackpropConfig(replacement_rate=1e-4, cbp_optimizer_restart="no")
+    with pytest.raises(ValueError, match="Unknown unit_init 'he'"):
+        ContinualBackprop(unit_init="he")
+    with pytest.warns(UserWarning, match="cbp_unit_init"):
+        ContinualBackpropConfig(cbp_unit_init="lecun")  # Continual Backprop off: the option cannot act

@@ -58,7 +58,8 @@ it, ``lop/algos/rl/ppo.py`` and ``lop/rl/cfg/ant/cbp.yml``; ``convGnT.py`` for c
 * **Optimizer state**: the state of the touched rows and columns is restarted (the RL code skipped it: its PPO
   builds plain Adam, and ``update_optim_params`` acts only on an ``AdamGnT``): Adam's moments zeroed and the
   entries' step count restarted, so a new unit is trained as a freshly initialised Adam entry, as Dohare's AdamGnT
-  does for its per-feature steps (:mod:`sb3_plastic.adam_restart`).
+  does for its per-feature steps (:mod:`sb3_plastic.adam_restart`). ``optimizer_restart=False`` leaves the state
+  alone, as the RL code's plain Adam did.
 * **Bias absorption**: none by default, as the reference's runs: ``gnt.py`` zeroes the running mean activation of
   the units it replaces (``test_features``) *before* ``gen_new_features`` reads it for the absorption, so its
   absorption adds exactly 0, and ``convGnT.py`` has none. ``bias_absorption=True`` gives the absorption the paper
@@ -77,7 +78,9 @@ it, ``lop/algos/rl/ppo.py`` and ``lop/rl/cfg/ant/cbp.yml``; ``convGnT.py`` for c
 * **New incoming weights**: the layer's own initialiser (:func:`resolve_init`); the reference draws
   ``U(-b, b)`` with ``b = sqrt(3 / fan_in)`` in its RL runs (``init='lecun'``, ``run_ppo.py``'s default;
   ``get_layer_bound`` in ``lop/utils/miscellaneous.py``) and ``b = gain * sqrt(3 / fan_in)`` (Kaiming uniform) with
-  ``init='kaiming'``; neither is PyTorch's default bound ``sqrt(1 / fan_in)``.
+  ``init='kaiming'``; neither is PyTorch's default bound ``sqrt(1 / fan_in)``. ``unit_init="lecun"`` draws the
+  reference's RL bound (the layer's own initialiser is what a policy built with LeCun weights should get, but an SB3
+  policy whose weights were redrawn after it was built still reports its own scheme).
 * **Units**: MaxMin pairs, LSTM cells, normalisation features and every consumer of a unit (actor and critics of a
   shared extractor) are handled as above; the reference knows only ``nn.Sequential`` MLPs (and CNNs in
   ``convGnT.py``) with one consumer per layer.
@@ -183,6 +186,21 @@ def check_cbp_rule(
     if replacement_rule not in REPLACEMENT_RULES:
         raise ValueError(f"Unknown {names[1]} {replacement_rule!r}; allowed: {list(REPLACEMENT_RULES)}")
     return bias_absorption, str(replacement_rule)
+
+
+def check_optimizer_restart(optimizer_restart: Any, name: str = "optimizer_restart") -> bool:
+    """Validate the optimizer-restart switch; ``ValueError`` naming the bad value otherwise."""
+    if not isinstance(optimizer_restart, bool):
+        raise ValueError(f"{name} must be True or False, got {optimizer_restart!r}")
+    return optimizer_restart
+
+
+def check_unit_init(unit_init: Any, name: str = "unit_init") -> Optional[str]:
+    """Validate the new units' initialiser (``None``: the layer's own); ``ValueError`` naming the bad value otherwise."""
+    if unit_init is not None and unit_init not in INITS:
+        raise ValueError(f"Unknown {name} {unit_init!r}; allowed: None (the layer's own initialiser), "
+                         f"{', '.join(map(repr, INITS))}")
+    return unit_init
 
 
 # ---------------------------------------------------------------------------------------------- core
@@ -307,9 +325,9 @@ class GenerateAndTest:
         supervised setting; their RL runs, and :class:`ContinualBackprop`, use 10 000).
     :param decay_rate: ``eta`` of the running utility and mean activation.
     :param utility: ``"contribution"`` or ``"adaptable_contribution"`` (``|h - f_hat|``, see the module docstring).
-    :param init: initialiser of new incoming weights, ``"default"`` or ``"orthogonal"``
+    :param init: initialiser of new incoming weights, ``"default"``, ``"orthogonal"`` or ``"lecun"``
         (see :func:`~sb3_plastic.common.unit_reset.fresh_incoming_weights`).
-    :param init_gain: gain of the orthogonal initialiser.
+    :param init_gain: gain of the orthogonal and LeCun initialisers.
     :param bias_absorption: move a replaced unit's mean contribution into its consumers' biases (the paper's
         description); ``False`` (default): none, as the reference's runs (module docstring).
     :param replacement_rule: ``"accumulate"`` (default; fractions accumulate per layer) or ``"stochastic"`` (the
@@ -317,6 +335,10 @@ class GenerateAndTest:
         integer part). See the module docstring for why the default differs.
     :param generator: CPU generator of the ``"stochastic"`` rule's draws (one ``rand`` per layer and step where
         ``rho * #eligible < 1``); ``None``: a generator seeded with 0.
+    :param optimizer_restart: restart the optimizer state of the rows / columns a replacement touches (default;
+        Dohare's ``AdamGnT``); ``False`` leaves every optimizer's state as it is, as the reference's RL runs did (their
+        PPO builds torch's plain Adam, which ``gnt.py``'s ``update_optim_params`` does not touch): a new unit then
+        trains with the moments its predecessor left.
     :param state: dict to keep the per-layer statistics in (persisted by the RL callback); created if None.
         Entry per layer name: ``age`` (units, int64, kept on the CPU), ``utility`` (units), ``mean_activation``
         (features, positions; positions = 1 for Linear, H*W for Conv2d), ``accumulated`` (0-dim float64),
@@ -351,6 +373,7 @@ class GenerateAndTest:
         bias_absorption: bool = False,
         replacement_rule: str = "accumulate",
         generator: Optional[th.Generator] = None,
+        optimizer_restart: bool = True,
     ) -> None:
         (
             self.replacement_rate,
@@ -359,6 +382,7 @@ class GenerateAndTest:
             self.utility,
         ) = check_cbp_args(replacement_rate, maturity_threshold, decay_rate, utility)
         self.bias_absorption, self.replacement_rule = check_cbp_rule(bias_absorption, replacement_rule)
+        self.optimizer_restart = check_optimizer_restart(optimizer_restart)
         self.generator = th.Generator().manual_seed(0) if generator is None else generator
         if init not in INITS:
             raise ValueError(f"Unknown init {init!r}; allowed: {list(INITS)}")
@@ -386,8 +410,10 @@ class GenerateAndTest:
         self._mask: Optional[th.Tensor] = None
         self.state: dict[str, dict[str, th.Tensor]] = {} if state is None else state
         self.after_step = after_step
-        #: every optimizer whose state a replacement restarts (``optimizer`` first), each once
+        #: every optimizer of the layers (``optimizer`` first), each once
         self.optimizers = list({id(o): o for o in (optimizer, *other_optimizers) if o is not None}.values())
+        #: the optimizers whose state of touched entries a replacement restarts (none without ``optimizer_restart``)
+        self.restarted_optimizers = self.optimizers if self.optimizer_restart else []
         self._info = {spec.name: _LayerInfo.of(spec) for spec in layers}
         self._stored: dict[str, th.Tensor] = {}
         self._handles: list[RemovableHandle] = []
@@ -593,10 +619,11 @@ class GenerateAndTest:
             f_hat = self.bias_corrected_mean_activation(name)[feats] if absorb else None
             if recurrent:
                 init, gain = self.recurrent_init
-                replace_cells_(spec, units, self.optimizers, init, gain, None if f_hat is None else f_hat[:, 0])
+                replace_cells_(spec, units, self.restarted_optimizers, init, gain,
+                               None if f_hat is None else f_hat[:, 0])
             else:
                 fresh = fresh_incoming_weights(spec.layer.weight, feats, self.init, self.init_gain)
-                replace_units_(spec, feats, fresh, self.optimizers, f_hat)
+                replace_units_(spec, feats, fresh, self.restarted_optimizers, f_hat)
             entry["age"][units.cpu()] = 0
             entry["utility"][units] = 0.0
             if "mean_activation" in entry:
@@ -646,7 +673,7 @@ class GenerateAndTest:
                     (spec, units if isinstance(spec, RecurrentUnits) else features_of(spec, units))
                     for spec, units in ((self.layers[name], units) for name, units in chosen.items())
                 ],
-                self.optimizers,
+                self.restarted_optimizers,
             )
         if self.after_step is not None:
             self.after_step(chosen)
@@ -864,6 +891,14 @@ class ContinualBackprop(PlasticCallback):
         ``False`` (default): none, as the reference's runs (see the module docstring).
     :param replacement_rule: ``"accumulate"`` (default: fractions carried over, deterministic) or ``"stochastic"``
         (the reference's RL rule, drawn from a private generator whose state is saved in ``self.state["rng"]``).
+    :param unit_init: initialiser of a new unit's incoming weights: ``None`` (default) the layer's own
+        (:func:`resolve_init`: what the policy was built with), or ``"lecun"`` (``U(+-sqrt(3 / fan_in))``, the
+        reference's RL runs, ``init='lecun'``), ``"orthogonal"`` (gain 1) or ``"default"`` (PyTorch's). Set it where
+        the weights were redrawn after the policy was built (a LeCun-initialised SB3 policy still reports SB3's
+        orthogonal scheme).
+    :param optimizer_restart: restart the optimizer state of the rows / columns a replacement touches (default, as
+        Dohare's ``AdamGnT``); ``False``: leave it, as the reference's RL runs did with torch's plain Adam (a new unit
+        trains with the moments its predecessor left).
     :param name: distinguishes two instances on one model (part of the state key).
     :param verbose: 1 prints the replacement counts at training end, 2 every replacement.
 
@@ -882,6 +917,8 @@ class ContinualBackprop(PlasticCallback):
         utility: str = "contribution",
         bias_absorption: bool = False,
         replacement_rule: str = "accumulate",
+        unit_init: Optional[str] = None,
+        optimizer_restart: bool = True,
         name: Optional[str] = None,
         verbose: int = 0,
     ) -> None:
@@ -893,6 +930,8 @@ class ContinualBackprop(PlasticCallback):
             self.utility,
         ) = check_cbp_args(replacement_rate, maturity_threshold, decay_rate, utility)
         self.bias_absorption, self.replacement_rule = check_cbp_rule(bias_absorption, replacement_rule)
+        self.unit_init = check_unit_init(unit_init)
+        self.optimizer_restart = check_optimizer_restart(optimizer_restart)
         #: the private CPU generator of the ``"stochastic"`` rule (its state: ``self.state["rng"]``)
         self.generator: Optional[th.Generator] = None
         self.engines: dict[str, GenerateAndTest] = {}
@@ -911,7 +950,7 @@ class ContinualBackprop(PlasticCallback):
         self._detach()
         if not self.enabled:
             return
-        init, gain = resolve_init(self.model)
+        init, gain = resolve_init(self.model) if self.unit_init is None else (self.unit_init, 1.0)
         recurrent_init = recurrent_init_scheme(self.model)
         self.generator = th.Generator()
         if isinstance(self.state.get("rng"), th.Tensor):
@@ -951,8 +990,10 @@ class ContinualBackprop(PlasticCallback):
                 bias_absorption=self.bias_absorption,
                 replacement_rule=self.replacement_rule,
                 generator=self.generator,
+                optimizer_restart=self.optimizer_restart,
             )
-            enable_unit_restarts(engine.optimizers)  # also after SB3's load, which rebuilds the optimizer as plain Adam
+            # also after SB3's load, which rebuilds the optimizer as plain Adam; without restarts it stays torch's
+            enable_unit_restarts(engine.restarted_optimizers)
             engine.attach()
             self.engines[spec.name] = engine
         if not self.engines:
@@ -1092,6 +1133,10 @@ class ContinualBackpropConfig(InterventionConfig):
     :param cbp_replacement_rule: ``"accumulate"`` (default: fractions of a unit carried over, deterministic) or
         ``"stochastic"`` (the reference's RL rule: below one unit per step, one unit with probability
         ``rho * #eligible``).
+    :param cbp_unit_init: initialiser of a new unit's incoming weights: ``None`` (default) the layer's own, or
+        ``"lecun"`` (the reference's RL runs), ``"orthogonal"``, ``"default"``.
+    :param cbp_optimizer_restart: restart the optimizer state of the entries a replacement touches (default);
+        ``False``: keep it, as the reference's RL runs (plain Adam).
 
     The other fields set away from their defaults while ``replacement_rate`` is 0 warn (``UserWarning``: they cannot
     act), as Shrink & Perturb's do without its mode.
@@ -1103,6 +1148,8 @@ class ContinualBackpropConfig(InterventionConfig):
     cbp_utility: str = "contribution"
     cbp_bias_absorption: bool = False
     cbp_replacement_rule: str = "accumulate"
+    cbp_unit_init: Optional[str] = None
+    cbp_optimizer_restart: bool = True
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the bad value and what is allowed; normalise the types."""
@@ -1121,10 +1168,12 @@ class ContinualBackpropConfig(InterventionConfig):
         self.cbp_bias_absorption, self.cbp_replacement_rule = check_cbp_rule(
             self.cbp_bias_absorption, self.cbp_replacement_rule, names=("cbp_bias_absorption", "cbp_replacement_rule")
         )
+        self.cbp_unit_init = check_unit_init(self.cbp_unit_init, "cbp_unit_init")
+        self.cbp_optimizer_restart = check_optimizer_restart(self.cbp_optimizer_restart, "cbp_optimizer_restart")
         if not self.enabled:
             warn_ignored_options(
                 changed_fields(self, ("maturity_threshold", "cbp_decay_rate", "cbp_utility", "cbp_bias_absorption",
-                                      "cbp_replacement_rule")),
+                                      "cbp_replacement_rule", "cbp_unit_init", "cbp_optimizer_restart")),
                 "replacement_rate is 0 (Continual Backprop is off); set replacement_rate > 0",
                 stacklevel=4,
             )
@@ -1143,6 +1192,8 @@ class ContinualBackpropConfig(InterventionConfig):
             utility=self.cbp_utility,
             bias_absorption=self.cbp_bias_absorption,
             replacement_rule=self.cbp_replacement_rule,
+            unit_init=self.cbp_unit_init,
+            optimizer_restart=self.cbp_optimizer_restart,
             name=name,
             verbose=verbose,
         )

@@ -45,8 +45,18 @@ from sb3_plastic.adam_restart import enable_restart, supports_restart
 from sb3_plastic.common.surgery import Consumer, HiddenLayer, RecurrentUnits, _norm_tensors, norm_affine
 from sb3_plastic.isometry import as_blocks
 
-#: Initialisers of new units: ``"default"`` (PyTorch's default Linear / Conv2d / LSTM init) or ``"orthogonal"``.
-INITS: tuple[str, ...] = ("default", "orthogonal")
+#: Initialisers of new units: ``"default"`` (PyTorch's default Linear / Conv2d / LSTM init), ``"orthogonal"`` or
+#: ``"lecun"`` (LeCun uniform, Dohare et al.'s ``init='lecun'``).
+INITS: tuple[str, ...] = ("default", "orthogonal", "lecun")
+
+
+def lecun_uniform_(tensor: th.Tensor, fan_in: int, gain: float = 1.0) -> th.Tensor:
+    """Fill ``tensor`` in place with ``U(-b, b)``, ``b = gain * sqrt(3 / fan_in)`` (variance ``gain^2 / fan_in``):
+    LeCun uniform, the ``init='lecun'`` of Dohare et al.'s reference code (``get_layer_bound`` in
+    shibhansh/loss-of-plasticity ``lop/utils/miscellaneous.py``), their RL runs' initialiser of every layer and of
+    Continual Backprop's new units."""
+    bound = gain * math.sqrt(3.0 / fan_in) if fan_in > 0 else 0.0
+    return tensor.uniform_(-bound, bound)
 
 
 def _check_init(init: str) -> None:
@@ -124,11 +134,13 @@ def fresh_incoming_weights(weight: th.Tensor, rows: th.Tensor, init: str = "defa
       for a wide or square layer rows of norm ``gain`` orthonormal to each other and to the kept rows (replacing
       units never moves an isometric layer away from isometry), for a tall layer the rows of a fresh
       ``orthogonal_(gain)`` matrix of the full shape.
+    * ``"lecun"``: :func:`lecun_uniform_`, ``U(-gain * sqrt(3 / fan_in), gain * sqrt(3 / fan_in))`` with ``fan_in``
+      the inputs of one output row (``in * kh * kw`` for a convolution).
 
     :param weight: the layer's weight ``(out, in)`` or ``(out, in, kh, kw)``.
     :param rows: indices of the output rows to draw.
-    :param init: ``"default"`` or ``"orthogonal"``.
-    :param gain: gain of the orthogonal init.
+    :param init: ``"default"``, ``"orthogonal"`` or ``"lecun"``.
+    :param gain: gain of the orthogonal and LeCun inits.
     :return: a tensor of shape ``(len(rows), *weight.shape[1:])`` on the weight's device and dtype.
     """
     _check_init(init)
@@ -141,6 +153,8 @@ def fresh_incoming_weights(weight: th.Tensor, rows: th.Tensor, init: str = "defa
             if k:
                 nn.init.kaiming_uniform_(out, a=math.sqrt(5))
             return out
+        if init == "lecun":
+            return lecun_uniform_(th.empty(shape, device=weight.device, dtype=weight.dtype), weight[0].numel(), gain)
         matrix = weight.detach().reshape(weight.shape[0], -1).float()
         return fresh_orthogonal_rows(matrix, rows, gain).reshape(shape).to(weight.dtype)
 
@@ -155,6 +169,7 @@ def fresh_gate_rows(weight: th.Tensor, cells: th.Tensor, init: str = "default", 
       (:func:`fresh_orthogonal_rows`): for a wide or square block (``H <= in``, the recurrent blocks) rows of norm
       ``gain``, orthogonal to each other and to the block's kept rows, so an orthogonal block stays orthogonal; for
       a tall block the rows of a fresh ``orthogonal_(gain)`` block.
+    * ``"lecun"``: :func:`lecun_uniform_` with ``fan_in = in``, every gate row.
 
     :return: ``(4 * len(cells), in)``, block by block (gate 0's rows of every cell first), matching the row order
         of :meth:`sb3_plastic.common.surgery.RecurrentUnits.gate_rows`.
@@ -167,6 +182,8 @@ def fresh_gate_rows(weight: th.Tensor, cells: th.Tensor, init: str = "default", 
     if init == "default":
         stdv = 1.0 / math.sqrt(hidden) if hidden > 0 else 0.0
         return th.empty(4 * k, fan_in, device=weight.device, dtype=weight.dtype).uniform_(-stdv, stdv)
+    if init == "lecun":
+        return lecun_uniform_(th.empty(4 * k, fan_in, device=weight.device, dtype=weight.dtype), fan_in, gain)
     blocks = as_blocks(weight.detach().float(), 4)
     return th.cat([fresh_orthogonal_rows(block, cells, gain) for block in blocks]).to(weight.dtype)
 
