@@ -389,6 +389,15 @@ SETTINGS["slippery_ant_dohare"] = replace(
                 "(Dohare's settings, minibatch 128)",
 )
 
+#: the ablation of ``slippery_ant_dohare``'s terminal time limit (twenty-eighth session): his design with SB3's bootstrap
+#: at the 1000-step cut (``time_limit_terminal=False``), his advantage normalisation kept; run on task 0 only
+#: (``--tasks 1``) beside the full setting's task 0, to tell which of his two targets costs return there
+SETTINGS["slippery_ant_dohare_bootstrap"] = replace(
+    SETTINGS["slippery_ant_dohare"],
+    time_limit_terminal=False,
+    description="SlipperyAnt at Dohare's design (friction re-drawn every 2M steps), PPO [256, 256] (Dohare's settings, "
+                "minibatch 128), the time-limit cut bootstrapped (SB3's), his advantage normalisation",
+)
 
 #: Setting fields added by issue #29 (the cchain settings) and after; summary.json leaves them out where they are at
 #: their defaults, so the tables of the settings before them rebuild byte for byte

@@ -142,3 +142,9 @@ def test_cbp_at_his_design_replaces_units_as_his_gnt(continual):
         (group,) = model.policy.optimizer.param_groups
         assert group["betas"] == (0.99, 0.99) and group["weight_decay"] == 1e-4
         model.env.close()
+
+
+def test_the_time_limit_ablation_differs_from_his_design_in_that_field_only(continual):
+    design, ablation = continual.SETTINGS["slippery_ant_dohare"], continual.SETTINGS["slippery_ant_dohare_bootstrap"]
+    assert design.time_limit_terminal and not ablation.time_limit_terminal and ablation.advantage_norm == "rollout"
+    assert replace(ablation, time_limit_terminal=True, description=design.description) == design
