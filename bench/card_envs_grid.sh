@@ -82,6 +82,11 @@ done
 #    betas) and ReLU + AdamO, seed 0 of each, then seeds 1-4 of every arm, plain included
 DOHARE_ARMS="ppo_adam_equal_betas ppo_cbp_dohare ppo_l2_dohare ppo_snp_continual plastic_relu"
 for m in $DOHARE_ARMS; do run "$w" $SD --methods "$m" --seeds 0 --fresh none; done
+#    and the control of their terminal time limit (twenty-eighth session: on the first friction it halves plain PPO's
+#    return, 1636 against 3927 with SB3's bootstrap): plain PPO seed 0 over all 10 frictions with the cut
+#    bootstrapped. Does a decline under their design survive SB3's bootstrap?
+run "$w" --setting slippery_ant_dohare_bootstrap --methods ppo --seeds 0 --fresh none \
+    --out bench/results/continual/slippery_ant_dohare_bootstrap_20m
 for s in 1 2 3 4; do for m in ppo $DOHARE_ARMS; do run "$w" $SD --methods "$m" --seeds $s --fresh none; done; done
 # 7. C-MinAtar's plain Double DQN, seeds 1 and 2
 for s in 1 2; do run "$w" --setting cminatar --methods dqn --seeds $s --fresh sample; done
