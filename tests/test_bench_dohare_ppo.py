@@ -120,6 +120,17 @@ def test_time_limit_terminal_wraps_every_copy_outside_the_monitor(continual):
         assert isinstance(copy, TruncationAsTermination) and isinstance(copy.env, Monitor)
     plain = continual.make_env(_tiny_bandit(continual, tasks=1), 0)
     assert all(isinstance(copy, Monitor) for copy in plain.envs)
+    # with a reward scale too: both outside the Monitor, the scaled reward inside the time-limit wrapper
+    from gymnasium.wrappers import TransformReward
+
+    both = continual.make_env(replace(setting, reward_scale=20.0), 0)
+    for copy in both.envs:
+        assert isinstance(copy, TruncationAsTermination) and isinstance(copy.env, TransformReward)
+        assert isinstance(copy.env.env, Monitor)
+    both.reset()
+    _, reward, _, _ = both.step(np.zeros(4, dtype=np.int64))
+    for k, copy in enumerate(both.envs):  # the Monitor records the env's reward, the agent gets it / 20
+        assert copy.env.env.rewards[-1] == pytest.approx(20 * reward[k])
     assert not continual.SETTINGS["slippery_ant_ppo"].time_limit_terminal
     assert continual.SETTINGS["slippery_ant_ppo"].advantage_norm == "minibatch"
 
