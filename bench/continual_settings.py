@@ -295,8 +295,9 @@ SETTINGS: dict[str, Setting] = {
 #: updates, epsilon 1 -> 0.1 over 100 k steps after 10 k random ones, gamma 0.99, Adam, no gradient clipping) on
 #: SpaceInvaders -> Asterix -> Seaquest, 2 M steps each, every game starting with 10 k random, untrained steps, idle
 #: Seaquest episodes cut at 1 000 steps, 10 greedy evaluation episodes every 50 k steps and one at every game's first
-#: step. Difference that remains (bench/README): SB3 copies the target every 1 000 env steps (theirs every 1 000
-#: updates: the same outside the random steps).
+#: step. Differences that remain (bench/README): SB3 copies the target every 1 000 env steps (theirs every 1 000
+#: updates: the same outside the random steps); our epsilon falls linearly from step 0 (theirs from step 10 k), both
+#: reaching 0.1 at 110 k; our idle cut is for every game (theirs Seaquest's).
 _CMINATAR_DQN = dict(buffer_size=100_000, learning_starts=10_000, batch_size=32, learning_rate=3e-4, gamma=0.99,
                      train_freq=1, gradient_steps=1, target_update_interval=1_000, exploration_initial_eps=1.0,
                      exploration_final_eps=0.1, max_grad_norm=float("inf"), double_q=True, td_loss="mse")
