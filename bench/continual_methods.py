@@ -275,17 +275,19 @@ def lecun_init_(policy: Any) -> None:
     """Dohare et al.'s ``lecun_init`` (lop/utils/miscellaneous.py) on an SB3 actor-critic policy, in place: every
     Linear layer of its MLP extractor and of both heads ``U(-sqrt(3 / fan_in), sqrt(3 / fan_in))`` (standard
     deviation ``1 / sqrt(fan_in)``), biases 0; drawn from torch's global generator (seeded by SB3 with the model's
-    seed). The Gaussian policy's ``log_std`` stays 0, as theirs starts."""
-    import math
-
+    seed; the library's :func:`~sb3_plastic.common.unit_reset.lecun_uniform_`, which also draws Continual Backprop's new
+    units with ``unit_init="lecun"``). The Gaussian policy's ``log_std`` stays 0, as theirs starts."""
+    import torch as th
     from torch import nn
 
-    for module in (policy.mlp_extractor, policy.action_net, policy.value_net):
-        for layer in module.modules():
-            if isinstance(layer, nn.Linear):
-                bound = math.sqrt(3.0 / layer.in_features)
-                nn.init.uniform_(layer.weight, -bound, bound)
-                nn.init.zeros_(layer.bias)
+    from sb3_plastic.common.unit_reset import lecun_uniform_
+
+    with th.no_grad():
+        for module in (policy.mlp_extractor, policy.action_net, policy.value_net):
+            for layer in module.modules():
+                if isinstance(layer, nn.Linear):
+                    lecun_uniform_(layer.weight, layer.in_features)
+                    layer.bias.zero_()
 
 
 def build_model(method: str, setting: Setting, params: MethodParams, seed: int, device: str, tb_dir: Optional[str],

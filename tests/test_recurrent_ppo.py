@@ -483,6 +483,26 @@ def test_cbp_callback_replaces_cells_of_contrib_recurrent_ppo():
         assert th.isfinite(p).all()
 
 
+def test_cbp_unit_init_draws_lstm_cells_too(monkeypatch):
+    """``unit_init`` reaches the cells of an LSTM layer as well as the Linear units (no layer keeps its own scheme
+    silently): every replacement of the run draws with ``("lecun", 1.0)``."""
+    import sb3_plastic.callbacks.cbp as cbp_module
+
+    inits = []
+    original = cbp_module.replace_cells_
+
+    def spy(spec, units, optimizers, init, gain, f_hat=None):
+        inits.append((init, gain))
+        return original(spec, units, optimizers, init, gain, f_hat)
+
+    monkeypatch.setattr(cbp_module, "replace_cells_", spy)
+    model = RecurrentPPO("MlpLstmPolicy", "CartPole-v1", policy_kwargs=small(enable_critic_lstm=False), **FAST)
+    callback = ContinualBackprop(replacement_rate=0.05, maturity_threshold=2, unit_init="lecun")
+    model.learn(256, callback=callback)
+    assert callback.counts()["policy/lstm_actor.l0"] > 0
+    assert inits and set(inits) == {("lecun", 1.0)}
+
+
 @pytest.mark.parametrize(
     "intervention",
     [

@@ -891,9 +891,10 @@ class ContinualBackprop(PlasticCallback):
         ``False`` (default): none, as the reference's runs (see the module docstring).
     :param replacement_rule: ``"accumulate"`` (default: fractions carried over, deterministic) or ``"stochastic"``
         (the reference's RL rule, drawn from a private generator whose state is saved in ``self.state["rng"]``).
-    :param unit_init: initialiser of a new unit's incoming weights: ``None`` (default) the layer's own
-        (:func:`resolve_init`: what the policy was built with), or ``"lecun"`` (``U(+-sqrt(3 / fan_in))``, the
-        reference's RL runs, ``init='lecun'``), ``"orthogonal"`` (gain 1) or ``"default"`` (PyTorch's). Set it where
+    :param unit_init: initialiser of a new unit's incoming weights (an LSTM cell's gate rows too): ``None`` (default)
+        the layer's own (:func:`resolve_init`, :func:`~sb3_plastic.recurrent.recurrent_init_scheme`: what the policy
+        was built with), or ``"lecun"`` (``U(+-sqrt(3 / fan_in))``, the reference's RL runs, ``init='lecun'``),
+        ``"orthogonal"`` (gain 1) or ``"default"`` (PyTorch's). Set it where
         the weights were redrawn after the policy was built (a LeCun-initialised SB3 policy still reports SB3's
         orthogonal scheme).
     :param optimizer_restart: restart the optimizer state of the rows / columns a replacement touches (default, as
@@ -951,7 +952,7 @@ class ContinualBackprop(PlasticCallback):
         if not self.enabled:
             return
         init, gain = resolve_init(self.model) if self.unit_init is None else (self.unit_init, 1.0)
-        recurrent_init = recurrent_init_scheme(self.model)
+        recurrent_init = recurrent_init_scheme(self.model) if self.unit_init is None else (self.unit_init, 1.0)
         self.generator = th.Generator()
         if isinstance(self.state.get("rng"), th.Tensor):
             self.generator.set_state(self.state["rng"])
