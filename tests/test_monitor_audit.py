@@ -96,3 +96,53 @@ def test_non_numeric_task_numbers_survive_save_and_load(tmp_path):
     again = PlasticityMonitor(every=1000, max_overhead=None, probe_size=32, ntk_probe_size=0)
     learn(loaded, 10, again, reset_num_timesteps=False)
     assert [again._task_number(t) for t in ("right", "up", "left")] == [1.0, 2.0, 0.0]
+
+
+def test_the_probe_batch_is_saved_reused_and_redrawn_for_another_size(tmp_path):
+    """The probe batch lives in the persistent state: a loaded model's monitor measures on the same samples (an image
+    batch in the buffer's uint8, as drawn); a monitor with another ``probe_size`` draws (and keeps) a new batch;
+    ``resample=True`` keeps none."""
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.envs import FakeImageEnv
+
+    env = make_vec_env(lambda: FakeImageEnv(screen_height=8, screen_width=8, n_channels=1, discrete=True), seed=0)
+    model = PPO("MlpPolicy", env, n_steps=32, batch_size=16, n_epochs=1, seed=0, policy_kwargs=dict(net_arch=[8]))
+    monitor = PlasticityMonitor(every=1000, max_overhead=None, probe_size=16, ntk_probe_size=0)
+    learn(model, 32, monitor)
+    observations, actions = monitor._probe
+    stored = monitor.state["probe"]
+    assert observations.dtype == th.uint8 and observations.shape == (16, 1, 8, 8)  # channel-first (SB3 transposes)
+    assert stored["probe_size"] == 16 and th.equal(stored["observations"], observations)
+    assert th.equal(stored["actions"], actions)
+    model.save(tmp_path / "m.zip")
+    loaded = PPO.load(tmp_path / "m.zip", env=env)
+    again = PlasticityMonitor(every=1000, max_overhead=None, probe_size=16, ntk_probe_size=0)
+    learn(loaded, 32, again, reset_num_timesteps=False)
+    assert again._probe[0].dtype == th.uint8 and th.equal(again._probe[0], observations)
+    assert th.equal(again._probe[1], actions)
+    other = PlasticityMonitor(every=1000, max_overhead=None, probe_size=8, ntk_probe_size=0)
+    learn(loaded, 32, other, reset_num_timesteps=False)
+    assert other._probe is None  # the kept batch has 16 samples: not this monitor's
+    assert other.run() and other._probe[0].shape[0] == 8
+    assert loaded.plastic_state["PlasticityMonitor"]["probe"]["probe_size"] == 8
+    resampling = PlasticityMonitor(every=1000, max_overhead=None, probe_size=8, ntk_probe_size=0, resample=True)
+    learn(loaded, 32, resampling, reset_num_timesteps=False)
+    assert "probe" not in loaded.plastic_state["PlasticityMonitor"]
+
+
+def test_a_replay_probe_keeps_its_dtype_across_save_and_load(tmp_path):
+    """Off-policy the batch comes from the replay buffer in the observation's own dtype (uint8 images stay uint8)."""
+    from stable_baselines3.common.envs import FakeImageEnv
+
+    env = FakeImageEnv(screen_height=8, screen_width=8, n_channels=1, discrete=True)
+    model = DQN("MlpPolicy", env, seed=0, learning_starts=16, buffer_size=100, policy_kwargs=dict(net_arch=[8]))
+    monitor = PlasticityMonitor(every=1000, max_overhead=None, probe_size=16, ntk_probe_size=0)
+    learn(model, 40, monitor)
+    observations = monitor._probe[0]
+    assert observations.dtype == th.uint8 and monitor.state["probe"]["observations"].dtype == th.uint8
+    model.save(tmp_path / "m.zip")
+    loaded = DQN.load(tmp_path / "m.zip", env=env)
+    again = PlasticityMonitor(every=1000, max_overhead=None, probe_size=16, ntk_probe_size=0)
+    learn(loaded, 8, again, reset_num_timesteps=False)
+    assert again._probe[0].dtype == th.uint8 and th.equal(again._probe[0], observations)

@@ -384,12 +384,45 @@ class _RecordingMonitor(PlasticityMonitor):
 PROBE_FREE = ("/weight_norm", "/dist_from_init", "/dfi", "/dfi_hidden", "/sigma_max", "/sigma_min")
 
 
-def test_monitor_resumes_its_schedule_and_origin_and_draws_a_new_probe(tmp_path):
-    """After a resume the monitor's passes fall at the uninterrupted run's steps, its weight diagnostics (distance from
-    the initial weights saved in the zip, norms, DfI, singular values) are the uninterrupted run's bit for bit, and
-    training is unchanged. Its probe batch is not in the zip: a resumed run (as every ``learn()`` call) draws a new one
-    at its first pass, so the activation diagnostics after the resume are measured on other samples (documented in
-    the monitor's docstring)."""
+@pytest.mark.parametrize("cls", [PlasticPPO, PlasticDQN, PlasticSAC])
+def test_monitor_resumes_its_schedule_origin_and_probe(tmp_path, cls):
+    """After a resume the monitor's passes fall at the uninterrupted run's steps and every diagnostic it writes (the
+    activation, gradient and NTK diagnostics on its probe batch, saved in the zip, as the weight diagnostics from the
+    initial weights saved there) is the uninterrupted run's bit for bit; only its own wall-clock time differs.
+    On-policy the probe is drawn from a rollout, off-policy from the replay buffer (with the critics' actions)."""
+    whole_passes: dict = {}
+    resumed_passes: dict = {}
+    sink = [whole_passes]
+    every = 32 if cls is PlasticPPO else 12
+
+    def monitor() -> PlasticityMonitor:
+        return _RecordingMonitor(sink[0], every=every, max_overhead=None, probe_size=16, ntk_probe_size=4)
+
+    def make() -> Any:
+        model = build(cls, "bandit")
+        sink[0] = whole_passes if not whole_passes else resumed_passes
+        return model
+
+    n = half(cls)
+    whole, resumed, at_save = resumed_and_whole(make, n, tmp_path, callbacks=monitor)
+    assert_same_training_state(whole, resumed)
+    assert sorted(whole_passes) == sorted(resumed_passes)
+    after = [step for step in whole_passes if step > n]
+    assert len(after) >= 2 and any(step <= n for step in whole_passes)
+    key = next(k for k in at_save if k.endswith("Monitor"))
+    assert at_save[key]["probe"]["observations"].shape[0] == 16  # the zip holds the probe batch
+    for step in after:
+        measured = {k: v for k, v in whole_passes[step].items() if not k.endswith("/monitor_seconds")}
+        assert {k: resumed_passes[step][k] for k in measured} == measured
+        probed = [k for k in measured if k.endswith(("/dormant_fraction", "/feature_rank", "/grad_norm", "/ntk_cond"))]
+        assert len(probed) >= 3, sorted(measured)
+        assert measured[next(k for k in measured if k.endswith("/dist_from_init"))] > 0
+
+
+def test_monitor_without_its_saved_probe_measures_other_samples(tmp_path):
+    """The control: with the probe batch dropped from the loaded state (a zip of the previous version), the resumed
+    run draws a new one, and the probe diagnostics after the resume differ from the uninterrupted run's (the test above
+    can fail), while the weight diagnostics do not."""
     whole_passes: dict = {}
     resumed_passes: dict = {}
     sink = [whole_passes]
@@ -402,15 +435,22 @@ def test_monitor_resumes_its_schedule_and_origin_and_draws_a_new_probe(tmp_path)
         sink[0] = whole_passes if not whole_passes else resumed_passes
         return model
 
-    whole, resumed, _ = resumed_and_whole(make, N_ON, tmp_path, callbacks=monitor)
-    assert_same_training_state(whole, resumed)
-    assert sorted(whole_passes) == sorted(resumed_passes) == [32, 64, 96, 128]
+    def drop_probe(path: Any, **kwargs: Any) -> Any:
+        loaded = PlasticPPO.load(path, **kwargs)
+        for state in loaded.plastic_state.data.values():
+            state.pop("probe", None)
+        return loaded
+
+    whole, resumed, _ = resumed_and_whole(make, N_ON, tmp_path, callbacks=monitor, loader=drop_probe)
+    sa, sb = whole.policy.state_dict(), resumed.policy.state_dict()
+    assert all(th.equal(sa[k], sb[k]) for k in sa)  # training is unchanged: only the measurement moved
     for step in (96, 128):  # after the resume
         free = {k: v for k, v in whole_passes[step].items() if k.endswith(PROBE_FREE)}
         assert len(free) > 10 and free == {k: resumed_passes[step][k] for k in free}
-        assert whole_passes[step]["plasticity/policy/dist_from_init"] > 0
-    probe = "plasticity/policy/dormant_fraction"
+    probe = "plasticity/policy/grad_norm"
     assert whole_passes[64][probe] == resumed_passes[64][probe]  # before the resume: the same probe
+    assert any(whole_passes[s][k] != resumed_passes[s][k] for s in (96, 128) for k in whole_passes[s]
+               if k.endswith(("/dormant_fraction", "/feature_rank", "/grad_norm")))
 
 
 def test_continual_eval_resumes_on_its_grid(tmp_path):

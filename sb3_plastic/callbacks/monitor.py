@@ -32,6 +32,19 @@ def _plain(value: Any) -> Any:
     return value.item() if isinstance(value, np.generic) else value
 
 
+def _unpack_probe(stored: Any, probe_size: int, device: th.device) -> Optional[tuple[Any, Optional[th.Tensor]]]:
+    """The probe batch kept in the monitor's persistent state, on ``device``; ``None`` when there is none or it was
+    drawn for another ``probe_size`` (the monitor then draws a new one)."""
+    if not isinstance(stored, dict) or stored.get("probe_size") != probe_size:
+        return None
+    observations, actions = stored["observations"], stored["actions"]
+    if isinstance(observations, dict):
+        observations = {k: v.to(device) for k, v in observations.items()}
+    else:
+        observations = observations.to(device)
+    return observations, None if actions is None else actions.to(device)
+
+
 class PlasticityMonitor(PlasticCallback):
     """Logs plasticity diagnostics of every online network of a model to SB3's logger (TensorBoard).
 
@@ -67,13 +80,16 @@ class PlasticityMonitor(PlasticCallback):
 
     With a ``name``, keys start with ``plasticity/<name>/`` instead.
 
-    The probe batch is drawn once per ``learn()`` call (``resample=False``) and reused, so changes over training
-    come from the network, not from the data. It is not saved with the model: a resumed run (load ->
-    ``learn(..., reset_num_timesteps=False)``), as any later ``learn()`` call, draws a new one at its first pass, so
-    the activation, gradient and NTK diagnostics step at that pass, while the weight diagnostics (``weight_norm``,
-    ``dist_from_init``, ``dfi``, ``sigma_max`` / ``sigma_min``) and the pass schedule continue the uninterrupted
-    run's exactly (``tests/test_resume_matrix.py``). On-policy, ``probe_size`` rows of the rollout buffer at the first rollout
-    end (as :class:`~sb3_plastic.callbacks.redo.ReDo` draws them); off-policy, ``probe_size`` distinct
+    The probe batch is drawn once, at the first pass (``resample=False``), and reused, so changes over training
+    come from the network, not from the data. It is kept in the persistent state (``self.state["probe"]``) and
+    saved with the model, so later ``learn()`` calls and a resumed run (load ->
+    ``learn(..., reset_num_timesteps=False)``) measure on the same samples: every diagnostic and the pass schedule
+    continue the uninterrupted run's exactly (``tests/test_resume_matrix.py``). A monitor with another
+    ``probe_size`` draws a new batch (and keeps that one). The model file grows by the batch: ``probe_size``
+    observations and actions in the buffer's dtypes (SB3's buffers keep the observation space's: an 84x84x4 uint8
+    Atari batch of 256 is ~7 MB). A model saved before the batch was kept carries none: its first pass draws one,
+    so the activation, gradient and NTK diagnostics step there. On-policy, ``probe_size`` rows of the rollout buffer
+    at the first rollout end (as :class:`~sb3_plastic.callbacks.redo.ReDo` draws them); off-policy, ``probe_size`` distinct
     transitions of the replay buffer once it holds that many (its actions feed the critics); a replay buffer that can
     never hold ``probe_size`` transitions (``buffer_size < probe_size``) gives all of its transitions once it is full,
     with a ``UserWarning``. On-policy the
@@ -118,7 +134,8 @@ class PlasticityMonitor(PlasticCallback):
         The cap overrides ``every``: each time ``every`` steps have passed since the last pass (or skipped pass)
         and the cap holds the pass back, it counts as skipped (``plasticity/skipped_passes``, ``state["skipped"]``),
         and the first skip raises a ``UserWarning`` with the numbers. ``max_overhead=None`` runs every pass.
-    :param resample: draw a new probe batch at every pass instead of reusing the first one.
+    :param resample: draw a new probe batch at every pass instead of reusing the first one (none is kept in the
+        persistent state).
     :param name: distinguishes two monitors on one model (state key and log prefix).
     :param verbose: 1 prints one line per pass.
     """
@@ -174,6 +191,10 @@ class PlasticityMonitor(PlasticCallback):
         super()._on_training_start()
         self._on_policy = isinstance(self.model, OnPolicyAlgorithm)
         self._probe = None
+        if self.resample:
+            self.state.pop("probe", None)  # no fixed batch to keep
+        else:
+            self._probe = _unpack_probe(self.state.get("probe"), self.probe_size, self.model.device)
         init = self.state.setdefault("init", {})
         trained = int(getattr(self.model, "_n_updates", 0) or 0)
         late = []
@@ -293,6 +314,9 @@ class PlasticityMonitor(PlasticCallback):
         start = time.perf_counter()
         if self._probe is None or self.resample:
             self._probe = self._draw_probe()
+            if self._probe is not None and not self.resample:
+                observations, actions = self._probe
+                self.state["probe"] = {"probe_size": self.probe_size, "observations": observations, "actions": actions}
         if self._probe is None:
             return {}
         observations, actions = self._probe
