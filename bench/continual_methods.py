@@ -165,8 +165,20 @@ DOHARE_CBP = dict(replacement_rate=1e-4, maturity_threshold=10_000, betas=(0.99,
 #: alone. Elsewhere (``minatar_intensive``: SB3's CNN and init) the library's defaults: the layer's own initialiser,
 #: the accumulated count, the touched entries' Adam state restarted.
 DOHARE_GNT = dict(unit_init="lecun", replacement_rule="stochastic", optimizer_restart=False)
+#: ``ppo_cchain`` on the settings other than C-CHAIN's own Gym control (the bandit and ``cartpole_obs``, whose rows were
+#: run before the twenty-ninth session): the library's values of then, the clipped surrogate alone as the task loss
+#: of the adaptive coefficient (the ProcGen reference's) and 10 iterations at the initial coefficient. On the
+#: ``cchain_*`` settings the library's discrete-PPO values, those of the Gym-control code: the entropy bonus in the
+#: task loss and 11 iterations (:data:`sb3_plastic.callbacks.churn_reduction.CCHAIN_DEFAULTS`).
+CCHAIN_BEFORE_29 = dict(task_loss_entropy=False, warmup=10)
 #: Adam ``weight_decay`` of ``ppo_l2_dohare`` (Dohare et al.'s ``cfg/sant/l2.yml``, with betas :data:`EQUAL_BETAS`)
 DOHARE_L2 = 1e-3
+
+
+def cchain_gym(setting: Setting) -> bool:
+    """Whether ``setting`` is C-CHAIN's continual Gym control (the ``cchain_*`` settings: scored by their per-iteration
+    return, ``score="iteration_return"``, which no other setting uses)."""
+    return setting.score == "iteration_return"
 
 
 def _plain_cnn_kwargs(setting: Setting) -> dict[str, Any]:
@@ -418,7 +430,7 @@ def build_model(method: str, setting: Setting, params: MethodParams, seed: int, 
     elif canonical == "ppo_cchain":
         from sb3_plastic import ChurnReduction
 
-        callbacks.append(ChurnReduction())
+        callbacks.append(ChurnReduction(**({} if cchain_gym(setting) else CCHAIN_BEFORE_29)))
     elif canonical == "ppo_injection":
         from sb3_plastic import PlasticityInjection
 

@@ -339,3 +339,21 @@ def test_their_statistic_counts_the_later_tasks_at_the_floor(continual, tmp_path
     result = continual.summarise(continual.load_records(str(tmp_path)), ["ppo"], lunar)
     assert "later_at_floor" not in result["methods"]["ppo"]
     assert "later tasks at the floor" not in continual.markdown_table(result, "cchain_lunar", lunar)
+
+
+def test_cchain_arm_takes_the_gym_references_task_loss_on_their_settings_only(continual):
+    """``ppo_cchain`` on the cchain_* settings: the library's reference values for discrete PPO (the Gym-control code:
+    the entropy bonus in the task loss, 11 warm-up iterations); on the toy settings whose rows were run before those
+    values (bandit, cartpole_obs) the values of those runs (the surrogate alone, 10 iterations)."""
+    from sb3_plastic import ChurnReduction
+
+    for name, (entropy, warmup) in (("cchain_cartpole", (True, 11)), ("cartpole_obs", (False, 10)),
+                                    ("bandit", (False, 10))):
+        model, callbacks = continual.build_model("ppo_cchain", continual.SETTINGS[name], continual.MethodParams(), 0,
+                                                 "cpu", None)
+        (churn,) = [c for c in callbacks if isinstance(c, ChurnReduction)]
+        churn.init_callback(model)
+        churn._on_training_start()
+        assert (churn.settings["task_loss_entropy"], churn.settings["warmup"]) == (entropy, warmup), name
+        churn._remove_hooks()
+        model.env.close()

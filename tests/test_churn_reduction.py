@@ -145,7 +145,7 @@ def test_ppo_gradient_is_coef_times_the_hand_computed_policy_churn_gradient():
 def test_coef_adapts_to_the_target_scale_and_restarts_at_a_task_change():
     model = PPO("MlpPolicy", "CartPole-v1", policy_kwargs=NET, **PPO_FAST)
     model.set_logger(configure(None, []))
-    callback = ChurnReduction(warmup=2, window=3)
+    callback = ChurnReduction(warmup=2, window=3, task_loss_entropy=False)
     callback.init_callback(model)
     callback._on_training_start()
     assert callback.settings["target_scale"] == 1e4 and callback.state["coef"] == 1.0  # discrete PPO's reference
@@ -256,6 +256,7 @@ def test_an_adaptation_pending_at_a_save_happens_after_load(tmp_path):
                     seen["state"] = copy.deepcopy(self.model.plastic_state["ChurnReduction"])
                 else:
                     seen["loss"] = self.model.logger.name_to_value["train/policy_gradient_loss"]
+                    seen["entropy"] = self.model.logger.name_to_value["train/entropy_loss"]
                     self.model.save(tmp_path / "m.zip")
 
         def _on_step(self):
@@ -272,6 +273,7 @@ def test_an_adaptation_pending_at_a_save_happens_after_load(tmp_path):
         callback._on_training_start()
         if with_loss:
             loaded.logger.record("train/policy_gradient_loss", seen["loss"])
+            loaded.logger.record("train/entropy_loss", seen["entropy"])
             callback._on_rollout_start()
             for key in ("coef", "task_losses", "reg_losses", "since_reset"):
                 assert callback.state[key] == seen["state"][key], key
@@ -305,3 +307,72 @@ def test_sac_critic_churn_uses_the_replay_actions():
     model.learn(48, callback=callback)
     assert callback.kind == "critic" and callback.state["coef"] == 1.0  # CHAIN's fixed coefficient
     assert callback.state["reg_losses"][-1] > 0
+
+
+def _adapted_coef(model, callback, iterations):
+    """Feed ``callback`` iterations of logged losses ``(pg, entropy_loss, regs)`` as SB3's train() would; the coef."""
+    for pg, entropy_loss, regs in iterations:
+        model.logger.record("train/policy_gradient_loss", pg)
+        model.logger.record("train/entropy_loss", entropy_loss)
+        callback._call_updates, callback._call_reg = len(regs) + 1, list(regs)
+        callback._adapt()
+    return callback.state["coef"]
+
+
+ITERATIONS = ((0.02, -0.69, [0.5, 0.7]), (-0.04, -0.65, [0.6]), (0.03, -0.6, [0.9, 0.3]), (0.01, -0.5, [0.2]))
+
+
+def test_discrete_ppo_task_loss_carries_the_entropy_bonus_as_the_gym_reference():
+    """C-CHAIN's Gym-control reference (crl_gym_classic_control/basic_utils.py) adapts to the mean of
+    ``clipped surrogate - c1 * entropy`` (c1 = 0.01), i.e. SB3's ``policy_gradient_loss + ent_coef * entropy_loss``;
+    ``task_loss_entropy=False`` (the ProcGen reference) and continuous PPO (the DMC reference) use the surrogate alone."""
+    expected = {}
+    for entropy in (True, False):
+        terms = [abs(pg + 0.01 * ent) if entropy else abs(pg) for pg, ent, _ in ITERATIONS[1:]]
+        regs = [np.mean(r) for _, _, r in ITERATIONS[1:]]
+        expected[entropy] = max(1e4 * np.mean(terms) / (np.mean(regs) + 1e-8), 1.0)
+    assert not math.isclose(expected[True], expected[False], rel_tol=1e-3)
+    for option, want in ((None, expected[True]), (True, expected[True]), (False, expected[False])):
+        model = PPO("MlpPolicy", "CartPole-v1", policy_kwargs=NET, ent_coef=0.01, **PPO_FAST)
+        model.set_logger(configure(None, []))
+        callback = ChurnReduction(warmup=2, window=3, task_loss_entropy=option)
+        callback.init_callback(model)
+        callback._on_training_start()
+        assert math.isclose(_adapted_coef(model, callback, ITERATIONS), want, rel_tol=1e-9), option
+        callback._remove_hooks()
+    model = PPO("MlpPolicy", "Pendulum-v1", policy_kwargs=NET, ent_coef=0.01, **PPO_FAST)
+    model.set_logger(configure(None, []))
+    callback = ChurnReduction(coef=1.0, warmup=2, window=3, min_coef=1.0, target_scale=1e4)
+    callback.init_callback(model)
+    callback._on_training_start()
+    assert callback.settings["task_loss_entropy"] is False
+    assert math.isclose(_adapted_coef(model, callback, ITERATIONS), expected[False], rel_tol=1e-9)
+    callback._remove_hooks()
+
+
+def test_discrete_ppo_warmup_is_the_gym_references_eleven_iterations():
+    """The Gym reference appends iteration ``ite``'s losses, then adapts when ``ite - level_start >= 10`` (``ite``
+    0-based): 11 iterations run at the initial coefficient. Written out, and the callback's default against it."""
+    reference_first = next(ite for ite in range(100) if ite - 0 >= 10) + 1  # iterations before the first adaptation
+    model = PPO("MlpPolicy", "CartPole-v1", policy_kwargs=NET, **PPO_FAST)
+    model.set_logger(configure(None, []))
+    callback = ChurnReduction()
+    callback.init_callback(model)
+    callback._on_training_start()
+    coefs = [_adapted_coef(model, callback, [(0.05, -0.6, [0.01])]) for _ in range(reference_first)]
+    assert coefs[:-1] == [1.0] * (reference_first - 1) and coefs[-1] > 1.0 and reference_first == 11
+    callback._remove_hooks()
+
+
+def test_task_loss_entropy_bad_values_and_agents_without_an_entropy_term():
+    with pytest.raises(ValueError, match="task_loss_entropy must be None, True or False, got 'yes'"):
+        ChurnReduction(task_loss_entropy="yes")
+    with pytest.raises(ValueError, match="churn_reduction_task_loss_entropy must be None, True or False, got 1"):
+        ChurnReductionConfig(churn_reduction=True, churn_reduction_task_loss_entropy=1)
+    with pytest.raises(ValueError, match="task_loss_entropy=True.*DQN.*no entropy"):
+        DQN("MlpPolicy", "CartPole-v1", policy_kwargs=NET, **OFF_FAST).learn(8, callback=ChurnReduction(
+            task_loss_entropy=True))
+    model = PlasticPPO("MlpPolicy", "CartPole-v1", churn_reduction=True, churn_reduction_task_loss_entropy=False,
+                       policy_kwargs=dict(NET), **PPO_FAST)
+    (callback,) = model.intervention_callbacks()
+    assert callback.options["task_loss_entropy"] is False

@@ -21,20 +21,28 @@ The coefficient ``lambda`` adapts so that the regulariser keeps a target scale r
 ``lambda = max(target_scale * mean|L_task| / (mean L_reg + 1e-8), min_coef)``, both means over the last ``window``
 adaptation steps. The reference settings per agent (:data:`CCHAIN_DEFAULTS`):
 
-==================  =============  ============  =========  =======  ========  ===================================
-agent               initial coef   target scale  warmup     window   min coef  reset at a task change
-==================  =============  ============  =========  =======  ========  ===================================
-PPO, discrete       1              1e4           10 it.     50 it.   1         yes (Gym control reference)
-PPO, continuous     100            0.05          50 it.     100 it.  0         yes (DMC reference)
-DQN family          50             0.01          10 000 up. 50 000    0         no (C-MinAtar reference)
-SAC family          1              (fixed)       -          -        -         no (CHAIN's SAC, no auto coefficient)
-==================  =============  ============  =========  =======  ========  ===================================
+==================  =============  ============  =========  =======  ========  =============  =========================
+agent               initial coef   target scale  warmup     window   min coef  reset at a     reference
+                                                                               task change
+==================  =============  ============  =========  =======  ========  =============  =========================
+PPO, discrete       1              1e4           11 it.     50 it.   1         yes            Gym control
+PPO, continuous     100            0.05          50 it.     100 it.  0         yes            DMC
+DQN family          50             0.01          10 000 up. 50 000    0         no             C-MinAtar
+SAC family          1              (fixed)       -          -        -         no             CHAIN's SAC (no auto coef)
+==================  =============  ============  =========  =======  ========  =============  =========================
 
-(it.: PPO iterations, i.e. ``train()`` calls; up.: gradient updates.) The ProcGen reference uses 10 / 1e4 / 20 / 200 /
-1 for discrete PPO; pass those to follow it. ``L_task`` is SB3's own logged loss of the ``train()`` call:
-``train/policy_gradient_loss`` (PPO's clipped surrogate without the entropy term, as the ProcGen reference; the Gym
-reference includes the entropy bonus), ``train/loss`` (DQN, QR-DQN), ``train/critic_loss`` (SAC family). A2C (in no
-reference) gets PPO's settings with ``train/policy_loss``, its unnormalised policy loss.
+(it.: PPO iterations, i.e. ``train()`` calls; up.: gradient updates.) ``warmup`` counts the adaptation steps run at
+the initial coefficient: the Gym reference appends iteration ``ite``'s losses and adapts once ``ite - start >= 10``
+(``ite`` 0-based), after 11 iterations; the DMC reference's 1-based ``iteration >= 50`` after 50; the C-MinAtar
+reference's ``update_cnt >= 10000``, counted before the check, after 10 000 updates. ``L_task`` is SB3's own logged
+loss of the ``train()`` call: for discrete PPO (``task_loss_entropy=True``) the clipped surrogate with the entropy
+bonus, ``train/policy_gradient_loss + ent_coef * train/entropy_loss``, as the Gym reference's ``p_loss``
+(``clipped_surrogate.mean() - c1 * entropy.mean()``, c1 = 0.01); for continuous PPO the surrogate alone
+(``train/policy_gradient_loss``, the DMC reference's ``pg_loss``); ``train/loss`` (DQN, QR-DQN),
+``train/critic_loss`` (SAC family). The ProcGen reference (discrete PPO) uses 10 / 1e4 / 21 / 200 / 1 (its
+``level_iters >= 20`` is checked before the count's increment) and the surrogate alone: pass ``coef=10,
+warmup=21, window=200, task_loss_entropy=False`` to follow it. A2C (in no reference) gets PPO's settings with
+``train/policy_loss``, its unnormalised policy loss (plus ``ent_coef * train/entropy_loss`` when discrete).
 
 Mechanism: the callback copies the network into a frozen shadow right before each optimizer step (so the shadow holds
 ``theta_{t-1}`` at update ``t``), and right after each ``optimizer.zero_grad()`` of a ``train()`` computes the
@@ -48,8 +56,12 @@ permutation), SB3's ``ReplayBuffer.sample`` of ``batch_size`` for off-policy one
 Deviations from the references (besides the adaptation unit above):
 
 * The references keep copies of the last 10 networks and regularise towards the second last; only that one is needed,
-  so one shadow copy is kept. The PPO references start regularising at their third update (their list holds the
-  initial network twice); here the second update already has a previous network. The shadow is part of the
+  so one shadow copy is kept. The PPO references start regularising at their third update (their ``len(list) <= 2``
+  guard, with the initial network in the list; the two skipped updates enter the first iteration's mean regulariser
+  loss as zeros there); here the second update already has a previous network, and the first update does not enter
+  the mean.
+* The DMC reference's running windows take the *last* minibatch's surrogate and regulariser losses of each iteration;
+  here (as in the Gym and ProcGen references) the means over the iteration's minibatches. The shadow is part of the
   persistent state (one copy of the network in the saved zip): a second ``learn()`` call, or a loaded model, regularises
   its first update towards the network before the last update saved, as one uninterrupted run does.
 * Adaptation steps of off-policy algorithms are SB3's ``train()`` calls weighted by their updates: the task loss of a
@@ -98,16 +110,18 @@ from sb3_plastic.callbacks.base import (
 from sb3_plastic.common.hooks import AfterZeroGrad, OutermostStepHooks
 
 #: The reference settings per kind of agent (see the module docstring): initial coefficient, target relative scale,
-#: warm-up and window (adaptation steps), lower bound of the coefficient, reset at task changes, SB3's loss key.
+#: warm-up and window (adaptation steps), lower bound of the coefficient, reset at task changes, the entropy bonus in
+#: the task loss, SB3's loss key.
 CCHAIN_DEFAULTS: dict[str, dict[str, Any]] = {
-    "policy_discrete": dict(coef=1.0, target_scale=1e4, warmup=10, window=50, min_coef=1.0, reset_on_task_change=True,
-                            loss_key=("train/policy_gradient_loss", "train/policy_loss")),
+    "policy_discrete": dict(coef=1.0, target_scale=1e4, warmup=11, window=50, min_coef=1.0, reset_on_task_change=True,
+                            task_loss_entropy=True, loss_key=("train/policy_gradient_loss", "train/policy_loss")),
     "policy_continuous": dict(coef=100.0, target_scale=0.05, warmup=50, window=100, min_coef=0.0,
-                              reset_on_task_change=True, loss_key=("train/policy_gradient_loss", "train/policy_loss")),
+                              reset_on_task_change=True, task_loss_entropy=False,
+                              loss_key=("train/policy_gradient_loss", "train/policy_loss")),
     "q_values": dict(coef=50.0, target_scale=0.01, warmup=10_000, window=50_000, min_coef=0.0,
-                     reset_on_task_change=False, loss_key=("train/loss",)),
+                     reset_on_task_change=False, task_loss_entropy=False, loss_key=("train/loss",)),
     "critic": dict(coef=1.0, target_scale=0.0, warmup=0, window=1, min_coef=0.0, reset_on_task_change=False,
-                   loss_key=("train/critic_loss",)),
+                   task_loss_entropy=False, loss_key=("train/critic_loss",)),
 }
 #: Added to the probabilities inside the log of the policy cross entropy (the references' constant).
 LOG_EPS = 1e-8
@@ -232,6 +246,11 @@ class ChurnReduction(PlasticCallback):
     :param batch_size: size of the regularisation batch; ``None``: the algorithm's ``batch_size``.
     :param name: distinguishes several ChurnReduction callbacks on one model.
     :param verbose: SB3 verbosity.
+    :param task_loss_entropy: add the entropy bonus to the task loss the coefficient adapts to
+        (``train/policy_gradient_loss + ent_coef * train/entropy_loss``); ``None``: the reference's choice (discrete PPO
+        yes, the Gym-control reference; continuous PPO no, the DMC reference). Only for the PPO family and A2C (a
+        ``ValueError`` at training start elsewhere: DQN, QR-DQN and the SAC family have no entropy term in their
+        reference task losses).
     """
 
     def __init__(
@@ -245,11 +264,13 @@ class ChurnReduction(PlasticCallback):
         batch_size: Optional[int] = None,
         name: Optional[str] = None,
         verbose: int = 0,
+        task_loss_entropy: Optional[bool] = None,
     ) -> None:
         super().__init__(name=name, verbose=verbose)
-        _check_settings(coef, target_scale, warmup, window, min_coef, reset_on_task_change, batch_size, "")
+        _check_settings(coef, target_scale, warmup, window, min_coef, reset_on_task_change, batch_size, "",
+                        task_loss_entropy)
         self.options = dict(coef=coef, target_scale=target_scale, warmup=warmup, window=window, min_coef=min_coef,
-                            reset_on_task_change=reset_on_task_change)
+                            reset_on_task_change=reset_on_task_change, task_loss_entropy=task_loss_entropy)
         self.batch_size = batch_size
         self.settings: dict[str, Any] = {}
         self.kind = ""
@@ -269,6 +290,10 @@ class ChurnReduction(PlasticCallback):
         defaults = CCHAIN_DEFAULTS[self.kind]
         self.settings = {k: defaults[k] if v is None else v for k, v in self.options.items()}
         self.settings["loss_key"] = defaults["loss_key"]
+        if self.settings["task_loss_entropy"] and not self.kind.startswith("policy"):
+            raise ValueError(f"ChurnReduction: task_loss_entropy=True adds the entropy bonus to a policy-gradient task "
+                             f"loss (PPO, A2C, MaskablePPO); {type(self.model).__name__}'s task loss has no entropy "
+                             "term: leave task_loss_entropy at None or False")
         s = self.state
         s.setdefault("coef", float(self.settings["coef"]))
         s.setdefault("task_losses", [])
@@ -359,10 +384,15 @@ class ChurnReduction(PlasticCallback):
             return
         logged = self.model.logger.name_to_value
         task = next((logged[k] for k in self.settings["loss_key"] if k in logged), None)
+        what = " or ".join(self.settings["loss_key"])
+        if self.settings["task_loss_entropy"]:
+            what += ", with train/entropy_loss"
+            entropy = logged.get("train/entropy_loss")
+            task = None if task is None or entropy is None else task + float(self.model.ent_coef) * entropy
         if task is None:
-            warnings.warn(f"ChurnReduction: the task loss of the last train() call ({' or '.join(self.settings['loss_key'])}) "
-                          "is not in the logger (a model saved before this callback adapted to the call, then loaded?): "
-                          "the coefficient skips this adaptation step", stacklevel=2)
+            warnings.warn(f"ChurnReduction: the task loss of the last train() call ({what}) is not in the logger (a "
+                          "model saved before this callback adapted to the call, then loaded?): the coefficient skips "
+                          "this adaptation step", stacklevel=2)
         s = self.state
         weight = 1 if self.kind.startswith("policy") else updates  # PPO: per iteration; off-policy: per update
         if task is not None and regs:
@@ -491,7 +521,7 @@ class ChurnReduction(PlasticCallback):
 
 
 def _check_settings(coef: Any, target_scale: Any, warmup: Any, window: Any, min_coef: Any, reset: Any, batch_size: Any,
-                    prefix: str) -> None:
+                    prefix: str, task_loss_entropy: Any = None) -> None:
     for name, value in (("coef", coef), ("target_scale", target_scale), ("min_coef", min_coef)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value)
                                   or value < 0):
@@ -501,6 +531,8 @@ def _check_settings(coef: Any, target_scale: Any, warmup: Any, window: Any, min_
             raise ValueError(f"{prefix}{name} must be None or an int >= {low}, got {value!r}")
     if reset is not None and not isinstance(reset, bool):
         raise ValueError(f"{prefix}reset_on_task_change must be None, True or False, got {reset!r}")
+    if task_loss_entropy is not None and not isinstance(task_loss_entropy, bool):
+        raise ValueError(f"{prefix}task_loss_entropy must be None, True or False, got {task_loss_entropy!r}")
     if coef is not None and target_scale is not None and coef == 0 and target_scale == 0:
         warnings.warn(
             f"{prefix}coef=0 and {prefix}target_scale=0 changes nothing: the coefficient stays 0 (target_scale=0 keeps "
@@ -522,6 +554,8 @@ class ChurnReductionConfig(InterventionConfig):
     :param churn_reduction_window: adaptation steps of the running means.
     :param churn_reduction_reset_on_task_change: restart the coefficient at task changes.
     :param churn_reduction_batch_size: size of the regularisation batch (``None``: the algorithm's ``batch_size``).
+    :param churn_reduction_task_loss_entropy: the entropy bonus in the task loss the coefficient adapts to (PPO family,
+        A2C; ``None``: discrete yes, continuous no).
 
     Any field set while ``churn_reduction`` is off warns.
     """
@@ -533,6 +567,7 @@ class ChurnReductionConfig(InterventionConfig):
     churn_reduction_window: Optional[int] = None
     churn_reduction_reset_on_task_change: Optional[bool] = None
     churn_reduction_batch_size: Optional[int] = None
+    churn_reduction_task_loss_entropy: Optional[bool] = None
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the bad value and what is allowed."""
@@ -540,7 +575,7 @@ class ChurnReductionConfig(InterventionConfig):
             raise ValueError(f"churn_reduction must be True or False, got {self.churn_reduction!r}")
         _check_settings(self.churn_reduction_coef, self.churn_reduction_target_scale, self.churn_reduction_warmup,
                         self.churn_reduction_window, None, self.churn_reduction_reset_on_task_change,
-                        self.churn_reduction_batch_size, "churn_reduction_")
+                        self.churn_reduction_batch_size, "churn_reduction_", self.churn_reduction_task_loss_entropy)
         if not self.enabled:
             others = [f.name for f in self.__dataclass_fields__.values() if f.name != "churn_reduction"]
             warn_ignored_options(changed_fields(self, others), "churn_reduction is False (off)", stacklevel=4)
@@ -563,5 +598,6 @@ class ChurnReductionConfig(InterventionConfig):
                 window=self.churn_reduction_window,
                 reset_on_task_change=self.churn_reduction_reset_on_task_change,
                 batch_size=self.churn_reduction_batch_size,
+                task_loss_entropy=self.churn_reduction_task_loss_entropy,
             )
 
