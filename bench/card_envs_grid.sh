@@ -66,6 +66,10 @@ run "$w" $MI --methods ppo_fourier --seeds 0 --fresh sample
 #    minibatch of 128; ~6-7.5 CPU-hours a run, checkpointed), plain PPO seed 0 first: does plain PPO's decline show at
 #    all before the methods are run on it (bench/README: the 200 k and 500 k intervals showed none)
 SD="--setting slippery_ant_dohare"
+#    (twenty-ninth session: his networks had 111 inputs, 84 of them always-zero contact forces, so his LeCun bound on
+#    the first layer was sqrt(3/111); the setting now pads the observation to 111 and both runs below started again.
+#    First the task-0 ablation of his terminal time limit, 23 CPU-min, then plain PPO's full run)
+run "$w" --setting slippery_ant_dohare_bootstrap --methods ppo --seeds 0 --fresh none --tasks 1
 run "$w" $SD --methods ppo --seeds 0 --fresh none
 # 5. C-MinAtar's plain Double DQN at C-CHAIN's protocol, seed 0 (~10 CPU-hours, checkpointed: it spans sessions; with
 #    one worker on the grid it comes after the methods' first seed, so that the card's question is read first)

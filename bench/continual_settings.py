@@ -383,7 +383,8 @@ SETTINGS["slippery_ant_dohare"] = replace(
     policy_kwargs=dict(optimizer_kwargs=dict(eps=1e-8)),
     init="lecun",
     monitor_every=500_000,
-    env_kwargs=dict(include_cfrc_ext_in_observation=False, contact_cost_weight=0.0, raw_actions=True),
+    env_kwargs=dict(include_cfrc_ext_in_observation=False, contact_cost_weight=0.0, raw_actions=True,
+                    observation_zeros=84),
     advantage_norm="rollout",
     time_limit_terminal=True,
     description="SlipperyAnt (friction re-drawn every 2M steps, no contact forces: Dohare's Ant-v3), PPO [256, 256] "

@@ -56,6 +56,7 @@ from sb3_plastic.envs.wrappers import (
     RawActions,
     TruncateIdleEpisode,
     TruncationAsTermination,
+    ZeroPaddedObservations,
 )
 
 #: Namespace of the gymnasium ids of this package.
@@ -144,6 +145,7 @@ __all__ = [
     "TaskSchedule",
     "TruncateIdleEpisode",
     "TruncationAsTermination",
+    "ZeroPaddedObservations",
     "register_env",
     "register_envs",
 ]

@@ -38,7 +38,7 @@ import numpy as np
 
 from sb3_plastic.envs._deps import require
 from sb3_plastic.envs.schedule import TaskSchedule
-from sb3_plastic.envs.wrappers import PhysicsParameterSchedule, RawActions
+from sb3_plastic.envs.wrappers import PhysicsParameterSchedule, RawActions, ZeroPaddedObservations
 
 #: Default friction range ``(low, high)`` of the log-uniform draw (Dohare et al., 2024).
 DEFAULT_FRICTION_RANGE = (0.02, 2.0)
@@ -137,25 +137,32 @@ def make_slippery(
     task_seed: int = 0,
     at_episode_end: bool = True,
     raw_actions: bool = False,
+    observation_zeros: int = 0,
     **kwargs: Any,
 ) -> gym.Env:
     """Build :class:`SlipperyFriction` over the MuJoCo env ``base_id`` (constructor keywords in ``kwargs``).
 
     ``raw_actions=True`` wraps it in :class:`~sb3_plastic.envs.wrappers.RawActions`: an agent's raw action reaches
     the env unclipped, so the control cost charges the action sampled, as in Dohare et al.'s runs (MuJoCo still clamps
-    it for the dynamics).
+    it for the dynamics). ``observation_zeros=n`` appends ``n`` always-zero entries to the observation
+    (:class:`~sb3_plastic.envs.wrappers.ZeroPaddedObservations`): ``Ant-v5`` without contact forces (27 observations)
+    and ``n = 84`` has the 111 inputs of Dohare et al.'s ``Ant-v3``, whose contact forces were always 0.
 
     The base env is built without its time limit: the registered ``sb3_plastic/`` ids add the base
     env's 1000-step limit outside the wrapper, so ``gym.make(..., max_episode_steps=...)`` works.
     """
     check_friction_range(friction_range)
     TaskSchedule(change_every, task_seed, at_episode_end)  # validates before the (slow) model is built
+    if isinstance(observation_zeros, bool) or not isinstance(observation_zeros, (int, np.integer)) or observation_zeros < 0:
+        raise ValueError(f"observation_zeros must be an int >= 0, got {observation_zeros!r}")
     require("mujoco", "mujoco", f"sb3_plastic/Slippery{base_id.split('-')[0]}")
     spec = gym.spec(base_id)
     creator = gym.envs.registration.load_env_creator(spec.entry_point)
     env = creator(**{**spec.kwargs, **kwargs})
-    slippery = SlipperyFriction(env, change_every, friction_range, task_seed, at_episode_end)
-    return RawActions(slippery) if raw_actions else slippery
+    out: gym.Env = SlipperyFriction(env, change_every, friction_range, task_seed, at_episode_end)
+    if observation_zeros:
+        out = ZeroPaddedObservations(out, observation_zeros)
+    return RawActions(out) if raw_actions else out
 
 
 def make_slippery_half_cheetah(**kwargs: Any) -> gym.Env:

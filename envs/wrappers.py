@@ -526,6 +526,38 @@ class RawActions(gym.Wrapper):
         self.action_space = spaces.Box(-float(bound), float(bound), shape=space.shape, dtype=space.dtype)
 
 
+class ZeroPaddedObservations(gym.ObservationWrapper):
+    """Append ``zeros`` entries that are always 0 to a flat ``Box`` observation (declared unbounded, as gym's
+    ``Ant-v3`` declared its contact forces; bounds ``[0, 0]`` would trip gymnasium's env checker).
+
+    A network sized from the observation then has as many inputs as one built on an env that observed that many dead
+    entries. Dohare et al.'s Slippery Ant (shibhansh/loss-of-plasticity, gym 0.23's ``Ant-v3`` on mujoco-py 2.1)
+    observed 27 positions and velocities and 84 contact forces that MuJoCo 2 no longer computes (always 0,
+    openai/gym#1541): their policy and value networks had 111 inputs, so their LeCun bound on the first layer, and on
+    Continual Backprop's new first-layer units, was ``sqrt(3 / 111)``. ``Ant-v5`` without its contact forces (27
+    observations) padded with 84 zeros gives that network; the zero inputs change no output and get no gradient, as
+    theirs.
+
+    :param env: an env with a flat (1-D) ``Box`` observation space.
+    :param zeros: the number of zeros appended (>= 0).
+    """
+
+    def __init__(self, env: gym.Env, zeros: int) -> None:
+        if isinstance(zeros, bool) or not isinstance(zeros, (int, np.integer)) or zeros < 0:
+            raise ValueError(f"zeros must be an int >= 0, got {zeros!r}")
+        space = env.observation_space
+        if not isinstance(space, spaces.Box) or len(space.shape) != 1:
+            raise ValueError(f"ZeroPaddedObservations needs a flat Box observation space, got {space}")
+        super().__init__(env)
+        self.zeros = int(zeros)
+        pad = np.full(self.zeros, np.inf, dtype=space.dtype)
+        self.observation_space = spaces.Box(np.concatenate([space.low, -pad]), np.concatenate([space.high, pad]),
+                                            dtype=space.dtype)
+
+    def observation(self, observation: np.ndarray) -> np.ndarray:
+        return np.concatenate([observation, np.zeros(self.zeros, dtype=observation.dtype)])
+
+
 class TruncationAsTermination(gym.Wrapper):
     """Report an episode cut by a time limit (``truncated``) as terminated: the agent learns the cut as a terminal
     state and does not bootstrap there.

@@ -311,9 +311,14 @@ def test_dohare_slippery_ant_is_his_design_and_his_regularised_agents(continual)
     assert continual.SETTINGS["slippery_ant_ppo"].ppo["batch_size"] == 64  # the interval runs' minibatch, unchanged
     params = continual.MethodParams()
     plain, _ = continual.build_model("ppo", setting, params, 0, "cpu", None)
-    # his gym 0.23 Ant-v3 on mujoco-py 2.1 saw no contact forces (always 0 there) and paid no contact cost: Ant-v5
-    # without them, 27 observations (the interval runs kept Ant-v5's 105)
-    assert plain.observation_space.shape == (27,)
+    # his gym 0.23 Ant-v3 on mujoco-py 2.1 saw no contact forces (84 entries, always 0 there) and paid no contact cost:
+    # Ant-v5 without them (27 observations; the interval runs kept Ant-v5's 105) and 84 zeros, so that his networks'
+    # 111 inputs, and their LeCun bound sqrt(3 / 111) on the first layer, are ours (twenty-ninth session)
+    assert plain.observation_space.shape == (111,)
+    first = [m for name, m in plain.policy.named_modules() if name.endswith(("policy_net.0", "value_net.0"))]
+    assert len(first) == 2 and all(m.in_features == 111 for m in first)
+    for m in first:
+        assert (3 / 111) ** 0.5 * 0.95 < float(m.weight.abs().max()) <= (3 / 111) ** 0.5
     assert plain.action_space.high.max() == 1e6  # raw_actions: his raw Gaussian sample reaches the env, cost included
     # his PPO (lop/algos/rl/ppo.py): no gradient clipping, the value loss unweighted, Adam eps 1e-8, LeCun init
     assert (plain.max_grad_norm, plain.vf_coef) == (float("inf"), 1.0)
