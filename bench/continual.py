@@ -160,6 +160,7 @@ from continual_report import (  # noqa: F401
     evaluation_summary,
     load_records,
     markdown_table,
+    one_per_logged_step,
     report,
     rounded,
     summarise,

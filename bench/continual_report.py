@@ -172,9 +172,24 @@ def evaluation_summary(runs: list[dict], tasks: int) -> dict[str, Any]:
     for k in range(tasks):
         means = [float(np.mean(v)) for r in with_evals if (v := [e[2] for e in r["evaluations"] if e[1] == k])]
         per_task.append(float(np.mean(means)) if means else None)
-    se = float(np.std(per_seed, ddof=1) / np.sqrt(len(per_seed))) if len(per_seed) > 1 else float("nan")
-    return {"mean": float(np.mean(per_seed)), "se": se, "per_seed": per_seed, "per_task": per_task,
-            "seeds": len(per_seed)}
+    logged = [float(np.mean([e[2] for e in one_per_logged_step(r["evaluations"])])) for r in with_evals]
+    return {"mean": float(np.mean(per_seed)), "se": _se(per_seed), "per_seed": per_seed, "per_task": per_task,
+            "seeds": len(per_seed), "logged_mean": float(np.mean(logged)), "logged_se": _se(logged),
+            "logged_points": len(one_per_logged_step(with_evals[0]["evaluations"]))}
+
+
+def _se(values: list[float]) -> float:
+    return float(np.std(values, ddof=1) / np.sqrt(len(values))) if len(values) > 1 else float("nan")
+
+
+def one_per_logged_step(evaluations: list[list[Any]]) -> list[list[Any]]:
+    """The evaluations a history keyed by the global step keeps when two share a step (C-CHAIN's runs log to wandb
+    at the step: at a game switch the new game's first evaluation is logged at the step of the old game's last one,
+    and the later value replaces the earlier, as inferred from ``crl_run_double_dqn.py``; their saved files hold only
+    the final evaluation). Here the old game's last evaluation is one step before the new game's first: an
+    evaluation followed within one step by the next task's is dropped."""
+    return [e for i, e in enumerate(evaluations)
+            if not (i + 1 < len(evaluations) and evaluations[i + 1][1] == e[1] + 1 and evaluations[i + 1][0] - e[0] <= 1)]
 
 
 def _mean_se(values: np.ndarray) -> dict[str, Any]:
@@ -505,6 +520,10 @@ def markdown_table(result: dict[str, Any], setting_name: str, setting: Setting) 
         for method, e in evaluated.items():
             cells = ["-" if v is None else f"{v:.3g}" for v in e["per_task"]]
             lines.append(f"| {method} | {e['seeds']} | {e['mean']:.3g} ± {e['se']:.2g} | " + " | ".join(cells) + " |")
+        lines += ["", "The same without each task's last evaluation where the next task's first follows it by one step "
+                  "(a history keyed by the global step, as C-CHAIN's wandb logging, keeps the later of the two): "
+                  + "; ".join(f"{m} {e['logged_mean']:.3g} ± {e['logged_se']:.2g} ({e['logged_points']} points a run)"
+                              for m, e in evaluated.items() if "logged_mean" in e)]
     averaged = {m: s for m, s in summary.items() if s.get("run_average")}
     if averaged:
         lines += ["", "TRAC / C-CHAIN's statistic (their Table 1): per run the mean over all its PPO iterations of the "

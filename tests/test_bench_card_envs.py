@@ -615,6 +615,20 @@ def test_evaluation_summary_is_the_run_mean_over_evaluations_then_mean_and_se_ov
     assert continual.evaluation_summary([{"task": [0]}], 2) == {}
 
 
+def test_the_logged_statistic_drops_a_tasks_last_evaluation_where_the_next_tasks_first_shares_its_step(continual):
+    """C-CHAIN's wandb history keyed by the global step keeps one value where two evaluations share a step: the end
+    of game k and the zero-shot start of game k + 1 (ours one step apart). Written out by hand."""
+    evals = [[0, 0, 1.0], [50, 0, 2.0], [100, 0, 9.0], [101, 1, 3.0], [150, 1, 4.0], [200, 1, 7.0], [201, 2, 5.0],
+             [250, 2, 6.0], [300, 2, 8.0]]
+    kept = continual.one_per_logged_step(evals)
+    assert kept == [e for e in evals if e[0] not in (100, 200)]
+    out = continual.evaluation_summary([{"evaluations": evals}, {"evaluations": [[0, 0, 2.0], [5, 0, 4.0]]}], 3)
+    by_hand = [np.mean([1, 2, 3, 4, 5, 6, 8]), 3.0]
+    assert out["logged_mean"] == pytest.approx(np.mean(by_hand)) and out["logged_points"] == 7
+    assert out["logged_se"] == pytest.approx(np.std(by_hand, ddof=1) / np.sqrt(2))
+    assert out["mean"] == pytest.approx(np.mean([np.mean([e[2] for e in evals]), 3.0]))
+
+
 def test_a_replay_buffer_is_saved_compactly_and_comes_back_equal(continual, tmp_path):
     from stable_baselines3.common.buffers import ReplayBuffer
 
