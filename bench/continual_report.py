@@ -423,11 +423,69 @@ def per_run_task_parameters(records: list[dict], methods: list[str], setting: Se
     seeds = sorted({int(r["seed"]) for r in runs})
     if not seeds or task_parameters(setting, seeds[0]) is None:
         return {}
-    return {
-        "task_parameters": {str(seed): task_parameters(setting, seed) for seed in seeds},
-        "per_run_scores": {m: {str(r["seed"]): _score(r, setting) for r in sorted(runs, key=lambda r: r["seed"])
-                               if r["method"] == m} for m in methods if any(r["method"] == m for r in runs)},
-    }
+    parameters = {str(seed): task_parameters(setting, seed) for seed in seeds}
+    scores = {m: {str(r["seed"]): _score(r, setting) for r in sorted(runs, key=lambda r: r["seed"]) if r["method"] == m}
+              for m in methods if any(r["method"] == m for r in runs)}
+    trends = {m: t for m, per_seed in scores.items() if (t := parameter_adjusted_trend(per_seed, parameters)) is not None}
+    return {"task_parameters": parameters, "per_run_scores": scores, **({"adjusted_trend": trends} if trends else {})}
+
+
+def parameter_adjusted_trend(scores: dict[str, list[float]], parameters: dict[str, list[dict[str, float]]],
+                             first_task: int = 1) -> Optional[dict[str, Any]]:
+    """The trend of a method's continual score over the tasks with each task's drawn parameters held fixed (Slippery
+    Ant: friction moves the return more than time does, and every seed draws its own frictions, so a decline over
+    tasks is read with them as covariates). Fixed before any run at Dohare et al.'s design finished (twenty-ninth
+    session).
+
+    ``slope``: the OLS coefficient ``c`` of ``score[s, k] = a_s + c k + sum_p (b_p x_p + b'_p x_p^2)`` over the
+    seeds' tasks ``k >= first_task`` (task 0, learnt from scratch, left out), ``x_p`` the log10 of parameter ``p``
+    (the value itself where it is not positive), one intercept per seed; ``low`` / ``high``: 95 % percentile interval
+    of ``c`` over :data:`REPS` bootstrap resamples of whole seeds (seeded; ``None`` below 3 seeds); ``per_seed``: each
+    seed's own fit of the same model (``None`` where it has too few tasks); ``tasks``: the tasks used per seed.
+    ``None`` without a seed with more tasks than covariates.
+
+    :param scores: per seed (as a string), the continual run's score per task.
+    :param parameters: per seed, each task's parameters (``task_parameters`` of the summary).
+    """
+    rows: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for seed, values in scores.items():
+        params = parameters.get(seed)
+        if not params:
+            continue
+        ks = [k for k in range(first_task, min(len(values), len(params))) if np.isfinite(values[k])]
+        names = sorted(params[0])
+        cov = []
+        for k in ks:
+            x = []
+            for name in names:
+                v = float(params[k][name])
+                v = float(np.log10(v)) if all(float(t[name]) > 0 for t in params) else v
+                x += [v, v * v]
+            cov.append([float(k), *x])
+        if len(ks) > len(names) * 2 + 2:
+            rows[seed] = (np.asarray(cov), np.asarray([values[k] for k in ks], dtype=float))
+    if not rows:
+        return None
+
+    def fit(seeds: list[str]) -> float:
+        blocks = [rows[s] for s in seeds]
+        x = np.concatenate([b[0] for b in blocks])
+        fixed = np.zeros((len(x), len(seeds)))
+        start = 0
+        for i, b in enumerate(blocks):
+            fixed[start:start + len(b[1]), i] = 1.0
+            start += len(b[1])
+        coef, *_ = np.linalg.lstsq(np.hstack([fixed, x]), np.concatenate([b[1] for b in blocks]), rcond=None)
+        return float(coef[len(seeds)])
+
+    seeds = sorted(rows, key=int)
+    low = high = None
+    if len(seeds) >= 3:
+        draws = np.random.default_rng(0).integers(0, len(seeds), size=(REPS, len(seeds)))
+        boot = [fit([seeds[i] for i in d]) for d in draws]
+        low, high = float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))
+    return {"slope": fit(seeds), "low": low, "high": high, "seeds": len(seeds),
+            "per_seed": {s: fit([s]) for s in seeds}, "tasks": {s: len(rows[s][1]) for s in seeds}}
 
 
 def _at_floor(cells: np.ndarray, floor_below: float) -> dict[str, int]:
@@ -499,6 +557,15 @@ def markdown_table(result: dict[str, Any], setting_name: str, setting: Setting) 
                     ends = per_seed[seed]
                     lines.append(f"| {seed} | {method} | " + " | ".join(
                         f"{ends[k]:.4g}" if k < len(ends) else "-" for k in range(n_tasks)) + " |")
+    if result.get("adjusted_trend"):
+        lines += ["", "Trend over the tasks after task 0 with each task's parameters held fixed: the OLS slope of the "
+                  "score on the task index with log10 of each parameter and its square as covariates and an intercept "
+                  "per seed [95 % CI: bootstrap over seeds, from 3 seeds]; per seed: its own fit", "",
+                  "| method | seeds | slope per task | per seed |", "|---|---|---|---|"]
+        for method, t in result["adjusted_trend"].items():
+            ci = f" [{t['low']:.3g}, {t['high']:.3g}]" if t["low"] is not None else ""
+            per = ", ".join(f"{s}: {v:.3g}" for s, v in t["per_seed"].items())
+            lines.append(f"| {method} | {t['seeds']} | {t['slope']:.3g}{ci} | {per} |")
     checked = {m: s["fresh_sample_check"] for m, s in summary.items() if s.get("fresh_sample_check")}
     if checked:
         lines += ["", "Fresh-sample check (runs with a fresh agent on every late task; the ratio of means above uses "

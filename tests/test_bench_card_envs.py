@@ -746,3 +746,39 @@ def test_lecun_init_is_dohares_and_only_for_a_ppo_mlp_setting(continual):
         replace(base, init="he")
     with pytest.raises(ValueError, match="init='lecun' is for a PPO setting with an MLP policy"):
         replace(continual.SETTINGS["minatar_intensive"], init="lecun")
+
+
+def test_the_parameter_adjusted_trend_recovers_a_planted_decline_and_its_absence(continual):
+    """Scores built as seed level - 40 per task + a quadratic in log10 friction (+ small seeded noise): the adjusted
+    slope finds -40 where a plain slope over tasks would not (the frictions are drawn per seed), its seed bootstrap
+    interval holds it, every seed's own fit too; without the planted decline the slope is ~0; one seed has no interval;
+    task 0 and missing tasks are left out."""
+    rng = np.random.default_rng(3)
+    parameters, declining, flat = {}, {}, {}
+    for seed in range(5):
+        friction = 10 ** rng.uniform(np.log10(0.02), np.log10(2.0), size=10)
+        parameters[str(seed)] = [{"friction": float(f)} for f in friction]
+        x = np.log10(friction)
+        level = 1000 * seed + 500 * x - 300 * x ** 2 + rng.normal(0, 1, size=10)
+        declining[str(seed)] = list(level - 40 * np.arange(10))
+        flat[str(seed)] = list(level)
+        declining[str(seed)][0] = flat[str(seed)][0] = -1e6  # task 0 is not used
+    out = continual_report_trend(continual, declining, parameters)
+    assert out["slope"] == pytest.approx(-40, abs=0.5) and out["low"] < -40 < out["high"] and out["high"] < 0
+    assert all(v == pytest.approx(-40, abs=1.5) for v in out["per_seed"].values()) and out["seeds"] == 5
+    assert set(out["tasks"].values()) == {9}
+    # the unadjusted slope over the same cells is far from -40: the frictions, not the tasks, move these scores
+    ks = np.tile(np.arange(1, 10), 5)
+    ys = np.concatenate([np.asarray(declining[str(s)][1:]) - np.mean(declining[str(s)][1:]) for s in range(5)])
+    assert abs(np.polyfit(ks, ys, 1)[0] + 40) > 5
+    none = continual_report_trend(continual, flat, parameters)
+    assert abs(none["slope"]) < 0.5 and none["low"] < 0 < none["high"]
+    one = continual_report_trend(continual, {"0": declining["0"][:8] + [float("nan")] * 2}, parameters)
+    assert one["low"] is None and one["tasks"] == {"0": 7} and one["slope"] == pytest.approx(-40, abs=1.5)
+    assert continual_report_trend(continual, {"0": declining["0"][:5]}, parameters) is None  # 4 tasks, 4 coefficients
+
+
+def continual_report_trend(continual, scores, parameters):
+    import continual_report
+
+    return continual_report.parameter_adjusted_trend(scores, parameters)
