@@ -146,3 +146,23 @@ def test_a_replay_probe_keeps_its_dtype_across_save_and_load(tmp_path):
     again = PlasticityMonitor(every=1000, max_overhead=None, probe_size=16, ntk_probe_size=0)
     learn(loaded, 8, again, reset_num_timesteps=False)
     assert again._probe[0].dtype == th.uint8 and th.equal(again._probe[0], observations)
+
+
+def test_a_dict_probe_batch_survives_save_and_load(tmp_path):
+    """MultiInputPolicy: the probe batch is a dict of tensors; it is kept and comes back key by key."""
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.envs import SimpleMultiObsEnv
+
+    env = SimpleMultiObsEnv(random_start=False)
+    model = PPO("MultiInputPolicy", env, n_steps=32, batch_size=16, n_epochs=1, seed=0)
+    monitor = PlasticityMonitor(every=1000, max_overhead=None, probe_size=16, ntk_probe_size=0)
+    learn(model, 32, monitor)
+    drawn = monitor._probe[0]
+    assert isinstance(drawn, dict) and set(drawn) == {"vec", "img"}
+    model.save(tmp_path / "m.zip")
+    loaded = PPO.load(tmp_path / "m.zip", env=env)
+    again = PlasticityMonitor(every=1000, max_overhead=None, probe_size=16, ntk_probe_size=0)
+    learn(loaded, 32, again, reset_num_timesteps=False)
+    assert set(again._probe[0]) == set(drawn)
+    assert all(th.equal(again._probe[0][k], drawn[k]) for k in drawn)
+    assert again.run() and monitor.state["probe"]["probe_size"] == 16
