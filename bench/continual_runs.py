@@ -349,7 +349,8 @@ def _train_run(method: str, seed: int, setting: Setting, params: MethodParams, o
         run_checkpoint.restore_rng(saved, model)
         for key, value in saved["recorder"].items():
             setattr(recorder, key, value)
-        monitor._probe = saved["monitor_probe"]
+        monitor._probe = saved["monitor_probe"]  # the model's state carries it too since the twenty-ninth session;
+        # checkpoints written before that have it only here
         _log_again(model.logger, saved.get("logger"))
 
     evaluator = _evaluator(setting, seed, fresh_task, method)
