@@ -71,16 +71,23 @@ it, ``lop/algos/rl/ppo.py`` and ``lop/rl/cfg/ant/cbp.yml``; ``convGnT.py`` for c
   ``1 / x`` steps, reproducible from the data alone, no random draw that would need a generator and its saved
   state) and keeps the rate exact above 1, where the reference's rule drops the fraction (``x = 1.9`` replaces 1
   per step). The reference's own supervised and convolutional code (``convGnT.py``, ``cbp_linear.py``, permuted
-  MNIST's ``accumulate: true``) accumulates too. ``"stochastic"`` draws from a private CPU generator seeded from
+  MNIST's ``accumulate: true``) accumulates too; ``convGnT.py`` (the ImageNet runs) adds ``rho * #units`` (all of
+  the layer's units, not the eligible ones) whenever one unit is eligible, so at ``rho * maturity = 1`` its rate is
+  about twice this one's; this library, ``gnt.py`` (the RL runs) and ``cbp_linear.py`` count the eligible units.
+  ``"stochastic"`` draws from a private CPU generator seeded from
   the model's seed and the callback's state key (:func:`~sb3_plastic.callbacks.shrink_perturb.shrink_perturb_seed`;
   torch's global generator, which the reference uses, is left alone), whose state is saved with the model.
 * **Conv utility**: the product of the means over positions (the reference averages per-position products).
 * **New incoming weights**: the layer's own initialiser (:func:`resolve_init`); the reference draws
   ``U(-b, b)`` with ``b = sqrt(3 / fan_in)`` in its RL runs (``init='lecun'``, ``run_ppo.py``'s default;
   ``get_layer_bound`` in ``lop/utils/miscellaneous.py``) and ``b = gain * sqrt(3 / fan_in)`` (Kaiming uniform) with
-  ``init='kaiming'``; neither is PyTorch's default bound ``sqrt(1 / fan_in)``. ``unit_init="lecun"`` draws the
+  ``init='kaiming'`` for linear layers, while for ``Conv2d`` layers ``get_layer_bound`` returns PyTorch's default
+  bound ``sqrt(1 / fan_in)`` whatever ``init`` says (``unit_init="default"`` here). ``unit_init="lecun"`` draws the
   reference's RL bound (the layer's own initialiser is what a policy built with LeCun weights should get, but an SB3
   policy whose weights were redrawn after it was built still reports its own scheme).
+* **Two layers replacing in one step**: every new unit's outgoing weights end at 0 (the paper's rule); ``gnt.py``
+  replaces layer by layer, so a new unit's outgoing column, zeroed first, is overwritten when the next layer's new
+  unit draws its incoming row in the same step (one weight per such pair; ~0.07 % of steps at the RL rate).
 * **Units**: MaxMin pairs, LSTM cells, normalisation features and every consumer of a unit (actor and critics of a
   shared extractor) are handled as above; the reference knows only ``nn.Sequential`` MLPs (and CNNs in
   ``convGnT.py``) with one consumer per layer.
