@@ -172,14 +172,11 @@ def evaluation_summary(runs: list[dict], tasks: int) -> dict[str, Any]:
     for k in range(tasks):
         means = [float(np.mean(v)) for r in with_evals if (v := [e[2] for e in r["evaluations"] if e[1] == k])]
         per_task.append(float(np.mean(means)) if means else None)
-    logged = [float(np.mean([e[2] for e in one_per_logged_step(r["evaluations"])])) for r in with_evals]
-    return {"mean": float(np.mean(per_seed)), "se": _se(per_seed), "per_seed": per_seed, "per_task": per_task,
-            "seeds": len(per_seed), "logged_mean": float(np.mean(logged)), "logged_se": _se(logged),
-            "logged_points": len(one_per_logged_step(with_evals[0]["evaluations"]))}
-
-
-def _se(values: list[float]) -> float:
-    return float(np.std(values, ddof=1) / np.sqrt(len(values))) if len(values) > 1 else float("nan")
+    kept = [one_per_logged_step(r["evaluations"]) for r in with_evals]
+    whole, logged = _mean_se(np.asarray(per_seed)), _mean_se(np.asarray([np.mean([e[2] for e in k]) for k in kept]))
+    return {"mean": whole["mean"], "se": whole["se"], "per_seed": per_seed, "per_task": per_task,
+            "seeds": len(per_seed), "logged_mean": logged["mean"], "logged_se": logged["se"],
+            "logged_points": len(kept[0])}
 
 
 def one_per_logged_step(evaluations: list[list[Any]]) -> list[list[Any]]:
@@ -441,8 +438,8 @@ def parameter_adjusted_trend(scores: dict[str, list[float]], parameters: dict[st
     seeds' tasks ``k >= first_task`` (task 0, learnt from scratch, left out), ``x_p`` the log10 of parameter ``p``
     (the value itself where it is not positive), one intercept per seed; ``low`` / ``high``: 95 % percentile interval
     of ``c`` over :data:`REPS` bootstrap resamples of whole seeds (seeded; ``None`` below 3 seeds); ``per_seed``: each
-    seed's own fit of the same model (``None`` where it has too few tasks); ``tasks``: the tasks used per seed.
-    ``None`` without a seed with more tasks than covariates.
+    seed's own fit of the same model; ``tasks``: the tasks used per seed. A seed with no more tasks than coefficients
+    is left out; ``None`` when every seed is.
 
     :param scores: per seed (as a string), the continual run's score per task.
     :param parameters: per seed, each task's parameters (``task_parameters`` of the summary).

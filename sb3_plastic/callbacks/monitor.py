@@ -18,6 +18,7 @@ from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from sb3_plastic.callbacks.base import PlasticCallback, preserved_numpy_rng
 from sb3_plastic.callbacks.redo import ReDo, _validate_positive_int, _validate_tau
 from sb3_plastic.callbacks.triggers import check_bool
+from sb3_plastic.common.surgery import plastic_state_to
 from sb3_plastic.diagnostics import MAX_JACOBIAN_ELEMENTS, network_diagnostics, spec_parameters
 
 #: Default period in environment steps. A diagnostics pass costs about as much as 15-35 environment steps of
@@ -37,12 +38,7 @@ def _unpack_probe(stored: Any, probe_size: int, device: th.device) -> Optional[t
     drawn for another ``probe_size`` (the monitor then draws a new one)."""
     if not isinstance(stored, dict) or stored.get("probe_size") != probe_size:
         return None
-    observations, actions = stored["observations"], stored["actions"]
-    if isinstance(observations, dict):
-        observations = {k: v.to(device) for k, v in observations.items()}
-    else:
-        observations = observations.to(device)
-    return observations, None if actions is None else actions.to(device)
+    return plastic_state_to((stored["observations"], stored["actions"]), device)
 
 
 class PlasticityMonitor(PlasticCallback):
