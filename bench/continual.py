@@ -17,7 +17,8 @@ The protocol of issue #14 (DESIGN.md, "Continual semantics"):
   runs, copied from them where those exist (``reused_from`` in the JSON). ``--fresh none`` skips them.
 * **Independent task sequences per seed**: run seed ``s`` trains on the task sequence of ``task_seed = s``.
 * **Statistics** (:mod:`rl_stats`): per method the IQM (rliable's ``aggregate_iqm``) over runs x last-half tasks with
-  a stratified bootstrap 95 % CI, and the probability of improvement over the plain baseline (rliable's
+  a bootstrap 95 % CI over runs (each resampled run keeps all its tasks: the run is the independent unit), and the
+  probability of improvement over the plain baseline (rliable's
   ``probability_of_improvement``) with its CI; "not resolved" wherever the two intervals compared overlap, and no
   verdict at all ("too few seeds") for a method with fewer than :data:`MIN_VERDICT_SEEDS` runs.
 

@@ -17,8 +17,14 @@ from continual_runs import fresh_sample
 from continual_settings import SCORE_LABELS, Setting, setting_config
 from rl_stats import bootstrap_mean_ci, iqm_ci, ratio_of_means_ci, rliable_metrics, stratified_bootstrap
 
-#: bootstrap resamples of the tables (stratified for IQM / probability of improvement, per task for the bands)
+#: bootstrap resamples of the tables (over runs for IQM / probability of improvement, per task for the bands)
 REPS = 2000
+#: how the last-half IQM and probability-of-improvement intervals resample a runs x tasks matrix: whole runs, each
+#: with all its tasks (:mod:`rl_stats`). A continual run is one agent over all tasks and its task sequence is drawn
+#: per seed, so the run is the independent unit; until the thirtieth session these intervals used rliable's
+#: stratified bootstrap (task columns resampled independently), which ignores the dependence between one run's tasks
+#: (bench/README.md, "Bootstrap over seeds", compares the two on every folder).
+RESAMPLE = "runs"
 
 
 class NoRunsError(RuntimeError):
@@ -115,6 +121,8 @@ def _ci_text(v: Optional[dict], digits: int = 3) -> str:
     if not v:
         return "-"
     part = f" ({v['runs']} of {v['of']} runs)" if "runs" in v else ""
+    if not math.isfinite(v["low"]):  # one run: no interval
+        return f"{v['iqm']:.{digits}g} (one run: no CI){part}"
     return f"{v['iqm']:.{digits}g} [{v['low']:.{digits}g}, {v['high']:.{digits}g}]{part}"
 
 
@@ -127,7 +135,7 @@ def _ratio_text(v: Optional[dict]) -> str:
 def _iqm_entry(matrix: np.ndarray) -> Optional[dict]:
     if matrix.size == 0 or not np.all(np.isfinite(matrix)):
         return None
-    point, low, high = iqm_ci({"x": matrix}, reps=REPS)["x"]
+    point, low, high = iqm_ci({"x": matrix}, reps=REPS, resample=RESAMPLE)["x"]
     return {"iqm": point, "low": low, "high": high}
 
 
@@ -301,9 +309,9 @@ def _ratio_per_task(cont: np.ndarray, fresh: np.ndarray) -> Optional[dict[str, l
 
 def summarise(records: list[dict], methods: list[str], setting: Setting) -> dict[str, Any]:
     """Per method: per-task continual and fresh scores (mean and 95 % bootstrap CI over seeds), plasticity per task
-    (continual / fresh of the same method), and over the last half of the tasks the IQM with a stratified bootstrap
-    95 % CI of the continual score, the fresh score and plasticity, the probability of improvement over the plain
-    baseline, and verdicts ("not resolved" where the intervals overlap)."""
+    (continual / fresh of the same method), and over the last half of the tasks the IQM with a bootstrap 95 % CI
+    over runs (:data:`RESAMPLE`) of the continual score, the fresh score and plasticity, the probability of
+    improvement over the plain baseline, and verdicts ("not resolved" where the intervals overlap)."""
     iqm, poi, metrics_source = rliable_metrics()
     plain = method_name("ppo", setting.algo)
     summary: dict[str, Any] = {}
@@ -404,7 +412,8 @@ def summarise(records: list[dict], methods: list[str], setting: Setting) -> dict
                              if r["method"] == method and r.get("fresh_task") is None], dtype=float)
             n = min(ends.shape[1], base_ends.shape[1])
             half = slice(n // 2, n)
-            point, low, high = stratified_bootstrap(poi, ends[:, half], base_ends[:, half], reps=REPS)
+            point, low, high = stratified_bootstrap(poi, ends[:, half], base_ends[:, half], reps=REPS,
+                                                    resample=RESAMPLE)
             entry["poi_vs_plain"] = {"iqm": point, "low": low, "high": high}  # (the point is P, not an IQM)
     result = {"metrics": metrics_source, "plain": plain, "methods": summary}
     result.update(per_run_task_parameters(records, methods, setting))
@@ -496,7 +505,8 @@ def markdown_table(result: dict[str, Any], setting_name: str, setting: Setting) 
     score = SCORE_LABELS[setting.score]
     lines = [
         f"setting={setting_name}: {setting.description}. Score: {score} over the last {setting.tail:.0%} of each task. "
-        f"Last half of the tasks: IQM over runs x tasks [stratified bootstrap 95 % CI] ({result['metrics']}); "
+        f"Last half of the tasks: IQM over runs x tasks [95 % CI, bootstrap over runs: each keeps its tasks] "
+        f"({result['metrics']}); "
         "plasticity = IQM of continual / fresh agent of the same method on the same task, per cell; ratio of means = "
         "sum(continual) / sum(fresh) over the last-half cells with a fresh agent [paired bootstrap over runs] "
         f"('sample': fresh agents on a sample of the late tasks); P(> {result['plain']}): "

@@ -1,18 +1,28 @@
-"""Statistics shared by the bench scripts: rliable's metrics (IQM, probability of improvement) with rliable's
-stratified bootstrap confidence intervals, a percentile and a Student-t CI of a mean.
+"""Statistics shared by the bench scripts: rliable's metrics (IQM, probability of improvement) with bootstrap
+confidence intervals, a percentile and a Student-t CI of a mean.
 
 rliable (Agarwal et al., 2021, "Deep RL at the Edge of the Statistical Precipice") is the field's standard for
 aggregating RL runs; it is required (the ``bench`` and ``test`` extras install it). Its own interval routine
 (``library.get_interval_estimates``) does not run with the installed arch/pandas (see :func:`stratified_bootstrap`),
-so the resampling is done here, as rliable's ``StratifiedBootstrap`` does it (every task column resampled over runs,
-independently), around rliable's metric functions; the intervals agree with rliable's own routine to Monte Carlo
-error (``tests/test_rl_stats.py`` runs that routine, arch's import mended for the test). Imported by
-``bench/stationary.py`` and ``bench/continual.py`` (``sys.path`` holds ``bench/``).
+so the resampling is done here, around rliable's metric functions, in one of two ways (``resample``):
+
+* ``"tasks"``: as rliable's ``StratifiedBootstrap`` does it (every task column resampled over runs, independently);
+  the intervals agree with rliable's own routine to Monte Carlo error (``tests/test_rl_stats.py`` runs that routine,
+  arch's import mended for the test). Right where each column's runs are independent of the other columns' (one
+  training run per task, as in rliable's Atari benchmarks).
+* ``"runs"``: every resampled run keeps all its tasks. Right where one run spans all the tasks (a continual run: the
+  same agent on tasks 0 .. n-1, its task sequence drawn per seed, so task index ``k`` is a different task in every
+  seed and is no stratum): the independent unit is the run, and resampling the columns independently breaks the
+  dependence between one agent's tasks (the CI can come out too narrow or too wide). ``bench/continual_report.py``
+  uses it (thirtieth session; bench/README.md, "Bootstrap over seeds").
+
+Imported by ``bench/stationary.py`` and ``bench/continual.py`` (``sys.path`` holds ``bench/``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Optional
 
 import numpy as np
 
@@ -88,10 +98,29 @@ def rliable_metrics() -> tuple[Callable[[np.ndarray], float], Callable[[np.ndarr
     return metrics.aggregate_iqm, metrics.probability_of_improvement, "rliable.metrics"
 
 
+#: how a bootstrap resamples a runs x tasks score matrix (module docstring)
+RESAMPLE = ("tasks", "runs")
+
+
+def _resample_rows(rng: np.random.Generator, shape: tuple[int, int], resample: str,
+                   reps: Optional[int] = None) -> np.ndarray:
+    """Row indices of a resample (``reps`` of them with ``reps``) of a runs x tasks matrix of ``shape``: one per cell,
+    drawn per column (``"tasks"``) or one per resampled run, repeated across its columns (``"runs"``)."""
+    if resample not in RESAMPLE:
+        raise ValueError(f"resample={resample!r}; allowed: {', '.join(map(repr, RESAMPLE))}")
+    runs, tasks = shape
+    lead = () if reps is None else (reps,)
+    if resample == "tasks":
+        return rng.integers(0, runs, size=(*lead, runs, tasks))
+    return np.repeat(rng.integers(0, runs, size=(*lead, runs))[..., None], tasks, axis=-1)
+
+
 def stratified_bootstrap(fn: Callable[..., float], *scores: np.ndarray, reps: int = 5000, seed: int = 0,
-                         level: float = 0.95) -> tuple[float, float, float]:
-    """Point estimate and percentile CI of ``fn(*scores)`` under rliable's stratified bootstrap: the runs of every
-    task (column) of every score matrix (runs x tasks) are resampled with replacement, independently.
+                         level: float = 0.95, resample: str = "tasks") -> tuple[float, float, float]:
+    """Point estimate and percentile CI of ``fn(*scores)`` under a bootstrap of every score matrix (runs x tasks),
+    each resampled independently of the others: by default rliable's stratified bootstrap (the runs of every task
+    column resampled with replacement, independently); ``resample="runs"`` resamples whole runs (module docstring).
+    The CI is NaN when a matrix has fewer than two runs (a resample of one run is that run: no interval).
 
     (rliable 1.2's own ``library.get_interval_estimates`` does not run with pandas 3: rliable 1.2 requires
     ``arch < 8``, and arch 7.2 does not import with pandas 3.x (``deprecate_kwarg() missing 1 required positional
@@ -101,12 +130,12 @@ def stratified_bootstrap(fn: Callable[..., float], *scores: np.ndarray, reps: in
     """
     rng = np.random.default_rng(seed)
     point = float(fn(*scores))
+    if min(m.shape[0] for m in scores) < 2:
+        _resample_rows(rng, scores[0].shape, resample)  # (checks ``resample``)
+        return point, float("nan"), float("nan")
     stats = np.empty(reps)
     for r in range(reps):
-        resampled = []
-        for m in scores:
-            idx = rng.integers(0, m.shape[0], size=m.shape)
-            resampled.append(np.take_along_axis(m, idx, axis=0))
+        resampled = [np.take_along_axis(m, _resample_rows(rng, m.shape, resample), axis=0) for m in scores]
         stats[r] = fn(*resampled)
     alpha = (1 - level) / 2
     return point, float(np.quantile(stats, alpha)), float(np.quantile(stats, 1 - alpha))
@@ -120,17 +149,21 @@ def iqm_rows(x: np.ndarray) -> np.ndarray:
     return np.sort(x, axis=1)[:, cut:n - cut].mean(axis=1)
 
 
-def iqm_ci(scores: dict[str, np.ndarray], reps: int = 5000, seed: int = 0,
-            level: float = 0.95) -> dict[str, tuple[float, float, float]]:
-    """IQM (rliable's ``aggregate_iqm``) with a stratified bootstrap 95 % CI per arm; ``scores[arm]`` has shape
-    (runs, tasks). Same resampling as :func:`stratified_bootstrap`, vectorised."""
+def iqm_ci(scores: dict[str, np.ndarray], reps: int = 5000, seed: int = 0, level: float = 0.95,
+           resample: str = "tasks") -> dict[str, tuple[float, float, float]]:
+    """IQM (rliable's ``aggregate_iqm``) with a bootstrap 95 % CI per arm; ``scores[arm]`` has shape (runs, tasks).
+    The same resampling as :func:`stratified_bootstrap` (``resample``: ``"tasks"``, rliable's stratified bootstrap,
+    or ``"runs"``), vectorised; the CI is NaN for an arm of one run."""
     iqm, _, _ = rliable_metrics()
     rng = np.random.default_rng(seed)
     alpha = (1 - level) / 2
     out = {}
     for arm, m in scores.items():
         runs, tasks = m.shape
-        idx = rng.integers(0, runs, size=(reps, runs, tasks))
+        idx = _resample_rows(rng, m.shape, resample, reps)
+        if runs < 2:
+            out[arm] = (float(iqm(m)), float("nan"), float("nan"))
+            continue
         samples = m[idx, np.arange(tasks)[None, None, :]].reshape(reps, runs * tasks)
         stats = iqm_rows(samples)
         out[arm] = (float(iqm(m)), float(np.quantile(stats, alpha)), float(np.quantile(stats, 1 - alpha)))

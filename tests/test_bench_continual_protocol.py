@@ -178,6 +178,28 @@ def test_summary_matches_hand_computations_and_rebuilds_from_json_alone(continua
     assert (tmp_path / "summary.md").read_text().startswith("setting=bandit")
 
 
+def test_the_last_half_intervals_resample_whole_runs_each_with_all_its_tasks(continual, tmp_path):
+    """A continual run is one agent over all its tasks (its sequence drawn per seed): the IQM and probability-of-
+    improvement intervals resample runs, not task columns (rliable's stratified bootstrap, used until the thirtieth
+    session). Reference: the same row draws, the IQM of every resample by scipy's trim_mean; one run: no interval."""
+    rng = np.random.default_rng(1)
+    setting = _tiny_bandit(continual, tasks=6)
+    level = rng.uniform(0.2, 0.8, size=(5, 1))  # each run's level, shared by its tasks
+    cont = level + 0.02 * rng.standard_normal((5, 6))
+    fresh = 0.9 + 0.01 * rng.standard_normal((5, 6))
+    _synthetic_runs(tmp_path, setting, {"ppo": (cont, fresh), "plastic_maxmin": (cont[:1] + 0.1, fresh[:1])})
+    result = continual.summarise(continual.load_records(str(tmp_path)), ["ppo", "plastic_maxmin"], setting)
+    entry = result["methods"]["ppo"]["iqm_last_half"]
+    rows = np.random.default_rng(0).integers(0, 5, size=(continual.continual_report.REPS, 5))
+    stats = [scipy.stats.trim_mean(cont[r, 3:].ravel(), 0.25) for r in rows]
+    assert (entry["low"], entry["high"]) == pytest.approx(
+        (np.quantile(stats, 0.025), np.quantile(stats, 0.975)), rel=1e-12)
+    one = result["methods"]["plastic_maxmin"]
+    assert np.isnan(one["iqm_last_half"]["low"]) and np.isnan(one["poi_vs_plain"]["low"])
+    assert "(one run: no CI)" in continual.markdown_table(result, "bandit", setting)
+    assert "bootstrap over runs: each keeps its tasks" in continual.markdown_table(result, "bandit", setting)
+
+
 def test_a_run_of_some_methods_rewrites_the_folders_summary_from_every_method_found(continual, tmp_path, capsys):
     """``--methods X`` on a folder that holds other methods' runs: summary.json / summary.md keep every method (a
     worker running one arm must not drop the others from the committed tables)."""

@@ -87,3 +87,54 @@ def test_intervals_agree_with_rliables_own_routine(monkeypatch):
     width = their_high - their_low
     assert point == pytest.approx(their_point)
     assert abs(low - their_low) < 0.08 * width and abs(high - their_high) < 0.08 * width
+
+
+def _trimmed_mean_quantiles(stats, level=0.95):
+    alpha = (1 - level) / 2
+    return float(np.quantile(stats, alpha)), float(np.quantile(stats, 1 - alpha))
+
+
+def test_the_run_bootstrap_resamples_whole_runs_as_a_hand_written_loop_does():
+    """``resample="runs"``: every resampled run keeps all its tasks. Reference: the same row draws, each resample's IQM
+    by scipy's trim_mean on the gathered rows, one at a time."""
+    import scipy.stats
+
+    rl_stats = _load_rl_stats()
+    rng = np.random.default_rng(3)
+    x = rng.normal(0.0, 1.0, size=(5, 1)) + 0.3 * rng.normal(size=(5, 6))  # one run's tasks move together
+    reps = 400
+    rows = np.random.default_rng(0).integers(0, 5, size=(reps, 5))
+    theirs = _trimmed_mean_quantiles([scipy.stats.trim_mean(x[r].ravel(), 0.25) for r in rows])
+    point, low, high = rl_stats.iqm_ci({"x": x}, reps=reps, resample="runs")["x"]
+    assert point == pytest.approx(scipy.stats.trim_mean(x.ravel(), 0.25))
+    assert (low, high) == pytest.approx(theirs, rel=1e-12)
+    # rliable's stratified bootstrap mixes the runs of every task column: a different (here narrower) interval
+    _, strat_low, strat_high = rl_stats.iqm_ci({"x": x}, reps=reps)["x"]
+    assert strat_high - strat_low < 0.8 * (high - low)
+
+    # the generic bootstrap resamples every matrix's whole runs, independently of the other matrix's
+    y = rng.normal(size=(4, 6))
+    gen = np.random.default_rng(0)
+    stats = []
+    for _ in range(50):
+        resampled = [m[np.repeat(gen.integers(0, len(m), size=len(m))[:, None], m.shape[1], axis=1),
+                       np.arange(m.shape[1])] for m in (x, y)]
+        stats.append(float(resampled[0].mean() - resampled[1].mean()))
+    point, low, high = rl_stats.stratified_bootstrap(lambda a, b: a.mean() - b.mean(), x, y, reps=50,
+                                                     resample="runs")
+    assert point == pytest.approx(x.mean() - y.mean())
+    assert (low, high) == pytest.approx(_trimmed_mean_quantiles(stats), rel=1e-12)
+
+
+def test_one_run_has_no_interval_and_a_bad_resample_is_named():
+    rl_stats = _load_rl_stats()
+    one = np.array([[1.0, 2.0, 3.0, 4.0]])
+    for resample in ("tasks", "runs"):
+        point, low, high = rl_stats.iqm_ci({"x": one}, reps=100, resample=resample)["x"]
+        assert point == pytest.approx(2.5) and np.isnan(low) and np.isnan(high)
+        point, low, high = rl_stats.stratified_bootstrap(lambda a: float(a.mean()), one, reps=100, resample=resample)
+        assert point == pytest.approx(2.5) and np.isnan(low) and np.isnan(high)
+    with pytest.raises(ValueError, match=r"resample='seeds'; allowed: 'tasks', 'runs'"):
+        rl_stats.iqm_ci({"x": np.ones((3, 2))}, resample="seeds")
+    with pytest.raises(ValueError, match=r"resample='seeds'; allowed: 'tasks', 'runs'"):
+        rl_stats.stratified_bootstrap(lambda a: 0.0, np.ones((3, 2)), resample="seeds")
