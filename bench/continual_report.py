@@ -121,21 +121,26 @@ def _ci_text(v: Optional[dict], digits: int = 3) -> str:
     if not v:
         return "-"
     part = f" ({v['runs']} of {v['of']} runs)" if "runs" in v else ""
-    if not math.isfinite(v["low"]):  # one run: no interval
-        return f"{v['iqm']:.{digits}g} (one run: no CI){part}"
+    if not math.isfinite(v["low"]):  # fewer than MIN_CI_RUNS runs: no interval
+        return f"{v['iqm']:.{digits}g} ({NO_CI}){part}"
     return f"{v['iqm']:.{digits}g} [{v['low']:.{digits}g}, {v['high']:.{digits}g}]{part}"
 
 
 def _ratio_text(v: Optional[dict]) -> str:
     if not v:
         return "-"
-    return f"{v['ratio']:.3g} [{v['low']:.3g}, {v['high']:.3g}]" + ("" if v.get("complete", True) else " (sample)")
+    sample = "" if v.get("complete", True) else " (sample)"
+    if not math.isfinite(v["low"]):
+        return f"{v['ratio']:.3g} ({NO_CI}){sample}"
+    return f"{v['ratio']:.3g} [{v['low']:.3g}, {v['high']:.3g}]{sample}"
 
 
 def _iqm_entry(matrix: np.ndarray) -> Optional[dict]:
     if matrix.size == 0 or not np.all(np.isfinite(matrix)):
         return None
     point, low, high = iqm_ci({"x": matrix}, reps=REPS, resample=RESAMPLE)["x"]
+    if len(matrix) < MIN_CI_RUNS:
+        low = high = float("nan")
     return {"iqm": point, "low": low, "high": high}
 
 
@@ -149,6 +154,12 @@ def _iqm_of_complete_runs(matrix: np.ndarray) -> Optional[dict]:
 
 #: fewest runs per method for a verdict: a bootstrap over one or two runs gives an interval that says nothing
 MIN_VERDICT_SEEDS = 3
+#: fewest runs for a last-half interval (IQM, ratio of means, continual - fresh, P(> plain)): a bootstrap over two
+#: runs has three distinct resamples, so its "95 % interval" is the range of the two runs' statistics; below this the
+#: summary gives the point and NaN bounds, the table "no CI" (until the thirtieth session such intervals were printed)
+MIN_CI_RUNS = MIN_VERDICT_SEEDS
+#: what the table prints in place of an interval from fewer than :data:`MIN_CI_RUNS` runs
+NO_CI = f"< {MIN_CI_RUNS} runs: no CI"
 
 
 def _too_few(seeds: int) -> str:
@@ -238,14 +249,17 @@ def _paired_fresh_last_half(cont: np.ndarray, fresh: np.ndarray) -> dict[str, An
     if np.nansum(np.where(cells, fresh, np.nan)) > 0:
         point, low, high = ratio_of_means_ci(np.where(cells, cont, np.nan), np.where(cells, fresh, np.nan),
                                              n_boot=REPS)
+        if len(cont) < MIN_CI_RUNS:
+            low = high = float("nan")
         out["plasticity_ratio_last_half"] = {"ratio": point, "low": low, "high": high, "cells": count,
                                              "complete": bool(cells.all())}
     diff = np.where(cells, cont - fresh, 0.0)
     per_run, counts = diff.sum(axis=1), cells.sum(axis=1)
     rows = np.random.default_rng(0).integers(0, len(diff), size=(REPS, len(diff)))
     boot = per_run[rows].sum(axis=1) / np.maximum(counts[rows].sum(axis=1), 1)
-    out["minus_fresh_last_half"] = {"mean": float(per_run.sum() / count), "low": float(np.quantile(boot, 0.025)),
-                                    "high": float(np.quantile(boot, 0.975)), "cells": count}
+    low, high = (float(np.quantile(boot, 0.025)), float(np.quantile(boot, 0.975))) if len(diff) >= MIN_CI_RUNS else (
+        float("nan"), float("nan"))
+    out["minus_fresh_last_half"] = {"mean": float(per_run.sum() / count), "low": low, "high": high, "cells": count}
     per = cells.sum(axis=1)
     if not cells.all() and per.min() == per.max() > 0:
         out["iqm_fresh_last_half"] = _iqm_entry(fresh[cells].reshape(len(fresh), -1))
@@ -414,6 +428,8 @@ def summarise(records: list[dict], methods: list[str], setting: Setting) -> dict
             half = slice(n // 2, n)
             point, low, high = stratified_bootstrap(poi, ends[:, half], base_ends[:, half], reps=REPS,
                                                     resample=RESAMPLE)
+            if min(len(ends), len(base_ends)) < MIN_CI_RUNS:
+                low = high = float("nan")
             entry["poi_vs_plain"] = {"iqm": point, "low": low, "high": high}  # (the point is P, not an IQM)
     result = {"metrics": metrics_source, "plain": plain, "methods": summary}
     result.update(per_run_task_parameters(records, methods, setting))

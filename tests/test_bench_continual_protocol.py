@@ -181,22 +181,31 @@ def test_summary_matches_hand_computations_and_rebuilds_from_json_alone(continua
 def test_the_last_half_intervals_resample_whole_runs_each_with_all_its_tasks(continual, tmp_path):
     """A continual run is one agent over all its tasks (its sequence drawn per seed): the IQM and probability-of-
     improvement intervals resample runs, not task columns (rliable's stratified bootstrap, used until the thirtieth
-    session). Reference: the same row draws, the IQM of every resample by scipy's trim_mean; one run: no interval."""
+    session). Reference: the same row draws, the IQM of every resample by scipy's trim_mean. Fewer than 3 runs: no
+    interval (a bootstrap over two runs spans the range of their two statistics), the table says so."""
     rng = np.random.default_rng(1)
     setting = _tiny_bandit(continual, tasks=6)
     level = rng.uniform(0.2, 0.8, size=(5, 1))  # each run's level, shared by its tasks
     cont = level + 0.02 * rng.standard_normal((5, 6))
     fresh = 0.9 + 0.01 * rng.standard_normal((5, 6))
-    _synthetic_runs(tmp_path, setting, {"ppo": (cont, fresh), "plastic_maxmin": (cont[:1] + 0.1, fresh[:1])})
+    _synthetic_runs(tmp_path, setting, {"ppo": (cont, fresh), "plastic_maxmin": (cont[:2] + 0.1, fresh[:2])})
     result = continual.summarise(continual.load_records(str(tmp_path)), ["ppo", "plastic_maxmin"], setting)
     entry = result["methods"]["ppo"]["iqm_last_half"]
     rows = np.random.default_rng(0).integers(0, 5, size=(continual.continual_report.REPS, 5))
     stats = [scipy.stats.trim_mean(cont[r, 3:].ravel(), 0.25) for r in rows]
     assert (entry["low"], entry["high"]) == pytest.approx(
         (np.quantile(stats, 0.025), np.quantile(stats, 0.975)), rel=1e-12)
-    one = result["methods"]["plastic_maxmin"]
-    assert np.isnan(one["iqm_last_half"]["low"]) and np.isnan(one["poi_vs_plain"]["low"])
-    assert "(one run: no CI)" in continual.markdown_table(result, "bandit", setting)
+    two = result["methods"]["plastic_maxmin"]
+    assert two["iqm_last_half"]["iqm"] == pytest.approx(scipy.stats.trim_mean((cont[:2, 3:] + 0.1).ravel(), 0.25))
+    for key in ("iqm_last_half", "iqm_fresh_last_half", "iqm_plasticity_last_half", "poi_vs_plain",
+                "plasticity_ratio_last_half", "minus_fresh_last_half"):
+        assert np.isnan(two[key]["low"]) and np.isnan(two[key]["high"]), key
+    five = result["methods"]["ppo"]  # 5 runs: intervals
+    assert all(np.isfinite(five[key][k]) for k in ("low", "high")
+               for key in ("iqm_last_half", "plasticity_ratio_last_half", "minus_fresh_last_half"))
+    row = next(line for line in continual.markdown_table(result, "bandit", setting).splitlines()
+               if line.startswith("| plastic_maxmin |"))
+    assert row.count("(< 3 runs: no CI)") == 5 and "nan" not in row, row
     assert "bootstrap over runs: each keeps its tasks" in continual.markdown_table(result, "bandit", setting)
 
 
