@@ -178,6 +178,20 @@ def compare(a: Optional[dict], b: Optional[dict], lower: str, higher: str) -> st
     return "not resolved"
 
 
+def _paired_verdict(entry: dict) -> str:
+    """Continual against fresh, paired over the last-half cells that have a fresh agent (every task's, or a sample's):
+    the ratio of means sum(continual) / sum(fresh) against 1 where the fresh scores sum above 0, else the mean of
+    continual - fresh against 0 (negative returns); both from the same bootstrap over runs, so they agree in sign on
+    every resample. (Until the thirtieth session a setting with a fresh agent on every task compared the two IQM
+    intervals instead: unpaired, and so blind to differences the pairing shows.)"""
+    stat, null = entry.get("plasticity_ratio_last_half"), 1.0
+    if not stat:
+        stat, null = entry.get("minus_fresh_last_half"), 0.0
+    if not stat:
+        return "-"
+    return compare(stat, {"low": null, "high": null}, "below fresh (plasticity lost)", "above fresh")
+
+
 def evaluation_summary(runs: list[dict], tasks: int) -> dict[str, Any]:
     """The greedy evaluations of the continual runs (settings with ``eval_every``): per run the mean return over all
     its evaluations (C-CHAIN's Table 4 statistic as read from their code: the evaluation curve averaged over the
@@ -325,7 +339,8 @@ def summarise(records: list[dict], methods: list[str], setting: Setting) -> dict
     """Per method: per-task continual and fresh scores (mean and 95 % bootstrap CI over seeds), plasticity per task
     (continual / fresh of the same method), and over the last half of the tasks the IQM with a bootstrap 95 % CI
     over runs (:data:`RESAMPLE`) of the continual score, the fresh score and plasticity, the probability of
-    improvement over the plain baseline, and verdicts ("not resolved" where the intervals overlap)."""
+    improvement over the plain baseline, and verdicts ("not resolved" where the intervals overlap; continual against
+    fresh paired over the same cells, :func:`_paired_verdict`)."""
     iqm, poi, metrics_source = rliable_metrics()
     plain = method_name("ppo", setting.algo)
     summary: dict[str, Any] = {}
@@ -404,14 +419,7 @@ def summarise(records: list[dict], methods: list[str], setting: Setting) -> dict
             entry.update(_paired_fresh_last_half(ends[:, half], paired[:, half]))
             if setting.floor_below is not None:
                 entry["fresh_at_floor_last_half"] = _at_floor(fresh[:, half], setting.floor_below)
-            if seen.all():
-                entry["vs_fresh"] = _too_few(len(runs)) or compare(
-                    entry["iqm_last_half"], entry["iqm_fresh_last_half"], "below fresh (plasticity lost)", "above fresh")
-            else:  # a sample of fresh agents (--fresh sample): the paired ratio of means decides
-                ratio = entry.get("plasticity_ratio_last_half")
-                one = {"low": 1.0, "high": 1.0}
-                entry["vs_fresh"] = _too_few(len(runs)) or (compare(
-                    ratio, one, "below fresh (plasticity lost)", "above fresh") if ratio else "-")
+            entry["vs_fresh"] = _too_few(len(runs)) or _paired_verdict(entry)
         summary[method] = entry
     if plain in summary:
         base = summary[plain]

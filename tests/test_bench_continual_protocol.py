@@ -209,6 +209,27 @@ def test_the_last_half_intervals_resample_whole_runs_each_with_all_its_tasks(con
     assert "bootstrap over runs: each keeps its tasks" in continual.markdown_table(result, "bandit", setting)
 
 
+def test_continual_against_fresh_is_judged_paired_over_the_same_cells(continual, tmp_path):
+    """With a fresh agent on every task, seeds far apart in level and every continual cell 10 % below its own fresh
+    agent: the two IQM intervals overlap (what decided until the thirtieth session), the paired ratio of means is 0.9
+    with an interval below 1, and it decides. With negative scores (no ratio) the paired difference decides."""
+    rng = np.random.default_rng(2)
+    setting = _tiny_bandit(continual, tasks=6)
+    fresh = rng.uniform(0.2, 1.0, size=(5, 1)) * (1 + 0.01 * rng.standard_normal((5, 6)))
+    _synthetic_runs(tmp_path / "pos", setting, {"ppo": (0.9 * fresh, fresh)})
+    entry = continual.summarise(continual.load_records(str(tmp_path / "pos")), ["ppo"], setting)["methods"]["ppo"]
+    cont_iqm, fresh_iqm = entry["iqm_last_half"], entry["iqm_fresh_last_half"]
+    assert cont_iqm["high"] > fresh_iqm["low"]  # the unpaired intervals overlap
+    ratio = entry["plasticity_ratio_last_half"]
+    assert ratio["ratio"] == pytest.approx(0.9) and ratio["high"] < 1
+    assert entry["vs_fresh"] == "below fresh (plasticity lost)"
+    _synthetic_runs(tmp_path / "neg", setting, {"ppo": (-fresh * 100 + 5, -fresh * 100)})
+    entry = continual.summarise(continual.load_records(str(tmp_path / "neg")), ["ppo"], setting)["methods"]["ppo"]
+    assert "plasticity_ratio_last_half" not in entry
+    assert entry["minus_fresh_last_half"]["mean"] == pytest.approx(5) and entry["minus_fresh_last_half"]["low"] > 0
+    assert entry["vs_fresh"] == "above fresh"
+
+
 def test_a_run_of_some_methods_rewrites_the_folders_summary_from_every_method_found(continual, tmp_path, capsys):
     """``--methods X`` on a folder that holds other methods' runs: summary.json / summary.md keep every method (a
     worker running one arm must not drop the others from the committed tables)."""
