@@ -23,7 +23,7 @@ REPS = 2000
 #: with all its tasks (:mod:`rl_stats`). A continual run is one agent over all tasks and its task sequence is drawn
 #: per seed, so the run is the independent unit; until the thirtieth session these intervals used rliable's
 #: stratified bootstrap (task columns resampled independently), which ignores the dependence between one run's tasks
-#: (bench/README.md, "Bootstrap over seeds", compares the two on every folder).
+#: (bench/README.md, "How the continual tables' intervals resample", compares the two).
 RESAMPLE = "runs"
 
 

@@ -14,7 +14,7 @@ so the resampling is done here, around rliable's metric functions, in one of two
   same agent on tasks 0 .. n-1, its task sequence drawn per seed, so task index ``k`` is a different task in every
   seed and is no stratum): the independent unit is the run, and resampling the columns independently breaks the
   dependence between one agent's tasks (the CI can come out too narrow or too wide). ``bench/continual_report.py``
-  uses it (thirtieth session; bench/README.md, "Bootstrap over seeds").
+  uses it (thirtieth session; bench/README.md, "How the continual tables' intervals resample").
 
 Imported by ``bench/stationary.py`` and ``bench/continual.py`` (``sys.path`` holds ``bench/``).
 """
