@@ -217,3 +217,41 @@ def test_a_plasticity_injections_new_branch_is_clipped_from_its_first_step(cls, 
     # the twin keeps the values it had at the injection (not clipped): new - frozen was zero there, not after clamping
     twin = [m for _, b in branches for m in b.frozen.modules() if isinstance(m, nn.Linear)]
     assert any(m.weight.abs().max() > kappa / math.sqrt(m.in_features) * 1.01 for m in twin)
+
+
+def _norm_of(layer):
+    return float(th.sqrt(layer.weight.detach().double().pow(2).sum() + layer.bias.detach().double().pow(2).sum()))
+
+
+@pytest.mark.parametrize("clip_last", [True, False], ids=["clip-last", "nap-last"])
+def test_with_nap_the_later_post_step_hook_has_the_last_word(clip_last):
+    """Weight clipping and NaP both rewrite weights after each optimizer step; the hooks run in callback order
+    (sb3_plastic.common.hooks): clipping last keeps every entry inside its bound (a projected norm may fall below
+    its target), NaP last keeps every projected norm (an entry may leave its bound)."""
+    from sb3_plastic.callbacks import NormalizeAndProject, insert_layer_norms_
+    from sb3_plastic.callbacks.nap import add_norm_parameters_to_optimizers
+
+    model = PPO("MlpPolicy", "CartPole-v1", learning_rate=3e-3, policy_kwargs=dict(NET), **PPO_FAST)
+    add_norm_parameters_to_optimizers(insert_layer_norms_(model.policy), [model.policy.optimizer])
+    clip, nap = WeightClipping(kappa=0.3), NormalizeAndProject(project_affine=False)  # Tanh: no affine to project
+    model.learn(128, callback=[nap, clip] if clip_last else [clip, nap])
+    projected = nap.projected_layers()
+    off_target = [abs(_norm_of(layer) / nap.state["norms"][key] - 1) for key, layer, _ in projected]
+    excess = [float(param.abs().max()) / bound - 1 for _, param, bound in clip.clipped()]
+    if clip_last:
+        assert max(excess) <= 1e-6
+        assert max(off_target) > 1e-3  # the clamp moved some projected norm off its target
+    else:
+        assert max(off_target) <= 1e-5
+        assert max(excess) > 1e-3  # the projection pushed some entry past its bound
+
+
+def test_with_nap_by_keyword_clipping_acts_last():
+    model = PlasticPPO("MlpPolicy", "CartPole-v1", isometry_mode="off", optimizer="adam", nap=True,
+                       weight_clipping=True, weight_clipping_kappa=0.3, learning_rate=3e-3,
+                       policy_kwargs=dict(NET), **PPO_FAST)
+    model.learn(128)
+    (clip,) = [c for c in model.intervention_callbacks() if isinstance(c, WeightClipping)]
+    clip.init_callback(model)  # only to read the bound tensors of the trained model
+    for name, param, bound in clip.clipped():
+        assert float(param.detach().abs().max()) <= bound * (1 + 1e-6), name

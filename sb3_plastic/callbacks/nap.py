@@ -240,6 +240,10 @@ class NormalizeAndProject(PlasticCallback):
     recorded target and is projected back to it after its next optimizer step (for a normalised layer only the
     direction of the new ``[W, b]`` matters; a reset norm's scale 1 and offset 0 have its initial joint norm).
 
+    Combined with another intervention that rewrites weights after each step (weight clipping, Continual Backprop,
+    continual Shrink & Perturb) the callback later in the list has the last word (:mod:`sb3_plastic.common.hooks`):
+    by keyword, weight clipping comes after NaP, and its clamp can leave a projected layer below its recorded norm.
+
     The "normalize" part needs layer norms in the networks: the plastic algorithms' ``nap=True`` builds them; for a
     plain SB3 model call :func:`insert_layer_norms_` on its policy and :func:`add_norm_parameters_to_optimizers` before
     training (such a model cannot be re-loaded by SB3's ``load``, which rebuilds the policy without them). A model

@@ -79,6 +79,10 @@ class WeightClipping(PlasticCallback):
     clipped Linear / Conv2d layers is clamped into ``[-kappa / sqrt(fan_in), kappa / sqrt(fan_in)]``. Works on PPO, A2C,
     RecurrentPPO, MaskablePPO, DQN, QR-DQN, SAC, TQC, CrossQ and TD3, plain or plastic, with any torch optimizer.
 
+    Combined with another intervention that rewrites weights after each step (Normalize-and-Project, Continual
+    Backprop, continual Shrink & Perturb) the callback later in the list has the last word; by keyword, clipping comes
+    last, so its bounds hold after every step (:mod:`sb3_plastic.common.hooks`).
+
     Logged at each rollout end: ``plasticity/weight_clipping/at_bound`` (the fraction of the clipped entries that sit
     on their bound; ``weight_clipping_<name>`` with a ``name``). Persistent: ``steps`` (the optimizer steps followed by a
     clamp).

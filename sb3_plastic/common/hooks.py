@@ -8,8 +8,15 @@
 * :class:`OutermostStepHooks`: act once before / after each outermost ``optimizer.step()``. torch fires an
   optimizer's step hooks from every hooked ``step`` in its class hierarchy, so a ``step`` calling a hooked parent
   ``step`` (AdamO's calls ``Adam.step`` once any plain ``Adam`` exists) would run them twice per update; a depth
-  counter keeps one call per update. Used by Shrink & Perturb (continual form), Continual Backprop and
-  Normalize-and-Project.
+  counter keeps one call per update. Used by Shrink & Perturb (continual form), Continual Backprop,
+  Normalize-and-Project, weight clipping and ReDo's step counter. **Order:** torch runs an optimizer's post-step hooks
+  in the order they were registered, i.e. the order in which the callbacks start training (their order in the
+  ``CallbackList``; the keyword interventions come after the user's callbacks, in the order of
+  :func:`~sb3_plastic.common.plastic_algorithm.intervention_config_classes`: CBP, Shrink & Perturb, NaP, then weight
+  clipping). Where two of them rewrite the same weights after a step, the later one has the last word: with NaP and
+  weight clipping by keyword the clip bound holds after every step and a projected layer's norm may sit below its
+  target; a hand-built ``[WeightClipping(), NormalizeAndProject()]`` keeps the norm and may leave entries beyond the
+  bound.
 * :class:`AfterZeroGrad`: act right after each ``optimizer.zero_grad()``, i.e. right before the task loss's
   ``backward()``: an extra loss with its own forward pass (C-CHAIN's churn reduction on another batch) puts its
   gradient into ``.grad`` there.
