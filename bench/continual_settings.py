@@ -368,7 +368,8 @@ SETTINGS["slippery_ant_ppo"] = replace(
 # minibatch of 128; read in absolute return (their loss is a decline of the continual return; no fresh reference).
 # Their Ant is gym 0.23's Ant-v3 on mujoco-py 2.1, whose 84 contact-force observations and contact cost are always 0
 # (MuJoCo 2 leaves cfrc_ext unset; openai/gym#1541): Ant-v5 without its contact forces in the observation and without
-# the contact cost is the env their agents saw (27 observations; twenty-seventh session, the env audit)
+# the contact cost is the env their agents saw (twenty-seventh session, the env audit; their 111 inputs, the 84
+# contact forces as zeros, since the twenty-ninth: ``observation_zeros`` below)
 # Their PPO (lop/algos/rl/ppo.py, run_ppo.py's defaults; the twenty-seventh session's audit): no gradient clipping
 # (max_grad_norm 1e9), the value loss unweighted (vf_coef 1), Adam's eps 1e-8, LeCun-uniform init of every layer. With
 # SB3's defaults instead (max_grad_norm 0.5, vf_coef 0.5, eps 1e-5) every update was clipped (gradient norms 57-340,

@@ -15,8 +15,10 @@ rolling friction are left as they are (``0.5``; unused with the model's ``condim
 
 Differences from the reference that remain: its frictions are read from the file ``cfg/frictions`` (row
 ``seed``, the same log-uniform distribution, other draws); it changes the friction at the first episode end
-more than ``change_time`` steps after the previous change (so each change drifts by up to one episode; ours
-change at the first reset at or after ``k * change_every`` steps); and it runs gym 0.23's ``Ant-v3`` on mujoco-py 2.1,
+more than ``change_time`` steps after the previous change (each interval longer by up to one episode, and the
+delays add up: its k-th change comes up to ~k episodes after ``k * change_time``, at most ~9 000 steps by the last
+of 2 M-step tasks; ours change at the first reset at or after ``k * change_every`` steps); and it runs gym
+0.23's ``Ant-v3`` on mujoco-py 2.1,
 whose 84 contact-force entries of the observation and contact cost are always zero (MuJoCo 2 no longer computes
 ``cfrc_ext``; openai/gym#1541), where ``Ant-v5`` observes 78 live, clipped contact forces and charges their
 cost (pass ``include_cfrc_ext_in_observation=False, contact_cost_weight=0.0`` to match it); ``Ant-v5`` also
