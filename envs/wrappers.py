@@ -126,6 +126,16 @@ class PiecewiseStationaryWrapper(gym.Wrapper):
         return self._task_id
 
     @property
+    def next_task_id(self) -> Optional[int]:
+        """Index of the task this copy's next ``step()`` runs: the current one, or the task a switch due at that step
+        starts (immediate mode; a pinned task too). ``None`` before the first ``reset()``. An on-policy intervention
+        told of task switches reads it at each rollout start, so that a switch on a rollout boundary is acted on
+        before that rollout (:meth:`sb3_plastic.callbacks.base.TaskChangeWatch.changed_before_rollout`)."""
+        if self._task_id is None or not self._switch_in_step or self._env_steps < self._next_change:
+            return self._task_id
+        return self._pinned if self._pinned is not None else self._env_steps // self._change_every
+
+    @property
     def task_step(self) -> int:
         """Env steps taken under the current task."""
         return self._env_steps - self._task_start

@@ -37,8 +37,9 @@ def test_resumed_run_fires_where_the_uninterrupted_run_fires(tmp_path):
     whole = PlasticPPO("MlpPolicy", _bandit(), fire_on_task_change=True, **PPO_KWARGS)
     whole.learn(48)
     expected = whole.plastic_state["FIRE:auto"]["timesteps"]
-    # task changes at 10, 20, 30, 40 -> fired at the next rollout boundary (rollouts of 8 timesteps)
-    assert expected == [16, 24, 32, 48]
+    # task changes at 10, 20, 30 -> fired at the next rollout boundary (rollouts of 8 timesteps); the change at 40
+    # falls on a rollout start and fires there
+    assert expected == [16, 24, 32, 40]
 
     model = PlasticPPO("MlpPolicy", _bandit(), fire_on_task_change=True, **PPO_KWARGS)
     model.learn(28)  # stops at 32, inside task 3 (30..39); the change at 30 fires when learn() ends
@@ -113,3 +114,48 @@ def test_reachable_triggers_are_quiet_and_fire():
         model.learn(40, callback=fires)
     assert _fire_messages(record) == []
     assert [f.fired_at for f in fires] == [[64], [32, 64], [32]]
+
+
+def _aligned_bandit():
+    # 2 copies, change_every=8 steps of each copy: a task lasts 16 model timesteps, two rollouts of 8 (n_steps=4)
+    return make_vec_env(BANDIT, n_envs=2, seed=0, env_kwargs=dict(change_every=8, n_contexts=8, obs_dim=4))
+
+
+def test_a_switch_on_a_rollout_boundary_is_acted_on_before_that_rollout():
+    """When a task starts exactly at a rollout start (C-CHAIN's Gym-control protocol: 200 rollouts of 800 steps a
+    task), the on-policy events told of the switch happen at that rollout start, so the new task's first rollout is
+    collected and trained on by the rewritten networks, not one rollout later (the switch is in no info yet: the
+    env's next step starts the task)."""
+    from sb3_plastic.callbacks import LayerReset, ShrinkPerturb
+
+    class SpyShrinkPerturb(ShrinkPerturb):
+        def apply(self):
+            self.applied_at = [*getattr(self, "applied_at", []), int(self.model.num_timesteps)]
+            return super().apply()
+
+    model = PPO("MlpPolicy", _aligned_bandit(), **PPO_KWARGS)
+    fire, reset = FIRE(on_task_change=True), LayerReset(layers="heads", on_task_change=True)
+    snp = SpyShrinkPerturb(on_task_change=True)
+    model.learn(40, callback=[fire, reset, snp])
+    assert fire.fired_at == [16, 32]  # the rollouts starting at 16 and 32 are the tasks' first
+    assert reset.event_timesteps == [16, 32]
+    assert snp.applied_at == [16, 32]
+
+
+def test_the_next_task_id_is_the_task_of_the_next_step():
+    import gymnasium as gym
+
+    env = gym.make(BANDIT, change_every=3, n_contexts=4, obs_dim=2)
+    assert env.get_wrapper_attr("next_task_id") is None  # before the first reset
+    env.reset(seed=0)
+    env.action_space.seed(0)
+    announced = []
+    for _ in range(7):
+        announced.append(env.get_wrapper_attr("next_task_id"))
+        _, _, _, _, info = env.step(env.action_space.sample())
+        assert info["task_id"] == announced[-1]  # the step runs the task next_task_id announced
+    assert announced == [0, 0, 0, 1, 1, 1, 2]
+    env.get_wrapper_attr("pin_task")(5)
+    assert env.get_wrapper_attr("next_task_id") == 5
+    env.get_wrapper_attr("pin_task")(None)
+    assert env.get_wrapper_attr("next_task_id") == 2  # 7 steps: task 7 // 3

@@ -160,13 +160,16 @@ def test_off_policy_fire_once_per_switch_with_at_episode_end():
 
 
 def test_on_policy_interventions_once_per_switch_with_at_episode_end():
-    """PPO rollouts of 8 timesteps: switches at 14, 26, 38 act at the rollout starts 16, 32 and at the end (40);
-    copy 1's later switches (22: alone in the rollout 16..24) do not act again."""
+    """PPO rollouts of 8 timesteps: copy 0 reports its switches at 14, 26, 38; the first and last start mid-rollout
+    (its resets at 12 and 36) and act at the next rollout start (16) and at the end (40); the second starts with the
+    rollout at 24 (copy 0's episode ended at its last step, so the reset already ran the new task) and acts at its
+    start, 24 (``TaskChangeWatch.changed_before_rollout``). Copy 1's later switches (22: alone in the rollout
+    16..24) do not act again."""
     fire, reset = FIRE(on_task_change=True), LayerReset(1, on_task_change=True)
     sp = ShrinkPerturb(mode="event", on_task_change=True)
     PPO("MlpPolicy", _vec(), **PPO_KWARGS).learn(40, callback=[fire, reset, sp])
-    assert fire.fired_at == [16, 32, 40]
-    assert reset.event_timesteps == [16, 32, 40]
+    assert fire.fired_at == [16, 24, 40]
+    assert reset.event_timesteps == [16, 24, 40]
     assert sp.state["events"] == 3 and not sp.state["pending"]
 
 
@@ -304,8 +307,9 @@ def test_plastic_algorithm_switch_in_the_last_rollout_is_not_acted_on_twice():
     chunks = PlasticPPO("MlpPolicy", _vec(), fire_on_task_change=True, **PPO_KWARGS)
     chunks.learn(40)
     chunks.learn(8, reset_num_timesteps=False)
-    # switches at 14, 26, 38 (the last one inside the last rollout of learn(40)); copy 1's at 22, 32, 42 act no more
-    assert whole.plastic_state["FIRE:auto"]["timesteps"] == chunks.plastic_state["FIRE:auto"]["timesteps"] == [16, 32, 40]
+    # switches at 14, 26 (starting with the rollout at 24), 38 (inside the last rollout of learn(40)); copy 1's at
+    # 22, 32, 42 act no more
+    assert whole.plastic_state["FIRE:auto"]["timesteps"] == chunks.plastic_state["FIRE:auto"]["timesteps"] == [16, 24, 40]
 
 
 # ------------------------------------------------------------------------------------------------ counts and units

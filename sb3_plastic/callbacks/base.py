@@ -198,6 +198,17 @@ class TaskChangeWatch:
         state["task_changes"] = counts
         return changed
 
+    def changed_before_rollout(self, env: Any, state: dict[str, Any]) -> bool:
+        """:meth:`changed` for the tasks the copies of the vector env ``env`` will run at their next step
+        (:func:`~sb3_plastic.callbacks.schedule.upcoming_task_infos`), read at an on-policy rollout start: a task that
+        starts exactly at the rollout boundary is in no step info yet (the env's next step switches), and an
+        on-policy intervention that waited for it would act one rollout late, after the new task's first rollout had
+        been collected and trained on by the old networks. Copies that are not piecewise-stationary report nothing
+        here (their switches are seen in their infos, as before)."""
+        from sb3_plastic.callbacks.schedule import upcoming_task_infos
+
+        return env is not None and self.changed(upcoming_task_infos(env), state)
+
     def warn_if_blind(self, timesteps: int) -> None:
         """Warn (once per ``learn()`` call) when no ``task_id`` was seen in the first ``timesteps`` timesteps."""
         if self.seen or self._warned:

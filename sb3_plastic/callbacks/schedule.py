@@ -79,6 +79,20 @@ def piecewise_stationary_copies(env: VecEnv) -> list[int]:
     return [i for i, flag in enumerate(wrapped) if flag]
 
 
+def upcoming_task_infos(env: VecEnv) -> Optional[list[dict[str, Any]]]:
+    """For each copy of ``env``, ``{"task_id": k}`` with ``k`` the task of its next step
+    (:attr:`~sb3_plastic.envs.PiecewiseStationaryWrapper.next_task_id`; ``{}`` for a copy that is not
+    piecewise-stationary), in the form of step infos; ``None`` when no copy is piecewise-stationary."""
+    copies = piecewise_stationary_copies(env)
+    if not copies:
+        return None
+    infos: list[dict[str, Any]] = [{} for _ in range(env.num_envs)]
+    for i, task in zip(copies, env.get_attr("next_task_id", copies)):
+        if task is not None:
+            infos[i]["task_id"] = task
+    return infos
+
+
 def is_piecewise_stationary(env: Optional[VecEnv]) -> bool:
     """Whether some copy of the vector env ``env`` is piecewise-stationary (:func:`piecewise_stationary_copies`)."""
     return env is not None and bool(piecewise_stationary_copies(env))

@@ -327,7 +327,9 @@ class ShrinkPerturb(PrivateRNGMixin, PlasticCallback):
     (``on_task_change``). Off-policy algorithms apply an event at once (in ``_on_step``, between env
     steps, never inside ``train()``); on-policy algorithms apply it at the next rollout start, after the
     current rollout has been trained on with the network that collected it (an event still pending when
-    ``learn()`` ends is applied at training end, also between rollouts, as FIRE does). ``every`` counts env steps
+    ``learn()`` ends is applied at training end, also between rollouts, as FIRE does); a task that starts exactly
+    with a rollout (a task length that is a multiple of the rollout) is acted on at that rollout's start, before the
+    task's first step (:meth:`~sb3_plastic.callbacks.base.TaskChangeWatch.changed_before_rollout`). ``every`` counts env steps
     since the last event; a new run (``learn()`` starting at ``num_timesteps == 0``: ``reset_num_timesteps=True`` or
     a fresh model) restarts that count and drops a pending event, a resumed run (``reset_num_timesteps=False``)
     continues it. An ``every`` that cannot be reached within a ``learn()`` call warns at its start (as FIRE's).
@@ -551,6 +553,9 @@ class ShrinkPerturb(PrivateRNGMixin, PlasticCallback):
         return True
 
     def _on_rollout_start(self) -> None:
+        if self.mode == "event" and self.on_task_change and self._on_policy and \
+                self._task_watch.changed_before_rollout(self.training_env, self.state):
+            self.state["pending"] = True  # a task that starts with this rollout (TaskChangeWatch.changed_before_rollout)
         if self.mode == "event" and self._on_policy and self.state.get("pending"):
             self.apply()
 

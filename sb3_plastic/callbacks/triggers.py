@@ -93,7 +93,11 @@ class TriggeredIntervention(PlasticCallback):
     * ``on_task_change``: once per task switch, at the first env copy whose ``info["task_id"]`` differs from the
       last one seen for that copy; copies that switch later (``at_episode_end=True``: each at its own episode end)
       do not act again for the same switch (:class:`~sb3_plastic.callbacks.base.TaskChangeWatch`; the last ids
-      are kept in the model's state).
+      are kept in the model's state). On-policy, a switch inside a rollout acts at the next rollout start; a task
+      that starts exactly with a rollout (a task length that is a multiple of the rollout, as in TRAC's and
+      C-CHAIN's protocols) acts at that rollout's start, before the task's first step, read from the env's
+      :attr:`~sb3_plastic.envs.PiecewiseStationaryWrapper.next_task_id` (``TaskChangeWatch.changed_before_rollout``),
+      so the task's first rollout is collected by the rewritten networks.
 
     A trigger that cannot act warns (``UserWarning``): ``at`` due after the end of the ``learn()`` call, an int
     ``at`` already passed, ``every`` with no multiple inside the call, ``on_task_change`` when no info of the first
@@ -294,6 +298,10 @@ class TriggeredIntervention(PlasticCallback):
         return True
 
     def _on_rollout_start(self) -> None:
+        if self._on_policy and self.on_task_change and \
+                self._task_watch.changed_before_rollout(self.training_env, self.state):
+            if "task_change" not in self.state["pending"]:
+                self.state["pending"].append("task_change")  # a task that starts with this rollout
         if self.state["pending"]:
             self._act(list(self.state["pending"]))
 
