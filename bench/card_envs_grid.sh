@@ -82,6 +82,10 @@ for s in 1 2 3 4; do
   for m in $METHODS; do run "$w" $MI --methods "$m" --seeds $s --fresh sample; done
   run "$w" $MI --methods ppo_l2_init --seeds $s --fresh sample $L2I4
 done
+#    and the control of the CBP arm (thirty-first session's audit): its optimizer exactly (Adam betas 0.99 / 0.99,
+#    weight decay 1e-4) with no unit replacement, 5 seeds with its own fresh agents: is it CBP's replacement or the
+#    L2 its arm carries that keeps the betas' run from collapsing?
+for s in 0 1 2 3 4; do run "$w" $MI --methods ppo_cbp_dohare_no_replace --seeds $s --fresh sample; done
 # 6. Slippery Ant, Dohare's arms (his ns.yml = Adam beta1 = beta2 = 0.99, cbp.yml, l2.yml, continual S&P with his
 #    betas) and ReLU + AdamO, seed 0 of each, then seeds 1-4 of every arm, plain included
 DOHARE_ARMS="ppo_adam_equal_betas ppo_cbp_dohare ppo_l2_dohare ppo_snp_continual plastic_relu"

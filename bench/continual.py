@@ -65,6 +65,8 @@ issue #15; on a DQN / SAC setting the ``ppo`` prefix reads ``dqn`` / ``sac``: ``
 ``ppo_l2_dohare``   Dohare et al.'s L2 agent of Slippery Ant: Adam betas (0.99, 0.99), L2 1e-3 (Adam ``weight_decay``)
 ``ppo_snp_continual`` continual Shrink & Perturb (``ShrinkPerturb("continual")``, library defaults) with Adam betas
                     (0.99, 0.99), as Dohare et al.'s regularised agents
+``ppo_cbp_dohare_no_replace`` ``ppo_cbp_dohare``'s optimizer (Adam betas (0.99, 0.99), weight decay 1e-4) without
+                    its unit replacement: the control that separates CBP's replacement from its L2 (thirty-first session)
 ``ppo_cchain_vanilla`` the plain agent on C-CHAIN's vanilla PPO targets (advantages normalised per rollout, lambda = 1
                     value targets; bench/cchain_vanilla.py): the Gym-control anchor's check (issue #29)
 ==================  =======================================================================================

@@ -84,6 +84,12 @@ TASK_CHANGE_METHODS = (*TASK_CHANGE_METHODS, "ppo_fire_switch_hidden")
 DOHARE_METHODS = ("ppo_l2_dohare", "ppo_snp_continual")
 METHODS = METHODS + DOHARE_METHODS
 
+#: The control of ``ppo_cbp_dohare`` (thirty-first session's audit, on request): its optimizer exactly (Adam betas
+#: (0.99, 0.99) and weight decay 1e-4, :data:`DOHARE_CBP`) with no unit replacement, so that what CBP's replacement
+#: adds is separated from the L2 and the betas its arm also carries. It acts on every step: its fresh agents run it.
+CBP_CONTROLS = ("ppo_cbp_dohare_no_replace",)
+METHODS = METHODS + CBP_CONTROLS
+
 #: Issue #29 part 2's check of the Gym-control anchor, on request: ``ppo_cchain_vanilla`` the plain agent trained on
 #: the targets of C-CHAIN's vanilla PPO (:func:`cchain_vanilla.their_targets`: advantages normalised once per rollout,
 #: lambda = 1 value targets), the two differences between our plain agent and theirs that SB3's PPO can be given. It
@@ -384,7 +390,7 @@ def build_model(method: str, setting: Setting, params: MethodParams, seed: int, 
         policy_kwargs["optimizer_kwargs"] = optimizer_kwargs
     if canonical == "ppo_l2":
         policy_kwargs["optimizer_kwargs"] = dict(optimizer_kwargs, weight_decay=params.l2)
-    elif canonical == "ppo_cbp_dohare":
+    elif canonical in ("ppo_cbp_dohare", "ppo_cbp_dohare_no_replace"):
         adam = {k: DOHARE_CBP[k] for k in ("betas", "weight_decay")}
         policy_kwargs["optimizer_kwargs"] = dict(optimizer_kwargs, **adam)
     elif canonical in ("ppo_adam_equal_betas", "ppo_snp_continual"):

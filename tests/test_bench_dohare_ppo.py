@@ -155,6 +155,29 @@ def test_cbp_at_his_design_replaces_units_as_his_gnt(continual):
         model.env.close()
 
 
+def test_the_cbp_control_is_the_cbp_arm_without_its_replacement(continual):
+    """``ppo_cbp_dohare_no_replace`` builds ``ppo_cbp_dohare``'s model exactly (same initial weights, same optimizer
+    groups: betas 0.99 / 0.99, weight decay 1e-4) and no callback, on the MinAtar grid and (DQN) C-MinAtar."""
+    import torch as th
+
+    for name in ("minatar_intensive", "cminatar"):
+        setting = continual.SETTINGS[name]
+        arm, arm_callbacks = continual.build_model(continual.method_name("ppo_cbp_dohare", setting.algo), setting,
+                                                   continual.MethodParams(), 0, "cpu", None)
+        control, callbacks = continual.build_model(continual.method_name("ppo_cbp_dohare_no_replace", setting.algo),
+                                                   setting, continual.MethodParams(), 0, "cpu", None)
+        assert len(arm_callbacks) == 1 and callbacks == []
+        strip = lambda g: {k: v for k, v in g.items() if k != "params"}  # noqa: E731
+        assert [strip(g) for g in control.policy.optimizer.param_groups] == \
+            [strip(g) for g in arm.policy.optimizer.param_groups]
+        assert control.policy.optimizer.param_groups[0]["weight_decay"] == 1e-4
+        assert control.policy.optimizer.param_groups[0]["betas"] == (0.99, 0.99)
+        for a, b in zip(arm.policy.state_dict().values(), control.policy.state_dict().values()):
+            assert th.equal(a, b)
+        arm.env.close()
+        control.env.close()
+
+
 def test_the_time_limit_ablation_differs_from_his_design_in_that_field_only(continual):
     design, ablation = continual.SETTINGS["slippery_ant_dohare"], continual.SETTINGS["slippery_ant_dohare_bootstrap"]
     assert design.time_limit_terminal and not ablation.time_limit_terminal and ablation.advantage_norm == "rollout"
