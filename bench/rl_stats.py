@@ -1,5 +1,6 @@
 """Statistics shared by the bench scripts: rliable's metrics (IQM, probability of improvement) with bootstrap
-confidence intervals, a percentile and a Student-t CI of a mean.
+confidence intervals, a percentile and a Student-t CI of a mean, and a ratio of means with a paired bootstrap or a
+Student-t CI over runs.
 
 rliable (Agarwal et al., 2021, "Deep RL at the Edge of the Statistical Precipice") is the field's standard for
 aggregating RL runs; it is required (the ``bench`` and ``test`` extras install it). Its own interval routine
@@ -68,6 +69,42 @@ def ratio_of_means_ci(numerator: np.ndarray, denominator: np.ndarray, n_boot: in
     ratios = sums_num[sums_den != 0] / sums_den[sums_den != 0]
     alpha = (1 - level) / 2
     return point, float(np.quantile(ratios, alpha)), float(np.quantile(ratios, 1 - alpha))
+
+
+def ratio_of_means_t_ci(numerator: np.ndarray, denominator: np.ndarray,
+                        level: float = 0.95) -> tuple[float, float, float]:
+    """The ratio of aggregates ``R = sum(numerator) / sum(denominator)`` over the cells finite in both of two runs x
+    cells arrays (as :func:`ratio_of_means_ci`), with a Student-t CI over runs of the linearised ratio: with run
+    ``i``'s sums ``N_i`` and ``D_i``, ``e_i = (N_i - R D_i) / mean(D)``, the interval is ``R +- t(n - 1) sd(e) /
+    sqrt(n)`` (the linearisation, or delta-method, variance of the ratio estimator; Cochran, 1977, *Sampling
+    Techniques*, 3rd ed., section 6.4, with ``n - 1`` in the variance and Student's t for few runs). Where every run
+    has the same denominator sum it is exactly the one-sample t interval of the runs' own ratios ``N_i / D_i``.
+
+    Why beside the bootstrap: with 3-5 runs a percentile bootstrap over runs is too narrow (it has the spread of the
+    runs with divisor ``n`` and normal quantiles instead of Student's): in ``bench/verdict_coverage.py``'s simulations
+    (three data models) its 95 % interval of this ratio covers the true one in 84-86 % of 5-run experiments and
+    72-75 % of 3-run ones, this interval in 93-95 %. Returns ``(ratio, low, high)``; the CI is ``nan`` with fewer
+    than two runs."""
+    import scipy.stats
+
+    num = np.asarray(numerator, dtype=float)
+    den = np.asarray(denominator, dtype=float)
+    if num.shape != den.shape or num.ndim != 2:
+        raise ValueError(f"numerator and denominator must be runs x cells arrays of one shape, got {num.shape} "
+                         f"and {den.shape}")
+    if not 0 < level < 1:
+        raise ValueError(f"level={level!r}; allowed: a confidence level strictly between 0 and 1")
+    cells = np.isfinite(num) & np.isfinite(den)
+    num, den = np.where(cells, num, 0.0).sum(axis=1), np.where(cells, den, 0.0).sum(axis=1)
+    if not cells.any() or den.sum() == 0:
+        raise ValueError("no cell is finite in both arrays, or the denominator sums to 0: no ratio")
+    ratio = float(num.sum() / den.sum())
+    n = len(num)
+    if n < 2:
+        return ratio, float("nan"), float("nan")
+    residuals = (num - ratio * den) / den.mean()
+    half = scipy.stats.t.ppf(0.5 + level / 2, n - 1) * residuals.std(ddof=1) / np.sqrt(n)
+    return ratio, float(ratio - half), float(ratio + half)
 
 
 def t_mean_ci(values: np.ndarray, level: float = 0.95) -> tuple[float, float]:

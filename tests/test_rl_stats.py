@@ -138,3 +138,73 @@ def test_one_run_has_no_interval_and_a_bad_resample_is_named():
         rl_stats.iqm_ci({"x": np.ones((3, 2))}, resample="seeds")
     with pytest.raises(ValueError, match=r"resample='seeds'; allowed: 'tasks', 'runs'"):
         rl_stats.stratified_bootstrap(lambda a: 0.0, np.ones((3, 2)), resample="seeds")
+
+
+def test_the_ratio_t_interval_with_equal_denominators_is_the_one_sample_t_interval():
+    """Every run with the same denominator sum: the linearised ratio's interval is scipy's one-sample t interval of the
+    runs' own ratios (cells NaN in either array are left out of both, as the bootstrap does)."""
+    import scipy.stats
+
+    rl_stats = _load_rl_stats()
+    rng = np.random.default_rng(4)
+    fresh = np.full((5, 4), 2.0)
+    cont = fresh * rng.uniform(0.6, 1.1, size=(5, 4))
+    ratio, low, high = rl_stats.ratio_of_means_t_ci(cont, fresh, level=0.9)
+    per_run = cont.sum(axis=1) / fresh.sum(axis=1)
+    ci = scipy.stats.ttest_1samp(per_run, 0.0).confidence_interval(0.9)
+    assert ratio == pytest.approx(per_run.mean())
+    assert (low, high) == pytest.approx((ci.low, ci.high), rel=1e-12)
+    holes = cont.copy()
+    holes[0, 1] = np.nan
+    fresh_holes = fresh.copy()
+    fresh_holes[1, 2] = np.nan
+    both = np.isfinite(holes) & np.isfinite(fresh_holes)
+    ratio, _, _ = rl_stats.ratio_of_means_t_ci(holes, fresh_holes)
+    assert ratio == pytest.approx(cont[both].sum() / fresh[both].sum())
+
+
+def test_the_ratio_t_interval_has_the_ratio_estimators_variance():
+    """Unequal denominators: half-width t(n - 1) * sqrt((s_N^2 - 2 R s_ND + R^2 s_D^2) / (n mean(D)^2)), the ratio
+    estimator's linearisation variance written out from the runs' sums (Cochran 1977, section 6.4); one run: no
+    interval; bad input is named."""
+    import scipy.stats
+
+    rl_stats = _load_rl_stats()
+    rng = np.random.default_rng(5)
+    fresh = rng.uniform(5, 30, size=(6, 3))
+    cont = 0.8 * fresh + rng.normal(0, 3, size=(6, 3))
+    ratio, low, high = rl_stats.ratio_of_means_t_ci(cont, fresh)
+    big_n, big_d = cont.sum(axis=1), fresh.sum(axis=1)
+    r = big_n.sum() / big_d.sum()
+    cov = np.cov(big_n, big_d, ddof=1)
+    var = (cov[0, 0] - 2 * r * cov[0, 1] + r ** 2 * cov[1, 1]) / (6 * big_d.mean() ** 2)
+    half = scipy.stats.t.ppf(0.975, 5) * np.sqrt(var)
+    assert ratio == pytest.approx(r)
+    assert (low, high) == pytest.approx((r - half, r + half), rel=1e-10)
+    point, low, high = rl_stats.ratio_of_means_t_ci(cont[:1], fresh[:1])
+    assert point == pytest.approx(cont[0].sum() / fresh[0].sum()) and np.isnan(low) and np.isnan(high)
+    with pytest.raises(ValueError, match=r"level=1\.5; allowed: a confidence level strictly between 0 and 1"):
+        rl_stats.ratio_of_means_t_ci(cont, fresh, level=1.5)
+    with pytest.raises(ValueError, match=r"one shape, got \(6, 3\) and \(6, 2\)"):
+        rl_stats.ratio_of_means_t_ci(cont, fresh[:, :2])
+    with pytest.raises(ValueError, match="denominator sums to 0"):
+        rl_stats.ratio_of_means_t_ci(cont, np.zeros_like(fresh))
+
+
+def test_with_five_runs_the_t_interval_covers_near_95_percent_and_the_bootstrap_does_not():
+    """Why the paired verdict reads the t interval: 400 simulated 5-run experiments (a run effect shared by a run's
+    continual and fresh cells, true ratio 1). The percentile bootstrap's 95 % interval misses 1 about three times as
+    often as it should; the t interval near 5 % of the time."""
+    rl_stats = _load_rl_stats()
+    rng = np.random.default_rng(6)
+    boot = t = 0
+    trials = 400
+    for trial in range(trials):
+        run = rng.normal(20, 2, size=(5, 1))
+        cont, fresh = run + rng.normal(0, 3, size=(5, 4)), run + rng.normal(0, 3, size=(5, 4))
+        _, low, high = rl_stats.ratio_of_means_ci(cont, fresh, n_boot=1000, seed=trial)
+        boot += low <= 1 <= high
+        _, low, high = rl_stats.ratio_of_means_t_ci(cont, fresh)
+        t += low <= 1 <= high
+    assert boot / trials < 0.88
+    assert 0.92 <= t / trials <= 0.98

@@ -1,0 +1,211 @@
+"""How often the continual tables' verdicts err with 3-5 runs, and which committed verdicts depend on the interval.
+
+The continual tables (``bench/continual_report.py``) judge "continual vs fresh" by a paired interval of the ratio of
+means sum(continual) / sum(fresh) over runs, and "vs plain" by two IQM intervals that do not overlap. Both intervals
+are percentile bootstraps over runs; with 3-5 runs a percentile bootstrap is too narrow (it spreads like the runs with
+divisor n and normal quantiles, where Student's t with n - 1 degrees of freedom applies). This script measures it:
+
+1. **Simulations** (seeded; the true ratio 1, so every "above" / "below" is an error): for each data model and run
+   count, the share of experiments whose paired 95 % interval misses 1 (the bootstrap the tables used until the
+   thirty-second session, ``rl_stats.ratio_of_means_ci`` with the tables' 2 000 resamples, against the Student-t
+   interval of the linearised ratio the verdict reads now, ``rl_stats.ratio_of_means_t_ci``), and the share of
+   null experiments in which two methods' IQM intervals (``rl_stats.iqm_ci``, whole runs resampled, 10 tasks a run)
+   do not overlap (the "vs plain" rule); the normal-theory value of the bootstrap's error beside them (for normal
+   run statistics its interval is ``mean +- z s sqrt((n - 1) / n) / sqrt(n)``, so it errs with probability
+   ``P(|T_{n-1}| > z sqrt((n - 1) / n))``); and the power of both paired intervals against a true 15 % loss.
+2. **The committed folders**: every method of every ``bench/results/continual/*/summary.json`` whose paired statistic
+   has both intervals, with the verdict each gives; the rows where they differ are the verdicts that moved.
+
+Models (per run ``i``, ``cells`` paired cells; continual and fresh cells drawn alike, so the ratio of means is 1):
+
+* ``normal``: a run effect N(0, 2^2) shared by a run's cells, cell noise N(0, 3^2) around 20; 4 cells (the sample of
+  fresh agents per seed of ``minatar_intensive``).
+* ``collapse``: cells that collapse to 9 with probability 0.3, else N(300, 120^2) clipped to [9, 500] (a CartPole
+  return); 10 cells (a fresh agent on every late task).
+* ``skewed``: a log-normal run effect (sigma 0.5) times Gamma(4, 0.25) cells; 4 cells.
+
+    OMP_NUM_THREADS=1 nice -n 10 python bench/verdict_coverage.py          # ~2 CPU-min; writes the results folder
+    python bench/verdict_coverage.py --trials 200 --out /tmp/vc             # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import math
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from rl_stats import iqm_ci, ratio_of_means_ci, ratio_of_means_t_ci
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RESULTS = os.path.join(HERE, "results", "continual")
+#: the tables' bootstrap resamples (``continual_report.REPS``)
+TABLE_REPS = 2000
+RUNS = (3, 4, 5, 10)
+#: the "vs plain" rule's tasks per run (a last half of 10 tasks; ``minatar_intensive`` has 10, the others 5-6)
+PLAIN_TASKS = 10
+#: a true loss the power rows look for: continual = (1 - LOSS) x fresh in expectation
+LOSS = 0.15
+
+Model = Callable[[np.random.Generator, int, int], np.ndarray]
+
+
+def _normal(rng: np.random.Generator, runs: int, cells: int) -> np.ndarray:
+    return 20 + rng.normal(0, 2, size=(runs, 1)) + rng.normal(0, 3, size=(runs, cells))
+
+
+def _collapse(rng: np.random.Generator, runs: int, cells: int) -> np.ndarray:
+    up = np.clip(rng.normal(300, 120, size=(runs, cells)), 9, 500)
+    return np.where(rng.random((runs, cells)) < 0.3, 9.0, up)
+
+
+def _skewed(rng: np.random.Generator, runs: int, cells: int) -> np.ndarray:
+    return np.exp(rng.normal(3, 0.5, size=(runs, 1))) * rng.gamma(4, 0.25, size=(runs, cells))
+
+
+#: name -> (draw of a runs x cells matrix, paired cells per run)
+MODELS: dict[str, tuple[Model, int]] = {"normal": (_normal, 4), "collapse": (_collapse, 10), "skewed": (_skewed, 4)}
+
+
+def normal_theory_error(runs: int, level: float = 0.95) -> float:
+    """The percentile bootstrap's error rate for normal run statistics: ``P(|T_{n-1}| > z sqrt((n - 1) / n))``."""
+    import scipy.stats
+
+    z = scipy.stats.norm.ppf(0.5 + level / 2)
+    return float(2 * scipy.stats.t.sf(z * math.sqrt((runs - 1) / runs), runs - 1))
+
+
+def _misses(low: float, high: float, null: float) -> bool:
+    return not low <= null <= high
+
+
+def paired_rates(model: str, runs: int, trials: int, seed: int, loss: float = 0.0) -> dict[str, float]:
+    """Share of ``trials`` experiments whose paired interval leaves out 1 (bootstrap, t) when continual = (1 - loss)
+    x fresh in expectation: error rates at ``loss = 0``, power otherwise. The continual cells of a run share its run
+    effect with its fresh cells (drawn together, as one matrix of twice the cells)."""
+    draw, cells = MODELS[model]
+    rng = np.random.default_rng([seed, runs, int(loss * 1000)])
+    boot = t = 0
+    for trial in range(trials):
+        both = draw(rng, runs, 2 * cells)
+        cont, fresh = (1 - loss) * both[:, :cells], both[:, cells:]
+        boot += _misses(*ratio_of_means_ci(cont, fresh, n_boot=TABLE_REPS, seed=trial)[1:], 1.0)
+        t += _misses(*ratio_of_means_t_ci(cont, fresh)[1:], 1.0)
+    return {"bootstrap": boot / trials, "t": t / trials}
+
+
+def plain_rule_error(model: str, runs: int, trials: int, seed: int) -> float:
+    """Share of null experiments (two methods drawn alike, ``runs`` x :data:`PLAIN_TASKS` each) whose IQM intervals
+    do not overlap: "vs plain" says above or below."""
+    draw, _ = MODELS[model]
+    rng = np.random.default_rng([seed, runs, 7])
+    wrong = 0
+    for trial in range(trials):
+        arms = {"a": draw(rng, runs, PLAIN_TASKS), "b": draw(rng, runs, PLAIN_TASKS)}
+        ci = iqm_ci(arms, reps=TABLE_REPS, seed=trial, resample="runs")
+        wrong += ci["a"][2] < ci["b"][1] or ci["a"][1] > ci["b"][2]
+    return wrong / trials
+
+
+def simulate(trials: int, seed: int = 0) -> list[dict[str, Any]]:
+    rows = []
+    for model in MODELS:
+        for runs in RUNS:
+            null = paired_rates(model, runs, trials, seed)
+            power = paired_rates(model, runs, trials, seed, loss=LOSS)
+            rows.append({"model": model, "runs": runs, "paired_bootstrap_error": null["bootstrap"],
+                         "paired_t_error": null["t"], "normal_theory_bootstrap_error": normal_theory_error(runs),
+                         "plain_rule_error": plain_rule_error(model, runs, max(trials // 2, 1), seed),
+                         "power_bootstrap": power["bootstrap"], "power_t": power["t"]})
+            print(rows[-1], flush=True)
+    return rows
+
+
+def _verdict(low: float, high: float, null: float) -> str:
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return "-"
+    return "below" if high < null else "above" if low > null else "not resolved"
+
+
+def committed_verdicts(results: str = RESULTS) -> list[dict[str, Any]]:
+    """Every method of every results folder whose paired statistic (ratio of means, else continual - fresh) carries
+    both intervals (3 runs or more), with the verdict of each."""
+    rows = []
+    for path in sorted(glob.glob(os.path.join(results, "*", "summary.json"))):
+        with open(path) as f:
+            methods = json.load(f).get("methods", {})
+        for method, entry in methods.items():
+            stat, null, key = entry.get("plasticity_ratio_last_half"), 1.0, "ratio"
+            if not stat:
+                stat, null, key = entry.get("minus_fresh_last_half"), 0.0, "mean"
+            if not stat or "t_low" not in stat or not math.isfinite(stat["t_low"]):
+                continue  # written before the t interval, or fewer than 3 runs (no interval)
+            rows.append({"folder": os.path.basename(os.path.dirname(path)), "method": method,
+                         "runs": len(entry["seeds"]), "statistic": "ratio" if key == "ratio" else "c - f",
+                         "point": stat[key], "bootstrap": [stat["low"], stat["high"]],
+                         "t": [stat["t_low"], stat["t_high"]],
+                         "bootstrap_verdict": _verdict(stat["low"], stat["high"], null),
+                         "t_verdict": _verdict(stat["t_low"], stat["t_high"], null),
+                         "table_verdict": entry.get("vs_fresh", "-")})
+    return rows
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f} %"
+
+
+def markdown(sim: list[dict[str, Any]], committed: list[dict[str, Any]], trials: int) -> str:
+    lines = [f"# The verdicts at 3-10 runs (`bench/verdict_coverage.py`, {trials} simulated experiments per row)", "",
+             "Error rates with the true ratio 1 (nominal 5 %): the paired 95 % interval of the ratio of means leaves "
+             "out 1 (\"continual vs fresh\" says above or below); two methods drawn alike get non-overlapping IQM "
+             f"intervals ({PLAIN_TASKS} tasks a run; \"vs plain\" says above or below). Power: the share of experiments "
+             f"with a true {LOSS:.0%} loss that the paired interval calls (below 1).", "",
+             "| model | runs | paired bootstrap: error | (normal theory) | paired t: error | \"vs plain\" rule: error "
+             "| power, bootstrap | power, t |", "|---|---|---|---|---|---|---|---|"]
+    for r in sim:
+        lines.append(f"| {r['model']} | {r['runs']} | {_pct(r['paired_bootstrap_error'])} | "
+                     f"{_pct(r['normal_theory_bootstrap_error'])} | {_pct(r['paired_t_error'])} | "
+                     f"{_pct(r['plain_rule_error'])} | {_pct(r['power_bootstrap'])} | {_pct(r['power_t'])} |")
+    moved = [r for r in committed if r["bootstrap_verdict"] != r["t_verdict"]]
+    lines += ["", f"## The committed folders: {len(committed)} paired verdicts, {len(moved)} that the interval "
+              "changes", "", "The table's verdict is the t interval's (since the thirty-second session).", "",
+              "| folder | method | runs | statistic | point | bootstrap 95 % | t 95 % | bootstrap verdict | t verdict |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for r in committed:
+        mark = "**" if r["bootstrap_verdict"] != r["t_verdict"] else ""
+        lines.append(f"| {r['folder']} | {r['method']} | {r['runs']} | {r['statistic']} | {r['point']:.3g} | "
+                     f"[{r['bootstrap'][0]:.3g}, {r['bootstrap'][1]:.3g}] | [{r['t'][0]:.3g}, {r['t'][1]:.3g}] | "
+                     f"{mark}{r['bootstrap_verdict']}{mark} | {mark}{r['t_verdict']}{mark} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trials", type=int, default=1000, help="simulated experiments per (model, runs) row")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=os.path.join(HERE, "results", "verdict_coverage"))
+    parser.add_argument("--results", default=RESULTS, help="the folders of bench/continual.py to read")
+    args = parser.parse_args(argv)
+    if args.trials < 1:
+        parser.error(f"--trials {args.trials}: allowed: a positive number of experiments")
+    sim = simulate(args.trials, args.seed)
+    committed = committed_verdicts(args.results)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "coverage.json"), "w") as f:
+        json.dump({"trials": args.trials, "seed": args.seed, "simulations": sim, "committed": committed}, f, indent=1)
+    text = markdown(sim, committed, args.trials)
+    with open(os.path.join(args.out, "coverage.md"), "w") as f:
+        f.write(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

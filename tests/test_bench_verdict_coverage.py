@@ -1,0 +1,55 @@
+"""bench/verdict_coverage.py: the simulated error rates of the tables' verdicts (the percentile bootstrap's against
+normal theory, the t interval near its nominal 5 %) and the listing of the committed folders' paired verdicts."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from bench_modules import load_bench
+
+
+@pytest.fixture(scope="module")
+def coverage():
+    return load_bench("verdict_coverage")
+
+
+def test_the_bootstrap_errs_as_normal_theory_says_and_the_t_interval_near_five_percent(coverage):
+    """Normal run statistics, 5 runs: the percentile bootstrap's interval is mean +- z s sqrt(4/5) / sqrt(5), so it
+    misses a true ratio of 1 with probability P(|T_4| > 1.96 sqrt(4/5)) = 15.4 %; 600 seeded experiments agree
+    within their sampling error, and the t interval errs near 5 %."""
+    import scipy.stats
+
+    assert coverage.normal_theory_error(5) == pytest.approx(2 * scipy.stats.t.sf(1.959964 * np.sqrt(0.8), 4), rel=1e-5)
+    assert coverage.normal_theory_error(5) == pytest.approx(0.154, abs=0.001)
+    rates = coverage.paired_rates("normal", 5, trials=600, seed=1)
+    assert rates["bootstrap"] == pytest.approx(coverage.normal_theory_error(5), abs=0.045)
+    assert 0.02 <= rates["t"] <= 0.085
+    power = coverage.paired_rates("normal", 5, trials=200, seed=1, loss=0.3)
+    assert power["t"] > 0.9  # a 30 % loss is found
+
+
+def test_the_committed_listing_gives_both_verdicts_and_marks_the_moved_ones(coverage, tmp_path):
+    entry = dict(seeds=[0, 1, 2, 3, 4], vs_fresh="not resolved",
+                 plasticity_ratio_last_half=dict(ratio=0.9, low=0.85, high=0.97, t_low=0.8, t_high=1.02))
+    negative = dict(seeds=[0, 1, 2], vs_fresh="above fresh",
+                    minus_fresh_last_half=dict(mean=5.0, low=2.0, high=8.0, t_low=1.0, t_high=9.0))
+    old = dict(seeds=[0, 1, 2], plasticity_ratio_last_half=dict(ratio=0.9, low=0.85, high=0.97))  # no t: skipped
+    two = dict(seeds=[0, 1], plasticity_ratio_last_half=dict(ratio=0.9, low=float("nan"), high=float("nan"),
+                                                            t_low=float("nan"), t_high=float("nan")))  # no interval
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "summary.json").write_text(json.dumps({"methods": {"ppo": entry, "ppo_l2": negative,
+                                                                         "ppo_old": old, "ppo_two": two}}))
+    rows = coverage.committed_verdicts(str(tmp_path))
+    assert [(r["method"], r["statistic"], r["bootstrap_verdict"], r["t_verdict"]) for r in rows] == [
+        ("ppo", "ratio", "below", "not resolved"), ("ppo_l2", "c - f", "above", "above")]
+    text = coverage.markdown([], rows, trials=1)
+    assert "2 paired verdicts, 1 that the interval changes" in text
+    assert "| a | ppo | 5 | ratio | 0.9 | [0.85, 0.97] | [0.8, 1.02] | **below** | **not resolved** |" in text
+
+
+def test_a_bad_trial_count_is_refused(coverage, capsys):
+    with pytest.raises(SystemExit):
+        coverage.main(["--trials", "0", "--out", "unused"])
+    assert "--trials 0: allowed: a positive number of experiments" in capsys.readouterr().err
