@@ -13,7 +13,13 @@ divisor n and normal quantiles, where Student's t with n - 1 degrees of freedom 
    do not overlap (the "vs plain" rule); the normal-theory value of the bootstrap's error beside them (for normal
    run statistics its interval is ``mean +- z s sqrt((n - 1) / n) / sqrt(n)``, so it errs with probability
    ``P(|T_{n-1}| > z sqrt((n - 1) / n))``); and the power of both paired intervals against a true 15 % loss.
-2. **The committed folders**: every method of every ``bench/results/continual/*/summary.json`` whose paired statistic
+2. **The Slippery Ant trend** (``continual_report.parameter_adjusted_trend``: the OLS slope of the score on the task
+   index with log10 friction and its square as covariates and an intercept per seed): how often its 95 % interval
+   holds the true slope, for the cluster-robust (CR1) interval with t on seeds - 1 degrees of freedom the table gives
+   since the thirty-second session and for the percentile bootstrap over seeds it replaced (here with
+   :data:`TREND_REPS` resamples), on data drawn like that model (10 tasks per seed, frictions log-uniform on
+   [0.01, 2], a true slope of -50 per task with or without seed-to-seed slope differences, SD 60, noise SD 350).
+3. **The committed folders**: every method of every ``bench/results/continual/*/summary.json`` whose paired statistic
    has both intervals, with the verdict each gives; the rows where they differ are the verdicts that moved.
 
 Models (per run ``i``, ``cells`` paired cells; continual and fresh cells drawn alike, so the ratio of means is 1):
@@ -37,11 +43,12 @@ import math
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from continual_report import parameter_adjusted_trend
 from rl_stats import iqm_ci, ratio_of_means_ci, ratio_of_means_t_ci
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -53,6 +60,8 @@ RUNS = (3, 4, 5, 10)
 PLAIN_TASKS = 10
 #: a true loss the power rows look for: continual = (1 - LOSS) x fresh in expectation
 LOSS = 0.15
+#: the trend rows: seeds per experiment, the true slope, the seed-to-seed slope SDs, the old bootstrap's resamples
+TREND_SEEDS, TREND_SLOPE, TREND_SLOPE_SDS, TREND_REPS = (3, 5), -50.0, (0.0, 60.0), 500
 
 Model = Callable[[np.random.Generator, int, int], np.ndarray]
 
@@ -114,6 +123,49 @@ def plain_rule_error(model: str, runs: int, trials: int, seed: int) -> float:
     return wrong / trials
 
 
+def trend_data(rng: np.random.Generator, seeds: int, slope_sd: float) -> tuple[dict, dict]:
+    """One simulated Slippery Ant experiment: per seed 10 tasks, frictions log-uniform on [0.01, 2], score = level +
+    (TREND_SLOPE + the seed's deviation, SD ``slope_sd``) x task + a quadratic in log10 friction + noise (SD 350)."""
+    scores, parameters = {}, {}
+    for s in range(seeds):
+        friction = 10 ** rng.uniform(-2, 0.3, size=10)
+        x = np.log10(friction)
+        own = TREND_SLOPE + rng.normal(0, slope_sd)
+        y = 2000 + rng.normal(0, 300) + own * np.arange(10) + 400 * x - 300 * x ** 2 + rng.normal(0, 350, 10)
+        scores[str(s)] = [float(v) for v in y]
+        parameters[str(s)] = [{"friction": float(f)} for f in friction]
+    return scores, parameters
+
+
+def trend_rates(seeds: int, slope_sd: float, trials: int, seed: int) -> dict[str, float]:
+    """Share of ``trials`` experiments whose 95 % interval of the adjusted slope holds the true one: the table's
+    cluster-robust interval, and a percentile bootstrap over seeds (whole seeds resampled, each copy its own
+    intercept; :data:`TREND_REPS` resamples)."""
+    rng = np.random.default_rng([seed, seeds, int(slope_sd)])
+    cr1 = boot = 0
+    for _ in range(trials):
+        scores, parameters = trend_data(rng, seeds, slope_sd)
+        out = parameter_adjusted_trend(scores, parameters)
+        cr1 += out["low"] <= TREND_SLOPE <= out["high"]
+        draws = rng.integers(0, seeds, size=(TREND_REPS, seeds))
+        slopes = [parameter_adjusted_trend({str(i): scores[str(d)] for i, d in enumerate(draw)},
+                                           {str(i): parameters[str(d)] for i, d in enumerate(draw)})["slope"]
+                  for draw in draws]
+        boot += np.percentile(slopes, 2.5) <= TREND_SLOPE <= np.percentile(slopes, 97.5)
+    return {"cr1": float(cr1 / trials), "bootstrap": float(boot / trials)}
+
+
+def simulate_trend(trials: int, seed: int = 0) -> list[dict[str, Any]]:
+    rows = []
+    for seeds in TREND_SEEDS:
+        for slope_sd in TREND_SLOPE_SDS:
+            rates = trend_rates(seeds, slope_sd, trials, seed)
+            rows.append({"seeds": seeds, "slope_sd": slope_sd, "cr1_coverage": rates["cr1"],
+                         "bootstrap_coverage": rates["bootstrap"]})
+            print(rows[-1], flush=True)
+    return rows
+
+
 def simulate(trials: int, seed: int = 0) -> list[dict[str, Any]]:
     rows = []
     for model in MODELS:
@@ -161,7 +213,8 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f} %"
 
 
-def markdown(sim: list[dict[str, Any]], committed: list[dict[str, Any]], trials: int) -> str:
+def markdown(sim: list[dict[str, Any]], committed: list[dict[str, Any]], trials: int,
+             trend: Optional[list[dict[str, Any]]] = None, trend_trials: int = 0) -> str:
     lines = [f"# The verdicts at 3-10 runs (`bench/verdict_coverage.py`, {trials} simulated experiments per row)", "",
              "Error rates with the true ratio 1 (nominal 5 %): the paired 95 % interval of the ratio of means leaves "
              "out 1 (\"continual vs fresh\" says above or below); two methods drawn alike get non-overlapping IQM "
@@ -173,6 +226,15 @@ def markdown(sim: list[dict[str, Any]], committed: list[dict[str, Any]], trials:
         lines.append(f"| {r['model']} | {r['runs']} | {_pct(r['paired_bootstrap_error'])} | "
                      f"{_pct(r['normal_theory_bootstrap_error'])} | {_pct(r['paired_t_error'])} | "
                      f"{_pct(r['plain_rule_error'])} | {_pct(r['power_bootstrap'])} | {_pct(r['power_t'])} |")
+    if trend:
+        lines += ["", f"## The Slippery Ant trend's interval ({trend_trials} simulated experiments per row)", "",
+                  f"How often the 95 % interval of the friction-adjusted slope holds the true slope ({TREND_SLOPE:g} per "
+                  "task); nominal 95 %.", "",
+                  "| seeds | seed-to-seed slope SD | cluster-robust (CR1), t(seeds - 1): the table's | percentile "
+                  f"bootstrap over seeds ({TREND_REPS} resamples): until the thirty-second session |", "|---|---|---|---|"]
+        for r in trend:
+            lines.append(f"| {r['seeds']} | {r['slope_sd']:g} | {_pct(r['cr1_coverage'])} | "
+                         f"{_pct(r['bootstrap_coverage'])} |")
     moved = [r for r in committed if r["bootstrap_verdict"] != r["t_verdict"]]
     lines += ["", f"## The committed folders: {len(committed)} paired verdicts, {len(moved)} that the interval "
               "changes", "", "The table's verdict is the t interval's (since the thirty-second session).", "",
@@ -196,11 +258,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.trials < 1:
         parser.error(f"--trials {args.trials}: allowed: a positive number of experiments")
     sim = simulate(args.trials, args.seed)
+    trend_trials = max(args.trials // 4, 1)
+    trend = simulate_trend(trend_trials, args.seed)
     committed = committed_verdicts(args.results)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "coverage.json"), "w") as f:
-        json.dump({"trials": args.trials, "seed": args.seed, "simulations": sim, "committed": committed}, f, indent=1)
-    text = markdown(sim, committed, args.trials)
+        json.dump({"trials": args.trials, "seed": args.seed, "simulations": sim, "trend_trials": trend_trials,
+                   "trend": trend, "committed": committed}, f, indent=1)
+    text = markdown(sim, committed, args.trials, trend, trend_trials)
     with open(os.path.join(args.out, "coverage.md"), "w") as f:
         f.write(text)
     print(text)
