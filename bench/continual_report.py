@@ -75,6 +75,38 @@ def _entropy_last_half(runs: list[dict], records: list[dict], method: str, n: in
     return out
 
 
+#: the output head's statistics the run JSONs record per task (``continual_recorder.head_statistics``), in the order
+#: of the head table, with their column names: at a task's end (``head_*``: its tail's last observations) and as the
+#: task found the network (``switch_head_*``: its first observations, before any update on it)
+HEAD_STATISTICS = {
+    "head_entropy": "entropy", "head_max_prob": "max prob", "head_logit_std": "logit std",
+    "head_q_std": "Q std", "head_q_max": "max Q", "head_action_std": "action std", "head_mean_abs": "abs(mean action)",
+}
+HEAD_STATISTICS.update({f"switch_{key}": f"{name}, as found" for key, name in list(HEAD_STATISTICS.items())})
+
+
+def head_last_half(runs: list[dict], records: list[dict], method: str, n: int) -> dict[str, dict[str, Optional[float]]]:
+    """The output head over the last half of the tasks (issue #28: "the policy entropy and the output head's logit
+    scale per task, so the mechanism can be read"): per :data:`HEAD_STATISTICS` key any run records, its mean over the
+    continual runs x last-half tasks (``continual``) and over the fresh agents of those tasks (``fresh``; a fresh
+    agent's ``switch_head_*`` is an untrained network's head), each over the runs that recorded it (``None`` where
+    none did); ``{}`` when no run records one."""
+    seeds = {r["seed"] for r in runs}
+    fresh = [r for r in records if r["method"] == method and r.get("fresh_task") is not None
+             and n // 2 <= r["fresh_task"] < n and r["seed"] in seeds]
+
+    def mean(lists: list[list[Any]]) -> Optional[float]:
+        values = [float(v) for values in lists for v in values if v is not None and math.isfinite(float(v))]
+        return float(np.mean(values)) if values else None
+
+    out = {}
+    for key in HEAD_STATISTICS:
+        if any(key in r for r in runs + fresh):
+            out[key] = {"continual": mean([r[key][n // 2: n] for r in runs if key in r]),
+                        "fresh": mean([r[key][:1] for r in fresh if key in r])}
+    return out
+
+
 #: the diagnostics of the summary table (:func:`diagnostics_last_half`); the condition number as its log10
 TABLE_DIAGNOSTICS = ("dormant_fraction", "ntk_erank", "ntk_cond", "dfi", "dfi_hidden")
 
@@ -195,7 +227,7 @@ def _paired_verdict(entry: dict) -> str:
     continual - fresh against 0 (negative returns), each judged by its Student-t interval over runs
     (:func:`rl_stats.ratio_of_means_t_ci`: ``t_low`` / ``t_high``). (Until the thirtieth session a setting with a
     fresh agent on every task compared the two IQM intervals instead: unpaired, and so blind to differences the
-    pairing shows; until the thirty-second the paired bootstrap's interval decided, which with 3-5 runs covers 72-86 %
+    pairing shows; until the thirty-second the paired bootstrap's interval decided, which with 3-5 runs covers 68-86 %
     instead of 95 %: bench/README.md, "The verdicts at 3-5 runs".)"""
     stat, null = entry.get("plasticity_ratio_last_half"), 1.0
     if not stat:
@@ -269,30 +301,32 @@ def _paired_fresh_last_half(cont: np.ndarray, fresh: np.ndarray) -> dict[str, An
     Student-t interval over runs (:func:`rl_stats.ratio_of_means_t_ci`; ``t_low`` / ``t_high``, which the verdict
     reads), and ``minus_fresh_last_half``, the mean of continual - fresh over those cells with the same two intervals;
     with a sample of equal size per run also the IQMs of both over the sampled cells (``iqm_fresh_last_half``,
-    ``iqm_sampled_last_half``). Empty when no last-half cell has a fresh agent. Below :data:`MIN_CI_RUNS` runs every
-    interval is NaN."""
+    ``iqm_sampled_last_half``). Empty when no last-half cell has a fresh agent. A run without a paired cell (its fresh
+    agents not run yet) is no unit of the intervals; below :data:`MIN_CI_RUNS` runs with one every interval is NaN."""
     cells = np.isfinite(fresh) & np.isfinite(cont)
     if not cells.any():
         return {}
     out: dict[str, Any] = {}
     count = int(cells.sum())
+    paired = cells.any(axis=1)  # the runs with a paired cell: the units of every interval
+    runs = int(paired.sum())
     if np.nansum(np.where(cells, fresh, np.nan)) > 0:
         point, low, high = ratio_of_means_ci(np.where(cells, cont, np.nan), np.where(cells, fresh, np.nan),
                                              n_boot=REPS)
         _, t_low, t_high = ratio_of_means_t_ci(np.where(cells, cont, np.nan), np.where(cells, fresh, np.nan))
-        if len(cont) < MIN_CI_RUNS:
+        if runs < MIN_CI_RUNS:
             low = high = t_low = t_high = float("nan")
         out["plasticity_ratio_last_half"] = {"ratio": point, "low": low, "high": high, "t_low": t_low,
                                              "t_high": t_high, "cells": count, "complete": bool(cells.all())}
-    diff = np.where(cells, cont - fresh, 0.0)
-    per_run, counts = diff.sum(axis=1), cells.sum(axis=1)
+    diff = np.where(cells, cont - fresh, 0.0)[paired]
+    per_run, counts = diff.sum(axis=1), cells[paired].sum(axis=1)
     rows = np.random.default_rng(0).integers(0, len(diff), size=(REPS, len(diff)))
     boot = per_run[rows].sum(axis=1) / np.maximum(counts[rows].sum(axis=1), 1)
     # the mean difference per cell is the ratio of the runs' difference sums to their cell counts
     _, t_low, t_high = ratio_of_means_t_ci(np.where(cells, cont - fresh, np.nan), np.where(cells, 1.0, np.nan))
-    low, high = (float(np.quantile(boot, 0.025)), float(np.quantile(boot, 0.975))) if len(diff) >= MIN_CI_RUNS else (
+    low, high = (float(np.quantile(boot, 0.025)), float(np.quantile(boot, 0.975))) if runs >= MIN_CI_RUNS else (
         float("nan"), float("nan"))
-    if len(diff) < MIN_CI_RUNS:
+    if runs < MIN_CI_RUNS:
         t_low = t_high = float("nan")
     out["minus_fresh_last_half"] = {"mean": float(per_run.sum() / count), "low": low, "high": high, "t_low": t_low,
                                     "t_high": t_high, "cells": count, "complete": bool(cells.all())}
@@ -411,6 +445,9 @@ def summarise(records: list[dict], methods: list[str], setting: Setting) -> dict
         entropy = _entropy_last_half(runs, records, method, n)
         if entropy:
             entry.update(entropy)
+        head = head_last_half(runs, records, method, n)
+        if head:
+            entry["head_last_half"] = head
         diagnostics = diagnostics_last_half(runs, records, method, n, setting)
         if diagnostics:
             entry["diagnostics_last_half"] = diagnostics
@@ -439,9 +476,10 @@ def summarise(records: list[dict], methods: list[str], setting: Setting) -> dict
             if checks:
                 entry["fresh_sample_check"] = checks
             entry.update(_paired_fresh_last_half(ends[:, half], paired[:, half]))
+            paired_runs = int((np.isfinite(ends[:, half]) & np.isfinite(paired[:, half])).any(axis=1).sum())
             if setting.floor_below is not None:
                 entry["fresh_at_floor_last_half"] = _at_floor(fresh[:, half], setting.floor_below)
-            entry["vs_fresh"] = _too_few(len(runs)) or _paired_verdict(entry)
+            entry["vs_fresh"] = _too_few(paired_runs) or _paired_verdict(entry)  # runs with a paired cell
         summary[method] = entry
     if plain in summary:
         base = summary[plain]
@@ -614,6 +652,18 @@ def markdown_table(result: dict[str, Any], setting_name: str, setting: Setting) 
         cells = [f"{s['end_reward_mean'][k]:.3g}" + (f" / {ratio[k]:.2f}" if ratio else "") if k < s["tasks"] else "-"
                  for k in shown]
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    heads = [key for key in HEAD_STATISTICS if any(key in s.get("head_last_half", {}) for s in summary.values())]
+    if heads:
+        lines += ["", "Output head over the last half of the tasks (`continual_recorder.head_statistics`): continual / "
+                  "fresh agents of those tasks, mean over runs x tasks where the run JSONs record it; at a task's end, "
+                  "and 'as found': on the task's first observations, before any update on it (a fresh agent's: an "
+                  "untrained head)", "",
+                  "| method | " + " | ".join(HEAD_STATISTICS[k] for k in heads) + " |", "|---|" + "---|" * len(heads)]
+        for method, s in summary.items():
+            stats = s.get("head_last_half", {})
+            cells = [" / ".join("-" if v is None else f"{v:.3g}" for v in (stats[k]["continual"], stats[k]["fresh"]))
+                     if k in stats else "-" for k in heads]
+            lines.append(f"| {method} | " + " | ".join(cells) + " |")
     if result.get("task_parameters"):
         names = sorted({k for tasks in result["task_parameters"].values() for t in tasks for k in t})
         lines += ["", "Per run: each task's parameters (drawn from the run seed's task sequence: a seed's methods share "

@@ -29,8 +29,11 @@ Models (per run ``i``, ``cells`` paired cells; continual and fresh cells drawn a
 * ``collapse``: cells that collapse to 9 with probability 0.3, else N(300, 120^2) clipped to [9, 500] (a CartPole
   return); 10 cells (a fresh agent on every late task).
 * ``skewed``: a log-normal run effect (sigma 0.5) times Gamma(4, 0.25) cells; 4 cells.
+* ``run collapse``: ``collapse``'s cells, but a continual run collapses as a whole (every cell at 9, probability
+  0.3: the committed collapsed runs look like that) while each fresh agent collapses on its own; 10 cells. The
+  "vs plain" rows draw both methods' runs this way.
 
-    OMP_NUM_THREADS=1 nice -n 10 python bench/verdict_coverage.py          # ~2 CPU-min; writes the results folder
+    OMP_NUM_THREADS=1 nice -n 10 python bench/verdict_coverage.py          # ~15 CPU-min; writes the results folder
     python bench/verdict_coverage.py --trials 200 --out /tmp/vc             # a quick look
 """
 
@@ -79,8 +82,26 @@ def _skewed(rng: np.random.Generator, runs: int, cells: int) -> np.ndarray:
     return np.exp(rng.normal(3, 0.5, size=(runs, 1))) * rng.gamma(4, 0.25, size=(runs, cells))
 
 
+def _run_collapse(rng: np.random.Generator, runs: int, cells: int) -> np.ndarray:
+    up = np.clip(rng.normal(300, 120, size=(runs, cells)), 9, 500)
+    return np.where(rng.random((runs, 1)) < 0.3, 9.0, up)
+
+
 #: name -> (draw of a runs x cells matrix, paired cells per run)
-MODELS: dict[str, tuple[Model, int]] = {"normal": (_normal, 4), "collapse": (_collapse, 10), "skewed": (_skewed, 4)}
+MODELS: dict[str, tuple[Model, int]] = {"normal": (_normal, 4), "collapse": (_collapse, 10), "skewed": (_skewed, 4),
+                                        "run collapse": (_run_collapse, 10)}
+
+
+def draw_pair(model: str, rng: np.random.Generator, runs: int) -> tuple[np.ndarray, np.ndarray]:
+    """Continual and fresh cells (runs x cells) of one experiment with the same expectation: both halves of one draw
+    of the model (a run's continual and fresh cells share its run effect), except under ``run collapse``, where a
+    continual run collapses as a whole (every cell at 9, probability 0.3, as the committed collapsed runs do) and
+    each fresh agent on its own (``collapse``'s cells)."""
+    draw, cells = MODELS[model]
+    if model == "run collapse":
+        return draw(rng, runs, cells), _collapse(rng, runs, cells)
+    both = draw(rng, runs, 2 * cells)
+    return both[:, :cells], both[:, cells:]
 
 
 def normal_theory_error(runs: int, level: float = 0.95) -> float:
@@ -99,12 +120,11 @@ def paired_rates(model: str, runs: int, trials: int, seed: int, loss: float = 0.
     """Share of ``trials`` experiments whose paired interval leaves out 1 (bootstrap, t) when continual = (1 - loss)
     x fresh in expectation: error rates at ``loss = 0``, power otherwise. The continual cells of a run share its run
     effect with its fresh cells (drawn together, as one matrix of twice the cells)."""
-    draw, cells = MODELS[model]
     rng = np.random.default_rng([seed, runs, int(loss * 1000)])
     boot = t = 0
     for trial in range(trials):
-        both = draw(rng, runs, 2 * cells)
-        cont, fresh = (1 - loss) * both[:, :cells], both[:, cells:]
+        cont, fresh = draw_pair(model, rng, runs)
+        cont = (1 - loss) * cont
         boot += _misses(*ratio_of_means_ci(cont, fresh, n_boot=TABLE_REPS, seed=trial)[1:], 1.0)
         t += _misses(*ratio_of_means_t_ci(cont, fresh)[1:], 1.0)
     return {"bootstrap": boot / trials, "t": t / trials}

@@ -526,6 +526,11 @@ def test_no_verdict_from_fewer_than_three_seeds(continual, tmp_path):
     result = continual.summarise(continual.load_records(str(tmp_path)), ["ppo", "plastic_relu"], setting)
     assert result["methods"]["ppo"]["vs_fresh"] == "below fresh (plasticity lost)"  # 3 seeds
     assert result["methods"]["plastic_relu"]["vs_plain"] == "too few seeds (2 < 4)"  # its own 2 seeds
+    for k in range(4):  # the third seed's fresh agents not run yet: 2 runs with a paired cell
+        (tmp_path / "runs" / "ppo" / "fresh" / f"seed2_task{k}.json").unlink()
+    result = continual.summarise(continual.load_records(str(tmp_path)), ["ppo", "plastic_relu"], setting)
+    assert result["methods"]["ppo"]["vs_fresh"] == "too few seeds (2 < 3)"
+    assert np.isnan(result["methods"]["ppo"]["plasticity_ratio_last_half"]["t_low"])
 
 
 def test_vs_plain_needs_four_runs_of_each(continual, tmp_path):
@@ -737,3 +742,37 @@ def test_the_paired_verdict_reads_the_t_interval_not_the_narrower_bootstrap(cont
     row = next(line for line in continual.markdown_table(result, "bandit", setting).splitlines()
                if line.startswith("| ppo |"))
     assert f"c - f: {minus['mean']:.3g} [" in row
+
+
+def test_the_output_heads_statistics_are_summarised_over_the_last_half(continual, tmp_path):
+    """Issue #28's "output head's logit scale per task": the run JSONs' per-task head statistics, averaged over the
+    continual runs x last-half tasks and over the fresh agents of those tasks (NaN tasks and runs that did not record
+    a key left out), and printed as a table, continual / fresh."""
+    setting = _tiny_bandit(continual, tasks=4)
+    rng = np.random.default_rng(9)
+    _synthetic_runs(tmp_path, setting, {"ppo": (rng.uniform(0.2, 0.4, (3, 4)), rng.uniform(0.8, 0.9, (3, 4)))})
+    logit = rng.uniform(1, 5, size=(3, 4))
+    logit[1, 3] = np.nan
+    for seed in range(3):
+        path = tmp_path / "runs" / "ppo" / f"seed{seed}.json"
+        run = json.loads(path.read_text())
+        run["head_logit_std"] = [None if np.isnan(v) else float(v) for v in logit[seed]]
+        if seed != 2:  # seed 2 recorded no entropy as found
+            run["switch_head_entropy"] = [0.7, 0.6, 0.5 - 0.1 * seed, 0.4]
+        path.write_text(json.dumps(run))
+        for k in range(4):
+            path = tmp_path / "runs" / "ppo" / "fresh" / f"seed{seed}_task{k}.json"
+            fresh = json.loads(path.read_text())
+            fresh["head_logit_std"] = [10.0 * seed + k]
+            path.write_text(json.dumps(fresh))
+    result = continual.summarise(continual.load_records(str(tmp_path)), ["ppo"], setting)
+    head = result["methods"]["ppo"]["head_last_half"]
+    late = logit[:, 2:]
+    assert head["head_logit_std"]["continual"] == pytest.approx(np.nanmean(late))
+    # fresh agents of tasks 2 and 3 only (the last half); task 0's fresh run is the continual run's start
+    assert head["head_logit_std"]["fresh"] == pytest.approx(np.mean([10.0 * s + k for s in range(3) for k in (2, 3)]))
+    assert head["switch_head_entropy"] == {"continual": pytest.approx(np.mean([0.5, 0.4, 0.4, 0.4])), "fresh": None}
+    assert set(head) == {"head_logit_std", "switch_head_entropy"}
+    text = continual.markdown_table(result, "bandit", setting)
+    assert "| method | logit std | entropy, as found |" in text
+    assert f"| ppo | {np.nanmean(late):.3g} / {head['head_logit_std']['fresh']:.3g} | 0.425 / - |" in text

@@ -208,3 +208,18 @@ def test_with_five_runs_the_t_interval_covers_near_95_percent_and_the_bootstrap_
         t += low <= 1 <= high
     assert boot / trials < 0.88
     assert 0.92 <= t / trials <= 0.98
+
+
+def test_a_run_without_a_paired_cell_is_no_unit_of_either_ratio_interval():
+    """A run whose fresh agents have not run (every cell NaN in the denominator) adds nothing to the ratio and must not
+    narrow its intervals (as a zero residual and one more degree of freedom would): both intervals equal those
+    without it."""
+    rl_stats = _load_rl_stats()
+    rng = np.random.default_rng(7)
+    fresh = rng.uniform(5, 30, size=(4, 3))
+    cont = 0.8 * fresh + rng.normal(0, 3, size=(4, 3))
+    more_cont = np.vstack([cont, rng.uniform(5, 30, size=(2, 3))])
+    more_fresh = np.vstack([fresh, np.full((2, 3), np.nan)])
+    assert rl_stats.ratio_of_means_t_ci(more_cont, more_fresh) == pytest.approx(rl_stats.ratio_of_means_t_ci(cont, fresh))
+    assert rl_stats.ratio_of_means_ci(more_cont, more_fresh, n_boot=500) == pytest.approx(
+        rl_stats.ratio_of_means_ci(cont, fresh, n_boot=500))
