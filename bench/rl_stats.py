@@ -41,33 +41,49 @@ def bootstrap_mean_ci(values: np.ndarray, n_boot: int = N_BOOT, seed: int = 0, l
     return float(np.quantile(means, alpha)), float(np.quantile(means, 1 - alpha))
 
 
-def ratio_of_means_ci(numerator: np.ndarray, denominator: np.ndarray, n_boot: int = N_BOOT, seed: int = 0,
-                      level: float = 0.95) -> tuple[float, float, float]:
-    """The ratio of aggregates ``sum(numerator) / sum(denominator)`` over the finite cells of two runs x cells
-    arrays (the same cells finite in both: paired), with a paired percentile bootstrap CI that resamples runs
-    (rows) with replacement, each keeping its cells in both arrays; a run without a cell finite in both is left out.
-
-    A per-cell ratio divided by one noisy denominator (a single fresh agent) is biased upwards and explodes for
-    small denominators; the ratio of sums is the usual estimator of a ratio of means and the run resampling keeps
-    each run's continual and fresh scores together (issue #29, part 3). Returns ``(ratio, low, high)``; the CI is
-    ``nan`` with fewer than two runs."""
+def paired_run_sums(numerator: np.ndarray, denominator: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each run's sums over its paired cells: the cells finite in both of two runs x cells arrays. A run (row) without
+    such a cell is left out (it is no unit of a paired estimate). The shared input of :func:`ratio_of_means_ci` and
+    :func:`ratio_of_means_t_ci`, whose ratio is ``sums_num.sum() / sums_den.sum()``; raises ``ValueError`` for arrays
+    of two shapes or not 2-D, and where no cell is paired or the denominator's paired cells sum to 0."""
     num = np.asarray(numerator, dtype=float)
     den = np.asarray(denominator, dtype=float)
     if num.shape != den.shape or num.ndim != 2:
         raise ValueError(f"numerator and denominator must be runs x cells arrays of one shape, got {num.shape} "
                          f"and {den.shape}")
     cells = np.isfinite(num) & np.isfinite(den)
-    num, den = np.where(cells, num, 0.0), np.where(cells, den, 0.0)
-    if not cells.any() or den.sum() == 0:
+    paired = cells.any(axis=1)
+    sums_num = np.where(cells, num, 0.0).sum(axis=1)[paired]
+    sums_den = np.where(cells, den, 0.0).sum(axis=1)[paired]
+    if not cells.any() or sums_den.sum() == 0:
         raise ValueError("no cell is finite in both arrays, or the denominator sums to 0: no ratio")
+    return sums_num, sums_den
+
+
+def _check_level(level: float) -> None:
+    if not 0 < level < 1:
+        raise ValueError(f"level={level!r}; allowed: a confidence level strictly between 0 and 1")
+
+
+def ratio_of_means_ci(numerator: np.ndarray, denominator: np.ndarray, n_boot: int = N_BOOT, seed: int = 0,
+                      level: float = 0.95) -> tuple[float, float, float]:
+    """The ratio of aggregates ``sum(numerator) / sum(denominator)`` over the finite cells of two runs x cells
+    arrays (the same cells finite in both: paired), with a paired percentile bootstrap CI that resamples runs
+    (rows) with replacement, each keeping its cells in both arrays; a run without a cell finite in both is left out
+    (:func:`paired_run_sums`).
+
+    A per-cell ratio divided by one noisy denominator (a single fresh agent) is biased upwards and explodes for
+    small denominators; the ratio of sums is the usual estimator of a ratio of means and the run resampling keeps
+    each run's continual and fresh scores together (issue #29, part 3). Returns ``(ratio, low, high)``; the CI is
+    ``nan`` with fewer than two runs."""
+    _check_level(level)
+    num, den = paired_run_sums(numerator, denominator)
     point = float(num.sum() / den.sum())
-    paired = cells.any(axis=1)  # a run without a paired cell is no unit of the estimate
-    num, den = num[paired], den[paired]
     if len(num) < 2:
         return point, float("nan"), float("nan")
     rng = np.random.default_rng(seed)
     rows = rng.integers(0, len(num), size=(n_boot, len(num)))
-    sums_num, sums_den = num.sum(axis=1)[rows].sum(axis=1), den.sum(axis=1)[rows].sum(axis=1)
+    sums_num, sums_den = num[rows].sum(axis=1), den[rows].sum(axis=1)
     ratios = sums_num[sums_den != 0] / sums_den[sums_den != 0]
     alpha = (1 - level) / 2
     return point, float(np.quantile(ratios, alpha)), float(np.quantile(ratios, 1 - alpha))
@@ -86,22 +102,12 @@ def ratio_of_means_t_ci(numerator: np.ndarray, denominator: np.ndarray,
     runs with divisor ``n`` and normal quantiles instead of Student's): in ``bench/verdict_coverage.py``'s simulations
     (four data models) its 95 % interval of this ratio covers the true one in 81-86 % of 5-run experiments and
     68-75 % of 3-run ones, this interval in 92-96 % (less where whole runs collapse: bench/README.md, "The verdicts
-    at 3-5 runs"). A run (row) without a cell finite in both arrays is left out. Returns ``(ratio, low, high)``;
-    the CI is ``nan`` with fewer than two runs."""
+    at 3-5 runs"). A run (row) without a cell finite in both arrays is left out (:func:`paired_run_sums`). Returns
+    ``(ratio, low, high)``; the CI is ``nan`` with fewer than two runs."""
     import scipy.stats
 
-    num = np.asarray(numerator, dtype=float)
-    den = np.asarray(denominator, dtype=float)
-    if num.shape != den.shape or num.ndim != 2:
-        raise ValueError(f"numerator and denominator must be runs x cells arrays of one shape, got {num.shape} "
-                         f"and {den.shape}")
-    if not 0 < level < 1:
-        raise ValueError(f"level={level!r}; allowed: a confidence level strictly between 0 and 1")
-    cells = np.isfinite(num) & np.isfinite(den)
-    paired = cells.any(axis=1)  # a run without a paired cell is no unit of the estimate (it would add a zero residual)
-    num, den = np.where(cells, num, 0.0).sum(axis=1)[paired], np.where(cells, den, 0.0).sum(axis=1)[paired]
-    if not cells.any() or den.sum() == 0:
-        raise ValueError("no cell is finite in both arrays, or the denominator sums to 0: no ratio")
+    _check_level(level)
+    num, den = paired_run_sums(numerator, denominator)
     ratio = float(num.sum() / den.sum())
     n = len(num)
     if n < 2:

@@ -101,6 +101,32 @@ def test_summary_of_a_fresh_sample_uses_the_paired_ratio_of_means(continual, tmp
     assert f"{ratio['ratio']:.3g} [" in table and "(sample)" in table
 
 
+def test_the_paired_cell_counts_the_runs_on_each_side_of_their_fresh_agents(continual, tmp_path):
+    """Beside the t interval the table gives the runs' signs: how many runs' continual scores sum below / above their
+    fresh agents' over the paired cells (a tie is neither), in both the ratio's and the difference's entries."""
+    rng = np.random.default_rng(4)
+    setting = _tiny_bandit(continual, tasks=6)
+    fresh = 0.8 + 0.01 * rng.standard_normal((5, 6))
+    cont = fresh.copy()
+    cont[:3, 3:] -= 0.1  # seeds 0-2 below on the last half
+    cont[3, 3:] += 0.05  # seed 3 above
+    cont[4, 3] += 0.02  # seed 4 a tie over the last half (+0.02 - 0.02)
+    cont[4, 4] -= 0.02
+    _synthetic_runs(tmp_path, setting, {"ppo": (cont, fresh), "plastic_maxmin": (cont - 0.3, fresh)})
+    result = continual.summarise(continual.load_records(str(tmp_path)), ["ppo", "plastic_maxmin"], setting)
+    diff = (cont - fresh)[:, 3:].sum(axis=1)
+    below, above = int((diff < 0).sum()), int((diff > 0).sum())
+    assert (below, above) == (3, 1)  # seed 4's two differences cancel exactly: a tie
+    for key in ("plasticity_ratio_last_half", "minus_fresh_last_half"):
+        entry = result["methods"]["ppo"][key]
+        assert (entry["runs_below"], entry["runs_above"], entry["paired_runs"]) == (3, 1, 5)
+        lower = result["methods"]["plastic_maxmin"][key]
+        assert (lower["runs_below"], lower["runs_above"], lower["paired_runs"]) == (5, 0, 5)
+    table = continual.markdown_table(result, "bandit", setting)
+    assert "; 3 below, 1 above (of 5 runs) |" in table and "; 5 of 5 runs below |" in table
+    assert "'k of n runs below'" in table
+
+
 def test_a_seed_with_every_fresh_agent_enters_the_estimator_with_its_sample_and_is_reported_as_the_check(
         continual, tmp_path):
     """Issue #28's estimator check: seed 0 has a fresh agent on every task, the other seeds on their sample of the late

@@ -223,3 +223,21 @@ def test_a_run_without_a_paired_cell_is_no_unit_of_either_ratio_interval():
     assert rl_stats.ratio_of_means_t_ci(more_cont, more_fresh) == pytest.approx(rl_stats.ratio_of_means_t_ci(cont, fresh))
     assert rl_stats.ratio_of_means_ci(more_cont, more_fresh, n_boot=500) == pytest.approx(
         rl_stats.ratio_of_means_ci(cont, fresh, n_boot=500))
+
+
+def test_paired_run_sums_keeps_each_runs_paired_cells_and_both_intervals_share_its_checks():
+    rl_stats = _load_rl_stats()
+    cont = np.array([[1.0, 2.0, np.nan], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0]])
+    fresh = np.array([[2.0, 2.0, 2.0], [np.nan, np.nan, np.nan], [1.0, np.nan, 1.0]])
+    num, den = rl_stats.paired_run_sums(cont, fresh)
+    # run 0: its two cells with both scores; run 1: no paired cell, left out; run 2: cells 0 and 2
+    np.testing.assert_array_equal(num, [3.0, 16.0])
+    np.testing.assert_array_equal(den, [4.0, 2.0])
+    for ci in (rl_stats.ratio_of_means_ci, rl_stats.ratio_of_means_t_ci):
+        assert ci(cont, fresh)[0] == pytest.approx(19.0 / 6.0)
+        with pytest.raises(ValueError, match=r"level=0; allowed: a confidence level strictly between 0 and 1"):
+            ci(cont, fresh, level=0)
+        with pytest.raises(ValueError, match=r"one shape, got \(3,\) and \(3,\)"):
+            ci(cont[0], fresh[0])
+        with pytest.raises(ValueError, match="denominator sums to 0"):
+            ci(cont, np.where(np.isfinite(fresh), 0.0, np.nan))
