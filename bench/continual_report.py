@@ -497,10 +497,10 @@ def summarise(records: list[dict], methods: list[str], setting: Setting) -> dict
             if checks:
                 entry["fresh_sample_check"] = checks
             entry.update(_paired_fresh_last_half(ends[:, half], paired[:, half]))
-            paired_runs = int((np.isfinite(ends[:, half]) & np.isfinite(paired[:, half])).any(axis=1).sum())
+            paired_runs = entry.get("minus_fresh_last_half", {}).get("paired_runs", 0)  # runs with a paired cell
             if setting.floor_below is not None:
                 entry["fresh_at_floor_last_half"] = _at_floor(fresh[:, half], setting.floor_below)
-            entry["vs_fresh"] = _too_few(paired_runs) or _paired_verdict(entry)  # runs with a paired cell
+            entry["vs_fresh"] = _too_few(paired_runs) or _paired_verdict(entry)
         summary[method] = entry
     if plain in summary:
         base = summary[plain]
