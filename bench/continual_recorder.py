@@ -216,6 +216,44 @@ def _random_steps_at_switch(steps: int) -> Any:
     return RandomStepsAtSwitch()
 
 
+def _train_scalar_capture() -> Any:
+    """The callback that keeps, in ``logged`` (``{tag: {num_timesteps: value}}``), the values of
+    :data:`TRAIN_SCALARS` that SB3's logger writes out at each of its dumps, at the step the TensorBoard events get:
+    a KVWriter of SB3's (``stable_baselines3.common.logger``) added to the model's logger at each training start. The
+    run JSON's ``train_scalars`` come from it (:func:`train_scalars_from`), so they no longer depend on the
+    TensorBoard events, which are not committed and so are lost when a run resumes in another checkout (thirty-third
+    session: minatar_intensive CBP seed 2 lost its entropy so). ``logged`` is saved in the run's checkpoint;
+    ``complete`` is False when the run resumed from a checkpoint that lacked it (one written before the capture)."""
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.logger import KVWriter
+
+    class Capture(KVWriter):
+        def __init__(self, logged: dict[str, dict[int, float]]) -> None:
+            self.logged = logged
+
+        def write(self, key_values: dict[str, Any], key_excluded: dict[str, Any], step: int = 0) -> None:
+            for tag in TRAIN_SCALARS:
+                if tag in key_values:
+                    self.logged[tag][int(step)] = float(key_values[tag])
+
+        def close(self) -> None:
+            pass
+
+    class TrainScalarCapture(BaseCallback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.logged: dict[str, dict[int, float]] = {tag: {} for tag in TRAIN_SCALARS}
+            self.complete = True
+
+        def _on_training_start(self) -> None:
+            self.model.logger.output_formats.append(Capture(self.logged))
+
+        def _on_step(self) -> bool:
+            return True
+
+    return TrainScalarCapture()
+
+
 def _recording_monitor(every: int) -> Any:
     """A :class:`~sb3_plastic.callbacks.PlasticityMonitor` that also keeps every pass's network-level diagnostics
     (``plasticity/<network>/<metric>``, no per-layer keys) in ``history``: ``{key: [[num_timesteps, value], ...]}``,
@@ -238,7 +276,8 @@ def _recording_monitor(every: int) -> Any:
 
 #: the network-level diagnostics kept in the per-run JSON and plotted (the isometry paper's claim is about the NTK)
 DIAGNOSTICS = ("dormant_fraction", "ntk_cond", "ntk_erank", "dfi", "dfi_hidden", "weight_norm")
-#: SB3's own training scalars copied from a run's TensorBoard events into its JSON (:func:`add_train_scalars`), per
+#: SB3's own training scalars kept in a run's JSON (:func:`_train_scalar_capture`; before the thirty-third session copied
+#: from its TensorBoard events, :func:`add_train_scalars`), per
 #: task over the task's tail: PPO's policy entropy (``-train/entropy_loss``) tells a policy that collapsed to one
 #: action (entropy 0) from one that still explores
 TRAIN_SCALARS = ("train/entropy_loss",)
@@ -268,17 +307,24 @@ def scalar_steps(events_dir: str, tag: str) -> dict[int, float]:
 
 
 def train_scalars_per_task(events_dir: str, setting: Setting, tasks: int) -> dict[str, list[Optional[float]]]:
-    """Per tag of :data:`TRAIN_SCALARS` found in the TensorBoard events of ``events_dir``: the mean of the values
-    logged (:func:`scalar_steps`) in the tail of each of the first ``tasks`` tasks (the last ``setting.tail`` part of
-    ``[k, k + 1) * task_timesteps`` in timesteps); ``None`` for a task without a value."""
+    """:func:`train_scalars_from` the TensorBoard events of ``events_dir`` (:func:`scalar_steps`)."""
+    return train_scalars_from({tag: scalar_steps(events_dir, tag) for tag in TRAIN_SCALARS}, setting, tasks)
+
+
+def train_scalars_from(logged: dict[str, dict[int, float]], setting: Setting,
+                       tasks: int) -> dict[str, list[Optional[float]]]:
+    """Per tag of :data:`TRAIN_SCALARS` with values in ``logged`` (``{tag: {step: value}}``, from the run's capture
+    or its TensorBoard events): the mean of the values logged in the tail of each of the first ``tasks`` tasks (the
+    last ``setting.tail`` part of ``[k, k + 1) * task_timesteps`` in timesteps); ``None`` for a task without a
+    value; a tag never logged (DQN has no entropy) is left out."""
     length = setting.task_timesteps
     out: dict[str, list[Optional[float]]] = {}
     for tag in TRAIN_SCALARS:
-        logged = scalar_steps(events_dir, tag)
-        if not logged:
+        values_at = logged.get(tag) or {}
+        if not values_at:
             continue
-        steps = np.array(list(logged), dtype=float)
-        values = np.array(list(logged.values()), dtype=float)
+        steps = np.array(list(values_at), dtype=float)
+        values = np.array(list(values_at.values()), dtype=float)
         per_task: list[Optional[float]] = []
         for k in range(tasks):
             start, end = (k + 1.0 - setting.tail) * length, (k + 1.0) * length

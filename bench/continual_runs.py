@@ -24,7 +24,15 @@ from continual_methods import (
     method_name,
     normalise_observations,
 )
-from continual_recorder import _random_steps_at_switch, _recording_monitor, _rollout_reset, _task_recorder, write_record
+from continual_recorder import (
+    _random_steps_at_switch,
+    _recording_monitor,
+    _rollout_reset,
+    _task_recorder,
+    _train_scalar_capture,
+    train_scalars_from,
+    write_record,
+)
 from continual_settings import Setting, same_setting
 
 #: wall seconds between two checkpoints of a run in progress (None: none; see bench/run_checkpoint.py)
@@ -330,6 +338,11 @@ def _train_run(method: str, seed: int, setting: Setting, params: MethodParams, o
         "task": [], "mean_reward": [], "end_reward": [], "end_return": [], "end_episodes": []}
     monitor = _recording_monitor(setting.monitor_every)
     monitor.history = saved.get("monitor_history", monitor.history)
+    capture = _train_scalar_capture()
+    if resume:  # a checkpoint written before the capture existed has none: its record falls back to the events
+        capture.complete = "train_scalars_logged" in saved
+        for tag, values in saved.get("train_scalars_logged", {}).items():
+            capture.logged.setdefault(tag, {}).update(values)
     path = run_path(out, method, seed, fresh_task)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     recorder = _task_recorder(setting, results, path.replace(".json", ".progress"))
@@ -341,6 +354,7 @@ def _train_run(method: str, seed: int, setting: Setting, params: MethodParams, o
     def extra() -> dict[str, Any]:
         return {"results": results, "recorder": {k: getattr(recorder, k) for k in _RECORDER_FIELDS},
                 "monitor_history": monitor.history, "monitor_probe": monitor._probe, "resumes": resumes,
+                "train_scalars_logged": capture.logged,
                 "logger": _logged(model.logger),
                 "cpu_seconds": before_cpu + time.process_time() - cpu_start,
                 "wall_seconds": before_wall + time.time() - start}
@@ -368,7 +382,7 @@ def _train_run(method: str, seed: int, setting: Setting, params: MethodParams, o
     if setting.random_steps_per_task and fresh_task is None:
         resetting.append(_random_steps_at_switch(setting.random_steps_per_task))
     model.learn(steps - model.num_timesteps if resume else steps,
-                callback=[checkpointer, *resetting, *callbacks, monitor, recorder, *evaluating],
+                callback=[checkpointer, *resetting, *callbacks, monitor, recorder, capture, *evaluating],
                 tb_log_name=name, reset_num_timesteps=resume is None)
     record = {
         "method": method,
@@ -385,6 +399,9 @@ def _train_run(method: str, seed: int, setting: Setting, params: MethodParams, o
         **results,
         "diagnostics": monitor.history,
     }
+    if capture.complete:  # else add_train_scalars copies them from the TensorBoard events, where they are
+        record["train_scalars"] = train_scalars_from(capture.logged, setting,
+                                                     setting.tasks if fresh_task is None else 1)
     if evaluator is not None:
         record["evaluations"] = [[int(t), int(k), float(r)] for t, k, r in zip(
             evaluator.evaluation_num_timesteps, evaluator.evaluation_task_ids, evaluator.evaluation_mean_rewards)]

@@ -4,6 +4,7 @@ ratio-of-means estimator (issue #29, part 3), and the output head's per-task sta
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -450,6 +451,47 @@ def test_an_interrupted_run_resumes_from_its_checkpoint_exactly(continual, tmp_p
     # TensorBoard curves are the same, as TensorBoard reads them and as the bench reads them
     assert _events(tmp_path / "cut", method) == _events(tmp_path / "whole", method)
     assert _scalars(continual, tmp_path / "cut", method) == _scalars(continual, tmp_path / "whole", method)
+
+
+@pytest.mark.parametrize("method", ["ppo", "dqn"])
+def test_a_run_resumed_in_a_fresh_checkout_keeps_its_training_scalars(continual, tmp_path, monkeypatch, method):
+    """The TensorBoard events are not committed: a run resumed in another checkout has lost the events of its earlier
+    pieces. Its JSON's training scalars (PPO's policy entropy per task) come from the run's own capture of SB3's
+    logger, carried by the checkpoint: the same as the uninterrupted run's, and as the events give them (float32
+    there). A checkpoint written before the capture existed leaves them to the events (add_train_scalars)."""
+    setting = _dqn_bandit(continual) if method == "dqn" else _tiny_bandit(continual, tasks=3)
+    params = continual.MethodParams()
+    whole = continual.run_one(method, 0, setting, params, str(tmp_path / "whole"), "cpu", 1)
+    from_events = continual.continual_recorder.train_scalars_per_task(_events_dir(tmp_path / "whole", method),
+                                                                      setting, setting.tasks)
+    if method == "dqn":  # no entropy: nothing to keep, as from the events
+        assert whole["train_scalars"] == from_events == {}
+    else:
+        (entropy,) = whole["train_scalars"].values()
+        assert len(entropy) == setting.tasks and all(v is not None and v < 0 for v in entropy)
+        np.testing.assert_allclose(entropy, from_events["train/entropy_loss"], rtol=1e-6)
+    monkeypatch.setattr(continual.continual_runs, "CHECKPOINT_SECONDS", 0.0)
+    for old_checkpoint in (False, True):
+        out = tmp_path / f"cut{old_checkpoint}"
+        _interrupt_once_at(continual, monkeypatch, step=setting.task_timesteps + 100)
+        with pytest.raises(_Interrupted):
+            continual.run_one(method, 0, setting, params, str(out), "cpu", 1)
+        shutil.rmtree(out / "tb")  # another checkout: the events of the interrupted piece are gone
+        if old_checkpoint:
+            load = continual.continual_runs.run_checkpoint.load
+
+            def load_without_capture(*args, _load=load):
+                model, saved = _load(*args)
+                saved.pop("train_scalars_logged")
+                return model, saved
+
+            monkeypatch.setattr(continual.continual_runs.run_checkpoint, "load", load_without_capture)
+        resumed = continual.run_one(method, 0, setting, params, str(out), "cpu", 1)
+        assert resumed["resumed_at"] and resumed["end_reward"] == whole["end_reward"]
+        if old_checkpoint:
+            assert "train_scalars" not in resumed
+        else:
+            assert resumed["train_scalars"] == whole["train_scalars"]
 
 
 def _events_dir(out, method):
