@@ -8,7 +8,10 @@ divisor n and normal quantiles, where Student's t with n - 1 degrees of freedom 
 1. **Simulations** (seeded; the true ratio 1, so every "above" / "below" is an error): for each data model and run
    count, the share of experiments whose paired 95 % interval misses 1 (the bootstrap the tables used until the
    thirty-second session, ``rl_stats.ratio_of_means_ci`` with the tables' 2 000 resamples, against the Student-t
-   interval of the linearised ratio the verdict reads now, ``rl_stats.ratio_of_means_t_ci``), and the share of
+   interval of the linearised ratio the verdict reads now, ``rl_stats.ratio_of_means_t_ci``, and two bounded-side
+   alternatives an audit asked about, because the symmetric t interval reaches below 0 on three PerturbedCartPole
+   rows whose returns cannot: Fieller's interval, :func:`fieller_ci`, and the t interval on the log scale,
+   :func:`log_t_ci`), and the share of
    null experiments in which two methods' IQM intervals (``rl_stats.iqm_ci``, whole runs resampled, 10 tasks a run)
    do not overlap (the "vs plain" rule); the normal-theory value of the bootstrap's error beside them (for normal
    run statistics its interval is ``mean +- z s sqrt((n - 1) / n) / sqrt(n)``, so it errs with probability
@@ -52,7 +55,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from continual_report import parameter_adjusted_trend
-from rl_stats import iqm_ci, ratio_of_means_ci, ratio_of_means_t_ci
+from rl_stats import _check_level, iqm_ci, paired_run_sums, ratio_of_means_ci, ratio_of_means_t_ci
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results", "continual")
@@ -112,22 +115,72 @@ def normal_theory_error(runs: int, level: float = 0.95) -> float:
     return float(2 * scipy.stats.t.sf(z * math.sqrt((runs - 1) / runs), runs - 1))
 
 
+def fieller_ci(numerator: np.ndarray, denominator: np.ndarray, level: float = 0.95) -> tuple[float, float, float]:
+    """Fieller's interval (Fieller 1954, *J. R. Stat. Soc. B* 16, 175-185) for the ratio of means of two paired
+    runs x cells arrays, on the runs' sums (:func:`rl_stats.paired_run_sums`): every ``R`` whose one-sample Student-t
+    test of the runs' ``N_i - R D_i`` against 0 does not reject at ``level``. It is exact for normal run sums and
+    need not be symmetric; where the denominator's mean is not itself resolved from 0 the set is unbounded and the
+    interval is ``(-inf, inf)`` here (its two-ray form is not used). Returns ``(ratio, low, high)``; ``nan`` bounds
+    with fewer than two runs. A candidate measured by :func:`paired_rates`; the tables keep
+    ``rl_stats.ratio_of_means_t_ci``."""
+    import scipy.stats
+
+    _check_level(level)
+    num, den = paired_run_sums(numerator, denominator)
+    n, ratio = len(num), float(num.sum() / den.sum())
+    if n < 2:
+        return ratio, float("nan"), float("nan")
+    a, b = num.mean(), den.mean()
+    cov = np.cov(num, den, ddof=1)
+    q = scipy.stats.t.ppf(0.5 + level / 2, n - 1) ** 2 / n
+    # (a - R b)^2 = q var(N - R D) is  A R^2 - 2 B R + C = 0
+    big_a, big_b, big_c = b * b - q * cov[1, 1], a * b - q * cov[0, 1], a * a - q * cov[0, 0]
+    disc = big_b * big_b - big_a * big_c
+    if big_a <= 0 or disc < 0:
+        return ratio, -math.inf, math.inf
+    root = math.sqrt(disc)
+    return ratio, float((big_b - root) / big_a), float((big_b + root) / big_a)
+
+
+def log_t_ci(numerator: np.ndarray, denominator: np.ndarray, level: float = 0.95) -> tuple[float, float, float]:
+    """The linearised t interval of ``rl_stats.ratio_of_means_t_ci`` moved to the log scale: ``R exp(+- h / R)`` with
+    ``h`` its half-width (the delta method for ``log R``), positive for a positive ratio. Returns ``(ratio, low,
+    high)``; ``nan`` bounds for fewer than two runs or a ratio <= 0. A candidate measured by :func:`paired_rates`."""
+    ratio, low, high = ratio_of_means_t_ci(numerator, denominator, level)
+    if not math.isfinite(low) or ratio <= 0:
+        return ratio, float("nan"), float("nan")
+    half = high - ratio
+    return ratio, ratio * math.exp(-half / ratio), ratio * math.exp(half / ratio)
+
+
+#: the paired intervals :func:`paired_rates` measures: the tables' two (bootstrap until the thirty-second session,
+#: t since) and the two bounded-side candidates
+PAIRED = ("bootstrap", "t", "fieller", "log_t")
+
+
 def _misses(low: float, high: float, null: float) -> bool:
     return not low <= null <= high
 
 
 def paired_rates(model: str, runs: int, trials: int, seed: int, loss: float = 0.0) -> dict[str, float]:
-    """Share of ``trials`` experiments whose paired interval leaves out 1 (bootstrap, t) when continual = (1 - loss)
-    x fresh in expectation: error rates at ``loss = 0``, power otherwise. The continual cells of a run share its run
+    """Share of ``trials`` experiments whose paired interval (each of :data:`PAIRED`) leaves out 1 when continual =
+    (1 - loss) x fresh in expectation: error rates at ``loss = 0``, power otherwise; and, under ``<name>_below_0``,
+    the share whose interval reaches below 0 (impossible ratios: every model's cells are positive), under
+    ``fieller_unbounded`` the share where Fieller's set is unbounded. The continual cells of a run share its run
     effect with its fresh cells (drawn together, as one matrix of twice the cells)."""
     rng = np.random.default_rng([seed, runs, int(loss * 1000)])
-    boot = t = 0
+    counts = dict.fromkeys([*PAIRED, *(f"{name}_below_0" for name in PAIRED), "fieller_unbounded"], 0)
     for trial in range(trials):
         cont, fresh = draw_pair(model, rng, runs)
         cont = (1 - loss) * cont
-        boot += _misses(*ratio_of_means_ci(cont, fresh, n_boot=TABLE_REPS, seed=trial)[1:], 1.0)
-        t += _misses(*ratio_of_means_t_ci(cont, fresh)[1:], 1.0)
-    return {"bootstrap": boot / trials, "t": t / trials}
+        intervals = {"bootstrap": ratio_of_means_ci(cont, fresh, n_boot=TABLE_REPS, seed=trial)[1:],
+                     "t": ratio_of_means_t_ci(cont, fresh)[1:], "fieller": fieller_ci(cont, fresh)[1:],
+                     "log_t": log_t_ci(cont, fresh)[1:]}
+        for name, (low, high) in intervals.items():
+            counts[name] += _misses(low, high, 1.0)
+            counts[f"{name}_below_0"] += low < 0
+        counts["fieller_unbounded"] += not math.isfinite(intervals["fieller"][1])
+    return {name: count / trials for name, count in counts.items()}
 
 
 def plain_rule_error(model: str, runs: int, trials: int, seed: int) -> float:
@@ -195,7 +248,11 @@ def simulate(trials: int, seed: int = 0) -> list[dict[str, Any]]:
             rows.append({"model": model, "runs": runs, "paired_bootstrap_error": null["bootstrap"],
                          "paired_t_error": null["t"], "normal_theory_bootstrap_error": normal_theory_error(runs),
                          "plain_rule_error": plain_rule_error(model, runs, max(trials // 2, 1), seed),
-                         "power_bootstrap": power["bootstrap"], "power_t": power["t"]})
+                         "power_bootstrap": power["bootstrap"], "power_t": power["t"],
+                         "paired_fieller_error": null["fieller"], "paired_log_t_error": null["log_t"],
+                         "power_fieller": power["fieller"], "power_log_t": power["log_t"],
+                         "t_below_0": null["t_below_0"], "fieller_below_0": null["fieller_below_0"],
+                         "fieller_unbounded": null["fieller_unbounded"]})
             print(rows[-1], flush=True)
     return rows
 
@@ -246,6 +303,20 @@ def markdown(sim: list[dict[str, Any]], committed: list[dict[str, Any]], trials:
         lines.append(f"| {r['model']} | {r['runs']} | {_pct(r['paired_bootstrap_error'])} | "
                      f"{_pct(r['normal_theory_bootstrap_error'])} | {_pct(r['paired_t_error'])} | "
                      f"{_pct(r['plain_rule_error'])} | {_pct(r['power_bootstrap'])} | {_pct(r['power_t'])} |")
+    if sim and "paired_fieller_error" in sim[0]:
+        lines += ["", "## Bounded-side alternatives to the t interval", "",
+                  "The t interval is symmetric, so it can reach below 0 where no ratio can (three PerturbedCartPole "
+                  "rows). Fieller's interval (exact for normal run sums, unbounded where the fresh mean is not "
+                  "resolved from 0) and the t interval on the log scale, beside it; error rates with the true ratio "
+                  f"1 (nominal 5 %), power against a true {LOSS:.0%} loss, and the share of null experiments whose "
+                  "interval reaches below 0.", "",
+                  "| model | runs | t: error | Fieller: error | log t: error | power, t | power, Fieller | power, log t "
+                  "| t below 0 | Fieller below 0 | Fieller unbounded |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in sim:
+            lines.append(f"| {r['model']} | {r['runs']} | {_pct(r['paired_t_error'])} | "
+                         f"{_pct(r['paired_fieller_error'])} | {_pct(r['paired_log_t_error'])} | "
+                         f"{_pct(r['power_t'])} | {_pct(r['power_fieller'])} | {_pct(r['power_log_t'])} | "
+                         f"{_pct(r['t_below_0'])} | {_pct(r['fieller_below_0'])} | {_pct(r['fieller_unbounded'])} |")
     if trend:
         lines += ["", f"## The Slippery Ant trend's interval ({trend_trials} simulated experiments per row)", "",
                   f"How often the 95 % interval of the friction-adjusted slope holds the true slope ({TREND_SLOPE:g} per "

@@ -63,3 +63,42 @@ def test_a_bad_trial_count_is_refused(coverage, capsys):
     with pytest.raises(SystemExit):
         coverage.main(["--trials", "0", "--out", "unused"])
     assert "--trials 0: allowed: a positive number of experiments" in capsys.readouterr().err
+
+
+def test_fiellers_interval_is_every_ratio_a_paired_t_test_does_not_reject(coverage):
+    """Independent reference: at each of Fieller's bounds R, scipy's one-sample t test of the runs' N_i - R D_i
+    against 0 sits exactly at p = 0.05 (two-sided), inside it p > 0.05, and the interval is not symmetric."""
+    import scipy.stats
+
+    rng = np.random.default_rng(3)
+    cont = 15 + rng.normal(0, 2, size=(5, 4))
+    fresh = 20 + rng.normal(0, 2, size=(5, 4))
+    ratio, low, high = coverage.fieller_ci(cont, fresh)
+    sums_c, sums_f = cont.sum(axis=1), fresh.sum(axis=1)
+    assert ratio == pytest.approx(sums_c.sum() / sums_f.sum())
+    for bound in (low, high):
+        assert scipy.stats.ttest_1samp(sums_c - bound * sums_f, 0).pvalue == pytest.approx(0.05, rel=1e-6)
+    assert scipy.stats.ttest_1samp(sums_c - ratio * sums_f, 0).pvalue > 0.5
+    assert low < ratio < high and high - ratio != pytest.approx(ratio - low, rel=1e-6)
+
+
+def test_fieller_is_unbounded_where_the_fresh_mean_is_not_resolved_and_log_t_stays_positive(coverage):
+    """Fresh run sums straddling 0 (3 runs): Fieller's set is unbounded. Continual runs where one collapses (a
+    PerturbedCartPole row in miniature): the symmetric t interval reaches below 0, its log-scale form does not and
+    has the ratio as its geometric centre."""
+    cont = np.array([[9.0, 9.0], [300.0, 280.0], [250.0, 310.0]])
+    assert coverage.fieller_ci(cont, np.array([[-50.0, 10.0], [40.0, 30.0], [5.0, -20.0]]))[1:] == (-np.inf, np.inf)
+    fresh = np.array([[400.0, 380.0], [300.0, 420.0], [350.0, 390.0]])
+    _, t_low, _ = coverage.ratio_of_means_t_ci(cont, fresh)
+    ratio, low, high = coverage.log_t_ci(cont, fresh)
+    assert t_low < 0 < low < ratio < high
+    assert low * high == pytest.approx(ratio ** 2)
+    assert np.isnan(coverage.fieller_ci(cont[:1], fresh[:1])[1])
+
+
+def test_the_paired_rates_measure_every_candidate_and_count_impossible_bounds(coverage):
+    rates = coverage.paired_rates("run collapse", 3, trials=60, seed=4)
+    assert set(coverage.PAIRED) <= set(rates) and "fieller_unbounded" in rates
+    assert rates["t_below_0"] > 0.2  # whole collapsed runs: the symmetric interval often reaches below 0
+    assert rates["log_t_below_0"] == 0.0
+    assert all(0 <= v <= 1 for v in rates.values())
