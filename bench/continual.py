@@ -19,11 +19,12 @@ The protocol of issue #14 (DESIGN.md, "Continual semantics"):
 * **Statistics** (:mod:`rl_stats`): per method the IQM (rliable's ``aggregate_iqm``) over runs x last-half tasks with
   a bootstrap 95 % CI over runs (each resampled run keeps all its tasks: the run is the independent unit), and the
   probability of improvement over the plain baseline (rliable's
-  ``probability_of_improvement``) with its CI; "vs plain": "not resolved" wherever the two IQM intervals overlap;
+  ``probability_of_improvement``) with its CI; "vs plain": Welch's t interval of the difference between the
+  method's and the plain baseline's runs' last-half means (``rl_stats.welch_t_ci``), "not resolved" where it holds 0;
   "continual vs fresh": the paired ratio of means sum(continual) / sum(fresh) over the same cells, judged by its
   Student-t interval over runs (``rl_stats.ratio_of_means_t_ci``; the percentile bootstrap is too narrow at 3-5 runs,
-  ``bench/verdict_coverage.py``). No verdict ("too few seeds") for a method with fewer than 3 runs, and no "vs plain"
-  below 4 runs of the method or of the plain baseline (``continual_report.MIN_PLAIN_VERDICT_SEEDS``).
+  ``bench/verdict_coverage.py``). No verdict ("too few seeds") below 3 runs of the method (for "vs plain" also of
+  the plain baseline: ``continual_report.MIN_PLAIN_VERDICT_SEEDS``).
 
 Methods (``--methods``; default: all but ``ppo_fire_switch``, ``ppo_cbp_dohare``, ``ppo_redo`` and the baselines of
 issue #15; on a DQN / SAC setting the ``ppo`` prefix reads ``dqn`` / ``sac``: ``dqn``, ``dqn_l2``, ...):

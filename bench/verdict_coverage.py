@@ -1,9 +1,12 @@
 """How often the continual tables' verdicts err with 3-5 runs, and which committed verdicts depend on the interval.
 
 The continual tables (``bench/continual_report.py``) judge "continual vs fresh" by a paired interval of the ratio of
-means sum(continual) / sum(fresh) over runs, and "vs plain" by two IQM intervals that do not overlap. Both intervals
-are percentile bootstraps over runs; with 3-5 runs a percentile bootstrap is too narrow (it spreads like the runs with
-divisor n and normal quantiles, where Student's t with n - 1 degrees of freedom applies). This script measures it:
+means sum(continual) / sum(fresh) over runs, and "vs plain" by a two-sample comparison with the plain baseline's runs.
+Until the thirty-second session both were percentile bootstraps over runs (for "vs plain", two IQM intervals that do
+not overlap); with 3-5 runs a percentile bootstrap is too narrow (it spreads like the runs with divisor n and normal
+quantiles, where Student's t with n - 1 degrees of freedom applies). "Continual vs fresh" reads a Student-t interval
+since the thirty-second session, "vs plain" Welch's t on the runs' last-half means since the thirty-fourth. This
+script measures it:
 
 1. **Simulations** (seeded; the true ratio 1, so every "above" / "below" is an error): for each data model and run
    count, the share of experiments whose paired 95 % interval misses 1 (the bootstrap the tables used until the
@@ -11,9 +14,11 @@ divisor n and normal quantiles, where Student's t with n - 1 degrees of freedom 
    interval of the linearised ratio the verdict reads now, ``rl_stats.ratio_of_means_t_ci``, and two bounded-side
    alternatives an audit asked about, because the symmetric t interval reaches below 0 on three PerturbedCartPole
    rows whose returns cannot: Fieller's interval, :func:`fieller_ci`, and the t interval on the log scale,
-   :func:`log_t_ci`), and the share of
-   null experiments in which two methods' IQM intervals (``rl_stats.iqm_ci``, whole runs resampled, 10 tasks a run)
-   do not overlap (the "vs plain" rule); the normal-theory value of the bootstrap's error beside them (for normal
+   :func:`log_t_ci`), and the share of null experiments (two methods drawn alike, 10 tasks a run) that "vs plain"
+   calls above or below, by the rule until the thirty-third session (two IQM intervals, ``rl_stats.iqm_ci`` with
+   whole runs resampled, that do not overlap) and by Welch's t on the runs' last-half means
+   (``rl_stats.welch_t_ci``), with each rule's power against a true 15 % difference; the normal-theory value of the
+   bootstrap's error beside them (for normal
    run statistics its interval is ``mean +- z s sqrt((n - 1) / n) / sqrt(n)``, so it errs with probability
    ``P(|T_{n-1}| > z sqrt((n - 1) / n))``); and the power of both paired intervals against a true 15 % loss.
 2. **The Slippery Ant trend** (``continual_report.parameter_adjusted_trend``: the OLS slope of the score on the task
@@ -55,7 +60,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from continual_report import parameter_adjusted_trend
-from rl_stats import _check_level, iqm_ci, paired_run_sums, ratio_of_means_ci, ratio_of_means_t_ci
+from rl_stats import _check_level, iqm_ci, paired_run_sums, ratio_of_means_ci, ratio_of_means_t_ci, welch_t_ci
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results", "continual")
@@ -183,17 +188,21 @@ def paired_rates(model: str, runs: int, trials: int, seed: int, loss: float = 0.
     return {name: count / trials for name, count in counts.items()}
 
 
-def plain_rule_error(model: str, runs: int, trials: int, seed: int) -> float:
-    """Share of null experiments (two methods drawn alike, ``runs`` x :data:`PLAIN_TASKS` each) whose IQM intervals
-    do not overlap: "vs plain" says above or below."""
+def plain_rates(model: str, runs: int, trials: int, seed: int, loss: float = 0.0) -> dict[str, float]:
+    """Share of experiments (two methods, ``runs`` x :data:`PLAIN_TASKS` each, the second scaled by ``1 - loss``)
+    in which "vs plain" says above or below: error rates at ``loss = 0``, power otherwise; ``iqm``: the two IQM
+    intervals do not overlap (the rule until the thirty-third session), ``welch``: Welch's 95 % t interval of the
+    difference of the runs' mean scores leaves out 0 (the rule since)."""
     draw, _ = MODELS[model]
-    rng = np.random.default_rng([seed, runs, 7])
-    wrong = 0
+    rng = np.random.default_rng([seed, runs, 7] + ([int(loss * 1000)] if loss else []))
+    iqm = welch = 0
     for trial in range(trials):
-        arms = {"a": draw(rng, runs, PLAIN_TASKS), "b": draw(rng, runs, PLAIN_TASKS)}
+        arms = {"a": draw(rng, runs, PLAIN_TASKS), "b": (1 - loss) * draw(rng, runs, PLAIN_TASKS)}
         ci = iqm_ci(arms, reps=TABLE_REPS, seed=trial, resample="runs")
-        wrong += ci["a"][2] < ci["b"][1] or ci["a"][1] > ci["b"][2]
-    return wrong / trials
+        iqm += ci["a"][2] < ci["b"][1] or ci["a"][1] > ci["b"][2]
+        test = welch_t_ci(arms["a"].mean(axis=1), arms["b"].mean(axis=1))
+        welch += _misses(test["low"], test["high"], 0.0) and math.isfinite(test["low"])
+    return {"iqm": iqm / trials, "welch": welch / trials}
 
 
 def trend_data(rng: np.random.Generator, seeds: int, slope_sd: float) -> tuple[dict, dict]:
@@ -245,9 +254,12 @@ def simulate(trials: int, seed: int = 0) -> list[dict[str, Any]]:
         for runs in RUNS:
             null = paired_rates(model, runs, trials, seed)
             power = paired_rates(model, runs, trials, seed, loss=LOSS)
+            plain_null = plain_rates(model, runs, max(trials // 2, 1), seed)
+            plain_power = plain_rates(model, runs, max(trials // 2, 1), seed, loss=LOSS)
             rows.append({"model": model, "runs": runs, "paired_bootstrap_error": null["bootstrap"],
                          "paired_t_error": null["t"], "normal_theory_bootstrap_error": normal_theory_error(runs),
-                         "plain_rule_error": plain_rule_error(model, runs, max(trials // 2, 1), seed),
+                         "plain_rule_error": plain_null["iqm"], "plain_welch_error": plain_null["welch"],
+                         "plain_rule_power": plain_power["iqm"], "plain_welch_power": plain_power["welch"],
                          "power_bootstrap": power["bootstrap"], "power_t": power["t"],
                          "paired_fieller_error": null["fieller"], "paired_log_t_error": null["log_t"],
                          "power_fieller": power["fieller"], "power_log_t": power["log_t"],
@@ -285,19 +297,45 @@ def committed_verdicts(results: str = RESULTS) -> list[dict[str, Any]]:
                          "table_verdict": entry.get("vs_fresh", "-")})
     return rows
 
+def committed_plain_verdicts(results: str = RESULTS) -> list[dict[str, Any]]:
+    """Every method of every results folder with Welch's "vs plain" (``welch_vs_plain``) from 3 runs or more of it
+    and of the plain baseline, with the verdict of the IQM rule (the two IQM intervals do not overlap; until the
+    thirty-third session, and from 4 runs each since the thirty-second) and of Welch's interval."""
+    rows = []
+    for path in sorted(glob.glob(os.path.join(results, "*", "summary.json"))):
+        with open(path) as f:
+            summary = json.load(f)
+        methods = summary.get("methods", {})
+        base = methods.get(summary.get("plain"))
+        for method, entry in methods.items():
+            welch = entry.get("welch_vs_plain")
+            if not base or not welch or not math.isfinite(welch["low"]) or min(len(entry["seeds"]),
+                                                                               len(base["seeds"])) < 3:
+                continue
+            a, b = entry["iqm_last_half"], base["iqm_last_half"]
+            iqm_rule = ("below" if a["high"] < b["low"] else "above" if a["low"] > b["high"] else "not resolved")
+            rows.append({"folder": os.path.basename(os.path.dirname(path)), "method": method,
+                         "runs": len(entry["seeds"]), "plain_runs": len(base["seeds"]),
+                         "iqm": [a["iqm"], a["low"], a["high"]], "plain_iqm": [b["iqm"], b["low"], b["high"]],
+                         "difference": welch["difference"], "welch": [welch["low"], welch["high"]], "p": welch["p"],
+                         "iqm_verdict": iqm_rule, "welch_verdict": _verdict(welch["low"], welch["high"], 0.0),
+                         "table_verdict": entry.get("vs_plain", "-")})
+    return rows
+
 
 def _pct(x: float) -> str:
     return f"{100 * x:.1f} %"
 
 
 def markdown(sim: list[dict[str, Any]], committed: list[dict[str, Any]], trials: int,
-             trend: Optional[list[dict[str, Any]]] = None, trend_trials: int = 0) -> str:
+             trend: Optional[list[dict[str, Any]]] = None, trend_trials: int = 0,
+             plain_committed: Optional[list[dict[str, Any]]] = None) -> str:
     lines = [f"# The verdicts at 3-10 runs (`bench/verdict_coverage.py`, {trials} simulated experiments per row)", "",
              "Error rates with the true ratio 1 (nominal 5 %): the paired 95 % interval of the ratio of means leaves "
              "out 1 (\"continual vs fresh\" says above or below); two methods drawn alike get non-overlapping IQM "
              f"intervals ({PLAIN_TASKS} tasks a run; \"vs plain\" says above or below). Power: the share of experiments "
              f"with a true {LOSS:.0%} loss that the paired interval calls (below 1).", "",
-             "| model | runs | paired bootstrap: error | (normal theory) | paired t: error | \"vs plain\" rule: error "
+             "| model | runs | paired bootstrap: error | (normal theory) | paired t: error | \"vs plain\", IQM rule: error "
              "| power, bootstrap | power, t |", "|---|---|---|---|---|---|---|---|"]
     for r in sim:
         lines.append(f"| {r['model']} | {r['runs']} | {_pct(r['paired_bootstrap_error'])} | "
@@ -317,6 +355,19 @@ def markdown(sim: list[dict[str, Any]], committed: list[dict[str, Any]], trials:
                          f"{_pct(r['paired_fieller_error'])} | {_pct(r['paired_log_t_error'])} | "
                          f"{_pct(r['power_t'])} | {_pct(r['power_fieller'])} | {_pct(r['power_log_t'])} | "
                          f"{_pct(r['t_below_0'])} | {_pct(r['fieller_below_0'])} | {_pct(r['fieller_unbounded'])} |")
+    if sim and "plain_welch_error" in sim[0]:
+        lines += ["", f"## \"vs plain\": two IQM intervals against Welch's t ({max(trials // 2, 1)} simulated "
+                  "experiments per row)", "",
+                  f"Two methods, {PLAIN_TASKS} tasks a run: the share of experiments in which \"vs plain\" says above "
+                  "or below when both are drawn alike (error, nominal 5 %) and when the second scores a true "
+                  f"{LOSS:.0%} less (power); the IQM rule (the two IQM intervals do not overlap) until the thirty-third "
+                  "session, Welch's 95 % t interval of the difference of the runs' mean scores since.", "",
+                  "| model | runs | IQM rule: error | Welch: error | IQM rule: power | Welch: power |",
+                  "|---|---|---|---|---|---|"]
+        for r in sim:
+            lines.append(f"| {r['model']} | {r['runs']} | {_pct(r['plain_rule_error'])} | "
+                         f"{_pct(r['plain_welch_error'])} | {_pct(r['plain_rule_power'])} | "
+                         f"{_pct(r['plain_welch_power'])} |")
     if trend:
         lines += ["", f"## The Slippery Ant trend's interval ({trend_trials} simulated experiments per row)", "",
                   f"How often the 95 % interval of the friction-adjusted slope holds the true slope ({TREND_SLOPE:g} per "
@@ -336,6 +387,21 @@ def markdown(sim: list[dict[str, Any]], committed: list[dict[str, Any]], trials:
         lines.append(f"| {r['folder']} | {r['method']} | {r['runs']} | {r['statistic']} | {r['point']:.3g} | "
                      f"[{r['bootstrap'][0]:.3g}, {r['bootstrap'][1]:.3g}] | [{r['t'][0]:.3g}, {r['t'][1]:.3g}] | "
                      f"{mark}{r['bootstrap_verdict']}{mark} | {mark}{r['t_verdict']}{mark} |")
+    if plain_committed is not None:
+        moved = [r for r in plain_committed if r["iqm_verdict"] != r["welch_verdict"]]
+        lines += ["", f"## The committed folders: {len(plain_committed)} \"vs plain\" verdicts from 3 runs or more, "
+                  f"{len(moved)} that the rule changes", "",
+                  "The table's verdict is Welch's (since the thirty-fourth session; from the thirty-second to the "
+                  "thirty-third the IQM rule's from 4 runs each).", "",
+                  "| folder | method | runs (plain) | IQM [95 %] | plain IQM [95 %] | difference of means | Welch 95 % | p "
+                  "| IQM rule | Welch |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in plain_committed:
+            mark = "**" if r["iqm_verdict"] != r["welch_verdict"] else ""
+            (a, al, ah), (b, bl, bh) = r["iqm"], r["plain_iqm"]
+            lines.append(f"| {r['folder']} | {r['method']} | {r['runs']} ({r['plain_runs']}) | {a:.3g} [{al:.3g}, "
+                         f"{ah:.3g}] | {b:.3g} [{bl:.3g}, {bh:.3g}] | {r['difference']:+.3g} | [{r['welch'][0]:.3g}, "
+                         f"{r['welch'][1]:.3g}] | {r['p']:.2g} | {mark}{r['iqm_verdict']}{mark} | "
+                         f"{mark}{r['welch_verdict']}{mark} |")
     return "\n".join(lines) + "\n"
 
 
@@ -352,11 +418,12 @@ def main(argv: list[str] | None = None) -> int:
     trend_trials = max(args.trials // 4, 1)
     trend = simulate_trend(trend_trials, args.seed)
     committed = committed_verdicts(args.results)
+    plain_committed = committed_plain_verdicts(args.results)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "coverage.json"), "w") as f:
         json.dump({"trials": args.trials, "seed": args.seed, "simulations": sim, "trend_trials": trend_trials,
-                   "trend": trend, "committed": committed}, f, indent=1)
-    text = markdown(sim, committed, args.trials, trend, trend_trials)
+                   "trend": trend, "committed": committed, "plain_committed": plain_committed}, f, indent=1)
+    text = markdown(sim, committed, args.trials, trend, trend_trials, plain_committed)
     with open(os.path.join(args.out, "coverage.md"), "w") as f:
         f.write(text)
     print(text)

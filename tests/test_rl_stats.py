@@ -241,3 +241,32 @@ def test_paired_run_sums_keeps_each_runs_paired_cells_and_both_intervals_share_i
             ci(cont[0], fresh[0])
         with pytest.raises(ValueError, match="denominator sums to 0"):
             ci(cont, np.where(np.isfinite(fresh), 0.0, np.nan))
+
+
+def test_welch_t_ci_is_scipys_unequal_variance_t_test():
+    """Independent reference: scipy's ttest_ind(equal_var=False), its p-value and its confidence interval, at two
+    levels and for samples of unequal size and spread."""
+    import scipy.stats
+
+    rl_stats = _load_rl_stats()
+    rng = np.random.default_rng(11)
+    a, b = 20 + 3 * rng.standard_normal(3), 17 + 0.5 * rng.standard_normal(5)
+    for level in (0.95, 0.9):
+        out = rl_stats.welch_t_ci(a, b, level)
+        ref = scipy.stats.ttest_ind(a, b, equal_var=False)
+        ci = ref.confidence_interval(level)
+        assert out["difference"] == pytest.approx(a.mean() - b.mean())
+        assert out["p"] == pytest.approx(ref.pvalue, rel=1e-9)
+        assert (out["low"], out["high"]) == pytest.approx((ci.low, ci.high), rel=1e-9)
+        assert out["df"] == pytest.approx(ref.df, rel=1e-9)
+
+
+def test_welch_t_ci_without_spread_or_runs_gives_no_interval_and_bad_input_is_refused():
+    rl_stats = _load_rl_stats()
+    assert np.isnan(rl_stats.welch_t_ci(np.array([1.0, 1.0]), np.array([2.0, 2.0]))["p"])
+    one = rl_stats.welch_t_ci(np.array([3.0]), np.array([1.0, 2.0, 4.0]))
+    assert one["difference"] == pytest.approx(3 - 7 / 3) and np.isnan(one["low"])
+    with pytest.raises(ValueError, match="1-D arrays of finite values"):
+        rl_stats.welch_t_ci(np.array([1.0, np.nan]), np.array([1.0, 2.0]))
+    with pytest.raises(ValueError, match="level=1.5"):
+        rl_stats.welch_t_ci(np.array([1.0, 2.0]), np.array([1.0, 2.0]), level=1.5)
