@@ -43,6 +43,7 @@ Models (per run ``i``, ``cells`` paired cells; continual and fresh cells drawn a
 
     OMP_NUM_THREADS=1 nice -n 10 python bench/verdict_coverage.py          # ~15 CPU-min; writes the results folder
     python bench/verdict_coverage.py --trials 200 --out /tmp/vc             # a quick look
+    python bench/verdict_coverage.py --committed-only                       # the listings again, after new runs
 """
 
 from __future__ import annotations
@@ -297,10 +298,24 @@ def committed_verdicts(results: str = RESULTS) -> list[dict[str, Any]]:
                          "table_verdict": entry.get("vs_fresh", "-")})
     return rows
 
+def holm(p_values: list[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (Holm 1979, *Scand. J. Statist.* 6, 65-70), in the order given: with the
+    m values sorted ascending, the k-th (from 1) becomes ``max over j <= k of min(1, (m - j + 1) p_(j))``; a test
+    holds at family-wise level alpha where its adjusted value is below alpha."""
+    order = np.argsort(p_values, kind="stable")
+    m = len(p_values)
+    adjusted, running = [0.0] * m, 0.0
+    for rank, index in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p_values[index]))
+        adjusted[index] = running
+    return adjusted
+
+
 def committed_plain_verdicts(results: str = RESULTS) -> list[dict[str, Any]]:
     """Every method of every results folder with Welch's "vs plain" (``welch_vs_plain``) from 3 runs or more of it
     and of the plain baseline, with the verdict of the IQM rule (the two IQM intervals do not overlap; until the
-    thirty-third session, and from 4 runs each since the thirty-second) and of Welch's interval."""
+    thirty-third session, and from 4 runs each since the thirty-second), of Welch's interval, and of Welch's test
+    with Holm's correction over the folder's listed tests (``p_holm``, ``holm_verdict``: the tables apply none)."""
     rows = []
     for path in sorted(glob.glob(os.path.join(results, "*", "summary.json"))):
         with open(path) as f:
@@ -320,6 +335,11 @@ def committed_plain_verdicts(results: str = RESULTS) -> list[dict[str, Any]]:
                          "difference": welch["difference"], "welch": [welch["low"], welch["high"]], "p": welch["p"],
                          "iqm_verdict": iqm_rule, "welch_verdict": _verdict(welch["low"], welch["high"], 0.0),
                          "table_verdict": entry.get("vs_plain", "-")})
+    for folder in dict.fromkeys(r["folder"] for r in rows):
+        family = [r for r in rows if r["folder"] == folder]
+        for r, adjusted in zip(family, holm([r["p"] for r in family])):
+            r["p_holm"] = adjusted
+            r["holm_verdict"] = r["welch_verdict"] if adjusted < 0.05 else "not resolved"
     return rows
 
 
@@ -392,16 +412,17 @@ def markdown(sim: list[dict[str, Any]], committed: list[dict[str, Any]], trials:
         lines += ["", f"## The committed folders: {len(plain_committed)} \"vs plain\" verdicts from 3 runs or more, "
                   f"{len(moved)} that the rule changes", "",
                   "The table's verdict is Welch's (since the thirty-fourth session; from the thirty-second to the "
-                  "thirty-third the IQM rule's from 4 runs each).", "",
+                  "thirty-third the IQM rule's from 4 runs each). Holm: Welch's p adjusted over the folder's tests "
+                  "listed here (family-wise 5 %; the tables apply no correction).", "",
                   "| folder | method | runs (plain) | IQM [95 %] | plain IQM [95 %] | difference of means | Welch 95 % | p "
-                  "| IQM rule | Welch |", "|---|---|---|---|---|---|---|---|---|---|"]
+                  "| p, Holm | IQM rule | Welch | Welch, Holm |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in plain_committed:
             mark = "**" if r["iqm_verdict"] != r["welch_verdict"] else ""
             (a, al, ah), (b, bl, bh) = r["iqm"], r["plain_iqm"]
             lines.append(f"| {r['folder']} | {r['method']} | {r['runs']} ({r['plain_runs']}) | {a:.3g} [{al:.3g}, "
                          f"{ah:.3g}] | {b:.3g} [{bl:.3g}, {bh:.3g}] | {r['difference']:+.3g} | [{r['welch'][0]:.3g}, "
-                         f"{r['welch'][1]:.3g}] | {r['p']:.2g} | {mark}{r['iqm_verdict']}{mark} | "
-                         f"{mark}{r['welch_verdict']}{mark} |")
+                         f"{r['welch'][1]:.3g}] | {r['p']:.2g} | {r['p_holm']:.2g} | {mark}{r['iqm_verdict']}{mark} | "
+                         f"{mark}{r['welch_verdict']}{mark} | {r['holm_verdict']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -411,12 +432,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=os.path.join(HERE, "results", "verdict_coverage"))
     parser.add_argument("--results", default=RESULTS, help="the folders of bench/continual.py to read")
+    parser.add_argument("--committed-only", action="store_true",
+                        help="keep the simulations of --out's coverage.json (seconds, not ~20 CPU-min) and list the "
+                             "committed folders' verdicts again, e.g. after new runs")
     args = parser.parse_args(argv)
     if args.trials < 1:
         parser.error(f"--trials {args.trials}: allowed: a positive number of experiments")
-    sim = simulate(args.trials, args.seed)
-    trend_trials = max(args.trials // 4, 1)
-    trend = simulate_trend(trend_trials, args.seed)
+    if args.committed_only:
+        saved = os.path.join(args.out, "coverage.json")
+        if not os.path.exists(saved):
+            parser.error(f"--committed-only: {saved} does not exist; allowed only where a full run wrote it")
+        with open(saved) as f:
+            old = json.load(f)
+        args.trials, args.seed = old["trials"], old["seed"]
+        sim, trend_trials, trend = old["simulations"], old["trend_trials"], old["trend"]
+    else:
+        sim = simulate(args.trials, args.seed)
+        trend_trials = max(args.trials // 4, 1)
+        trend = simulate_trend(trend_trials, args.seed)
     committed = committed_verdicts(args.results)
     plain_committed = committed_plain_verdicts(args.results)
     os.makedirs(args.out, exist_ok=True)

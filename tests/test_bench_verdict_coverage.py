@@ -130,4 +130,37 @@ def test_the_committed_vs_plain_listing_gives_both_rules(coverage, tmp_path):
         ("ppo_snp", "above", "above"), ("ppo_nap", "not resolved", "not resolved")]
     text = coverage.markdown([], [], trials=1, plain_committed=rows)
     assert "2 \"vs plain\" verdicts from 3 runs or more, 0 that the rule changes" in text
-    assert "| m | ppo_snp | 3 (5) | 29 [28, 30] | 20 [19, 21] | +9 | [6, 12] | 0.0001 | above | above |" in text
+    assert rows[0]["p_holm"] == pytest.approx(2e-4) and rows[1]["p_holm"] == pytest.approx(0.2)
+    assert ("| m | ppo_snp | 3 (5) | 29 [28, 30] | 20 [19, 21] | +9 | [6, 12] | 0.0001 | 0.0002 | above | above "
+            "| above |") in text
+
+
+def test_holm_adjusts_step_down_as_written_out_by_hand(coverage):
+    """m = 4, p = (0.01, 0.04, 0.03, 0.005): sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1 = 0.02, 0.03, 0.06,
+    0.04, made monotone: 0.02, 0.03, 0.06, 0.06; returned in the given order. statsmodels' multipletests agrees
+    where it is installed."""
+    p = [0.01, 0.04, 0.03, 0.005]
+    assert coverage.holm(p) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert coverage.holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])
+    multitest = pytest.importorskip("statsmodels.stats.multitest")
+    assert coverage.holm(p) == pytest.approx(list(multitest.multipletests(p, method="holm")[1]))
+
+
+def test_committed_only_keeps_the_saved_simulations_and_lists_the_folders_again(coverage, tmp_path):
+    sim = [dict(model="normal", runs=3, paired_bootstrap_error=0.25, normal_theory_bootstrap_error=0.25,
+                paired_t_error=0.05, plain_rule_error=0.12, power_bootstrap=0.8, power_t=0.4)]
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit):
+        coverage.main(["--committed-only", "--out", str(out)])
+    out.mkdir()
+    (out / "coverage.json").write_text(json.dumps(dict(trials=7, seed=3, simulations=sim, trend_trials=1, trend=[],
+                                                       committed=[], plain_committed=[])))
+    results = tmp_path / "results" / "a"
+    results.mkdir(parents=True)
+    entry = dict(seeds=[0, 1, 2], vs_fresh="below fresh (plasticity lost)",
+                 plasticity_ratio_last_half=dict(ratio=0.8, low=0.7, high=0.9, t_low=0.6, t_high=0.95))
+    (results / "summary.json").write_text(json.dumps({"methods": {"ppo": entry}}))
+    assert coverage.main(["--committed-only", "--out", str(out), "--results", str(tmp_path / "results")]) == 0
+    saved = json.loads((out / "coverage.json").read_text())
+    assert saved["simulations"] == sim and saved["trials"] == 7 and len(saved["committed"]) == 1
+    assert "| normal | 3 | 25.0 % |" in (out / "coverage.md").read_text()
