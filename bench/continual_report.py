@@ -216,7 +216,7 @@ MIN_VERDICT_SEEDS = 3
 #: fewest runs of a method and of the plain baseline for "vs plain" (Welch's t on the runs' last-half means, which
 #: errs at or below its nominal 5 % from 3 runs each in ``bench/verdict_coverage.py``'s simulations). From the
 #: thirty-second to the thirty-third session it was 4: the rule then, two IQM intervals that do not overlap, errs
-#: 10-13 % at 3 runs each.
+#: 10-12 % at 3 runs each.
 MIN_PLAIN_VERDICT_SEEDS = MIN_VERDICT_SEEDS
 #: fewest runs for a last-half interval (IQM, ratio of means, continual - fresh, P(> plain)): a bootstrap over two
 #: runs has three distinct resamples, so its "95 % interval" is the range of the two runs' statistics; below this the

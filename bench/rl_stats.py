@@ -134,7 +134,7 @@ def welch_t_ci(a: np.ndarray, b: np.ndarray, level: float = 0.95) -> dict[str, f
     independent samples of unequal variances: ``d +- t(nu) se`` with ``se^2 = s_a^2 / n_a + s_b^2 / n_b`` and the
     Welch-Satterthwaite degrees of freedom ``nu`` (as ``scipy.stats.ttest_ind(a, b, equal_var=False)``, which the
     tests hold it to). The continual tables' "vs plain" reads it on the runs' last-half means: with 3-5 runs it errs
-    at or below its nominal rate where two IQM intervals that must not overlap err 10-13 % at 3 runs
+    at or below its nominal rate where two IQM intervals that must not overlap err 10-12 % at 3 runs
     (``bench/verdict_coverage.py``). Returns ``difference``, ``low``, ``high`` (the ``level`` interval), ``p``
     (two-sided) and ``df``; every value but the difference is ``nan`` with fewer than two values in either sample or
     where both samples are constant (no spread to test against)."""
