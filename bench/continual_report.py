@@ -243,9 +243,10 @@ def compare(a: Optional[dict], b: Optional[dict], lower: str, higher: str) -> st
 
 
 def _vs_plain_text(entry: dict) -> str:
-    """The "vs plain" cell: the verdict, with Welch's difference of means and its interval where there is one."""
+    """The "vs plain" cell: the verdict, with Welch's difference of means and its interval where there is one and
+    the runs are enough for a verdict (below that the other cells print no interval either)."""
     welch, verdict = entry.get("welch_vs_plain"), entry.get("vs_plain", "-")
-    if not welch or not math.isfinite(welch["low"]):
+    if not welch or not math.isfinite(welch["low"]) or verdict.startswith("too few"):
         return verdict
     return f"{verdict} ({welch['difference']:+.3g} [{welch['low']:.3g}, {welch['high']:.3g}])"
 

@@ -560,6 +560,21 @@ def test_vs_plain_is_welchs_t_on_the_runs_last_half_means_from_three_runs(contin
     assert result["methods"]["plastic_relu"]["vs_plain"] == "not resolved"
 
 
+def test_the_vs_plain_cell_prints_welchs_interval_only_with_a_verdict(continual, tmp_path):
+    """2 runs of a method against 3 of plain PPO: Welch's interval exists (2 runs with spread), but no verdict is
+    given from 2 runs, so the table's "vs plain" cell prints none (as the other cells print "no CI")."""
+    setting = _tiny_bandit(continual, tasks=4)
+    rng = np.random.default_rng(9)
+    fresh = 0.9 + 0.01 * rng.standard_normal((3, 4))
+    low, high = 0.2 + 0.01 * rng.standard_normal((3, 4)), 0.8 + 0.01 * rng.standard_normal((2, 4))
+    _synthetic_runs(tmp_path, setting, {"ppo": (low, fresh), "plastic_relu": (high, fresh[:2])})
+    result = continual.summarise(continual.load_records(str(tmp_path)), ["ppo", "plastic_relu"], setting)
+    assert np.isfinite(result["methods"]["plastic_relu"]["welch_vs_plain"]["low"])
+    row = next(line for line in continual.markdown_table(result, "bandit", setting).splitlines()
+               if line.startswith("| plastic_relu |"))
+    assert row.split(" | ")[8] == "too few seeds (2 < 3)"
+
+
 def test_fresh_agent_of_task_0_reads_what_the_continual_run_reads_on_task_0(continual, tmp_path):
     """A fresh agent of task 0 and the continual run's task 0 are the same training (same seed, task and steps up
     to the task's end), so their task-0 readings must be equal. The fresh agent's last rollout runs past the task's
