@@ -526,9 +526,12 @@ def summarise(records: list[dict], methods: list[str], setting: Setting) -> dict
                              if r["method"] == method and r.get("fresh_task") is None], dtype=float)
             n = min(ends.shape[1], base_ends.shape[1])
             half = slice(n // 2, n)
-            welch = welch_t_ci(ends[:, half].mean(axis=1), base_ends[:, half].mean(axis=1))
-            entry["welch_vs_plain"] = {**welch, "tasks": n - n // 2}
-            entry["vs_plain"] = _too_few(min(len(ends), len(base_ends)), MIN_PLAIN_VERDICT_SEEDS) or compare(
+            means, base_means = ends[:, half].mean(axis=1), base_ends[:, half].mean(axis=1)
+            unscored = int((~np.isfinite(means)).sum() + (~np.isfinite(base_means)).sum())
+            means, base_means = means[np.isfinite(means)], base_means[np.isfinite(base_means)]
+            welch = welch_t_ci(means, base_means)  # a run with a task left unscored is no unit of the test
+            entry["welch_vs_plain"] = {**welch, "tasks": n - n // 2, **({"unscored_runs": unscored} if unscored else {})}
+            entry["vs_plain"] = _too_few(min(len(means), len(base_means)), MIN_PLAIN_VERDICT_SEEDS) or compare(
                 welch, {"low": 0.0, "high": 0.0}, f"below {plain}", f"above {plain}")
             point, low, high = stratified_bootstrap(poi, ends[:, half], base_ends[:, half], reps=REPS,
                                                     resample=RESAMPLE)

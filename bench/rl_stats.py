@@ -143,7 +143,8 @@ def welch_t_ci(a: np.ndarray, b: np.ndarray, level: float = 0.95) -> dict[str, f
     _check_level(level)
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if a.ndim != 1 or b.ndim != 1 or not (np.isfinite(a).all() and np.isfinite(b).all()):
-        raise ValueError(f"a and b must be 1-D arrays of finite values, got shapes {a.shape} and {b.shape}")
+        raise ValueError(f"a and b must be 1-D arrays of finite values, got shapes {a.shape} and {b.shape} "
+                         f"with {int((~np.isfinite(a)).sum())} and {int((~np.isfinite(b)).sum())} non-finite values")
     out = {"difference": float(a.mean() - b.mean()) if len(a) and len(b) else float("nan"),
            "low": float("nan"), "high": float("nan"), "p": float("nan"), "df": float("nan")}
     if len(a) < 2 or len(b) < 2:

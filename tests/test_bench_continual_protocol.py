@@ -575,6 +575,28 @@ def test_the_vs_plain_cell_prints_welchs_interval_only_with_a_verdict(continual,
     assert row.split(" | ")[8] == "too few seeds (2 < 3)"
 
 
+def test_a_run_with_an_unscored_task_is_no_unit_of_the_vs_plain_test(continual, tmp_path):
+    """A run whose last half holds a task without a score (NaN) has no last-half mean: Welch's test runs on the other
+    runs, says how many it left out, and gives no verdict when fewer than 3 remain (it raised before)."""
+    import scipy.stats
+
+    setting = _tiny_bandit(continual, tasks=4)
+    rng = np.random.default_rng(10)
+    fresh = 0.9 + 0.01 * rng.standard_normal((4, 4))
+    low, high = 0.2 + 0.01 * rng.standard_normal((3, 4)), 0.8 + 0.01 * rng.standard_normal((4, 4))
+    high[1, 3] = np.nan
+    _synthetic_runs(tmp_path / "four", setting, {"ppo": (low, fresh[:3]), "plastic_relu": (high, fresh)})
+    result = continual.summarise(continual.load_records(str(tmp_path / "four")), ["ppo", "plastic_relu"], setting)
+    welch = result["methods"]["plastic_relu"]["welch_vs_plain"]
+    kept = np.delete(high, 1, axis=0)[:, 2:].mean(axis=1)
+    assert welch["unscored_runs"] == 1
+    assert welch["p"] == pytest.approx(scipy.stats.ttest_ind(kept, low[:, 2:].mean(axis=1), equal_var=False).pvalue)
+    assert result["methods"]["plastic_relu"]["vs_plain"] == "above ppo"
+    _synthetic_runs(tmp_path / "three", setting, {"ppo": (low, fresh[:3]), "plastic_relu": (high[:3], fresh[:3])})
+    result = continual.summarise(continual.load_records(str(tmp_path / "three")), ["ppo", "plastic_relu"], setting)
+    assert result["methods"]["plastic_relu"]["vs_plain"] == "too few seeds (2 < 3)"
+
+
 def test_fresh_agent_of_task_0_reads_what_the_continual_run_reads_on_task_0(continual, tmp_path):
     """A fresh agent of task 0 and the continual run's task 0 are the same training (same seed, task and steps up
     to the task's end), so their task-0 readings must be equal. The fresh agent's last rollout runs past the task's
