@@ -176,6 +176,34 @@ def test_coef_zero_leaves_dqn_bit_identical_and_gradient_hooks_fire_once():
         assert th.equal(a, b)
 
 
+def test_regulariser_gradient_keeps_the_parameter_layout_on_a_channels_last_cnn():
+    """On MinAtar's channels-last observations the CNN's input is a permuted view, so ``autograd.grad`` returns the
+    first convolution's weight gradient in another memory layout. Put into ``.grad`` as it came, the task loss's
+    ``backward()`` then accumulated onto a gradient that breaks autograd's layout contract (a UserWarning on every
+    C-MinAtar run, and the slower strided accumulation); the regulariser's gradient must take the parameter's layout."""
+    import warnings
+
+    import minatar.gym
+
+    minatar.gym.register_envs()
+    model = PlasticDQN("CnnPolicy", "MinAtar/Breakout-v1", learning_starts=32, buffer_size=500, batch_size=8, seed=0)
+    model.learn(64)
+    callback = ChurnReduction(coef=3.0, target_scale=0.0)
+    callback.init_callback(model)
+    callback._on_training_start()
+    seen, probe = _grad_probe(model, model.policy.optimizer)
+    model.train(gradient_steps=1, batch_size=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the layout warning of AccumulateGrad
+        model.train(gradient_steps=1, batch_size=8)
+    probe.remove()
+    params = [p for g in model.policy.optimizer.param_groups for p in g["params"]]
+    grads = seen[1][1]
+    assert all(grads[id(p)] is not None for p in params)
+    for p in params:
+        assert p.grad.stride() == p.stride(), p.shape
+
+
 def test_unsupported_algorithms_say_why():
     with pytest.raises(ValueError, match="RecurrentPPO.*LSTM states"):
         RecurrentPPO("MlpLstmPolicy", "CartPole-v1", n_steps=16, batch_size=16).learn(16, callback=ChurnReduction())

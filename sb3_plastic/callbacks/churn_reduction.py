@@ -514,7 +514,10 @@ class ChurnReduction(PlasticCallback):
                 if grad is None:
                     continue
                 if param.grad is None:
-                    param.grad = coef * grad
+                    # in the parameter's own memory layout: autograd.grad returns a permuted input's convolution
+                    # gradient (MinAtar's channels-last observations) in another one, and the task loss's backward()
+                    # would then accumulate onto a .grad that breaks autograd's layout contract (slower, and warned)
+                    param.grad = th.empty_like(param).copy_(grad).mul_(coef)
                 else:
                     param.grad.add_(grad, alpha=coef)
         self._call_reg.append(float(loss.detach()))
