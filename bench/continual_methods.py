@@ -171,7 +171,7 @@ DOHARE_CBP = dict(replacement_rate=1e-4, maturity_threshold=10_000, betas=(0.99,
 #: alone. Elsewhere (``minatar_intensive``: SB3's CNN and init) the library's defaults: the layer's own initialiser,
 #: the accumulated count, the touched entries' Adam state restarted.
 DOHARE_GNT = dict(unit_init="lecun", replacement_rule="stochastic", optimizer_restart=False)
-#: ``ppo_cchain`` on the settings other than C-CHAIN's own Gym control (the bandit and ``cartpole_obs``, whose rows were
+#: ``ppo_cchain`` on the PPO settings other than C-CHAIN's own Gym control (the bandit and ``cartpole_obs``, whose rows were
 #: run before the twenty-ninth session): the library's values of then, the clipped surrogate alone as the task loss
 #: of the adaptive coefficient (the ProcGen reference's) and 10 iterations at the initial coefficient. On the
 #: ``cchain_*`` settings the library's discrete-PPO values, those of the Gym-control code: the entropy bonus in the
@@ -436,7 +436,9 @@ def build_model(method: str, setting: Setting, params: MethodParams, seed: int, 
     elif canonical == "ppo_cchain":
         from sb3_plastic import ChurnReduction
 
-        callbacks.append(ChurnReduction(**({} if cchain_gym(setting) else CCHAIN_BEFORE_29)))
+        # the toy settings' values are PPO's: other algorithms take the references' own (C-MinAtar's for DQN)
+        before_29 = setting.algo == "ppo" and not cchain_gym(setting)
+        callbacks.append(ChurnReduction(**(CCHAIN_BEFORE_29 if before_29 else {})))
     elif canonical == "ppo_injection":
         from sb3_plastic import PlasticityInjection
 

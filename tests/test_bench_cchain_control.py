@@ -357,3 +357,22 @@ def test_cchain_arm_takes_the_gym_references_task_loss_on_their_settings_only(co
         assert (churn.settings["task_loss_entropy"], churn.settings["warmup"]) == (entropy, warmup), name
         churn._remove_hooks()
         model.env.close()
+
+
+
+def test_cchain_arm_on_a_dqn_setting_takes_the_c_minatar_references_values(continual):
+    """``dqn_cchain`` on C-MinAtar: C-CHAIN's own Double DQN values (``double_dqn_c_chain.py``: coefficient 50, target
+    scale 0.01, adapted after 10 000 updates over the last 50 000). The toy settings' PPO values (10 warm-up
+    iterations, :data:`continual_methods.CCHAIN_BEFORE_29`) had been passed to every non-Gym-control setting, so the
+    DQN agent adapted its coefficient after 10 updates."""
+    from sb3_plastic import ChurnReduction
+
+    model, callbacks = continual.build_model("dqn_cchain", continual.SETTINGS["cminatar"], continual.MethodParams(), 0,
+                                             "cpu", None)
+    (churn,) = [c for c in callbacks if isinstance(c, ChurnReduction)]
+    churn.init_callback(model)
+    churn._on_training_start()
+    got = {k: churn.settings[k] for k in ("coef", "target_scale", "warmup", "window", "task_loss_entropy")}
+    assert got == dict(coef=50.0, target_scale=0.01, warmup=10_000, window=50_000, task_loss_entropy=False)
+    churn._remove_hooks()
+    model.env.close()
