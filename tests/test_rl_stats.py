@@ -243,22 +243,26 @@ def test_paired_run_sums_keeps_each_runs_paired_cells_and_both_intervals_share_i
             ci(cont, np.where(np.isfinite(fresh), 0.0, np.nan))
 
 
-def test_welch_t_ci_is_scipys_unequal_variance_t_test():
-    """Independent reference: scipy's ttest_ind(equal_var=False), its p-value and its confidence interval, at two
-    levels and for samples of unequal size and spread."""
+def test_welch_t_ci_is_welchs_formula_written_out():
+    """Independent reference: Welch's interval by hand, ``d +- t(nu) se`` with ``se^2 = s_a^2 / n_a + s_b^2 / n_b``,
+    the Welch-Satterthwaite ``nu`` and the two-sided p of ``|d| / se`` on ``nu`` degrees of freedom, at two levels and
+    for samples of unequal size and spread."""
     import scipy.stats
 
     rl_stats = _load_rl_stats()
     rng = np.random.default_rng(11)
     a, b = 20 + 3 * rng.standard_normal(3), 17 + 0.5 * rng.standard_normal(5)
+    va, vb = a.var(ddof=1) / 3, b.var(ddof=1) / 5
+    se = np.sqrt(va + vb)
+    nu = (va + vb) ** 2 / (va ** 2 / 2 + vb ** 2 / 4)
+    d = a.mean() - b.mean()
     for level in (0.95, 0.9):
         out = rl_stats.welch_t_ci(a, b, level)
-        ref = scipy.stats.ttest_ind(a, b, equal_var=False)
-        ci = ref.confidence_interval(level)
-        assert out["difference"] == pytest.approx(a.mean() - b.mean())
-        assert out["p"] == pytest.approx(ref.pvalue, rel=1e-9)
-        assert (out["low"], out["high"]) == pytest.approx((ci.low, ci.high), rel=1e-9)
-        assert out["df"] == pytest.approx(ref.df, rel=1e-9)
+        half = scipy.stats.t.ppf(0.5 + level / 2, nu) * se
+        assert out["difference"] == pytest.approx(d)
+        assert out["p"] == pytest.approx(2 * scipy.stats.t.sf(abs(d) / se, nu), rel=1e-9)
+        assert (out["low"], out["high"]) == pytest.approx((d - half, d + half), rel=1e-9)
+        assert out["df"] == pytest.approx(nu, rel=1e-9)
 
 
 def test_welch_t_ci_without_spread_or_runs_gives_no_interval_and_bad_input_is_refused():
