@@ -359,7 +359,6 @@ def test_cchain_arm_takes_the_gym_references_task_loss_on_their_settings_only(co
         model.env.close()
 
 
-
 def test_cchain_arm_on_a_dqn_setting_takes_the_c_minatar_references_values(continual):
     """``dqn_cchain`` on C-MinAtar: C-CHAIN's own Double DQN values (``double_dqn_c_chain.py``: coefficient 50, target
     scale 0.01, adapted after 10 000 updates over the last 50 000). The toy settings' PPO values (10 warm-up
