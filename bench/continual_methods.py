@@ -171,12 +171,18 @@ DOHARE_CBP = dict(replacement_rate=1e-4, maturity_threshold=10_000, betas=(0.99,
 #: alone. Elsewhere (``minatar_intensive``: SB3's CNN and init) the library's defaults: the layer's own initialiser,
 #: the accumulated count, the touched entries' Adam state restarted.
 DOHARE_GNT = dict(unit_init="lecun", replacement_rule="stochastic", optimizer_restart=False)
-#: ``ppo_cchain`` on the PPO settings other than C-CHAIN's own Gym control (the bandit and ``cartpole_obs``, whose rows were
-#: run before the twenty-ninth session): the library's values of then, the clipped surrogate alone as the task loss
+#: ``ppo_cchain`` on the toy settings (the bandit and ``cartpole_obs``, whose rows were run before the twenty-ninth
+#: session): the library's values of then, the clipped surrogate alone as the task loss
 #: of the adaptive coefficient (the ProcGen reference's) and 10 iterations at the initial coefficient. On the
 #: ``cchain_*`` settings the library's discrete-PPO values, those of the Gym-control code: the entropy bonus in the
 #: task loss and 11 iterations (:data:`sb3_plastic.callbacks.churn_reduction.CCHAIN_DEFAULTS`).
 CCHAIN_BEFORE_29 = dict(task_loss_entropy=False, warmup=10)
+#: the envs of the settings whose ``ppo_cchain`` rows were run with :data:`CCHAIN_BEFORE_29` (the bandit, cartpole_obs)
+CCHAIN_BEFORE_29_ENVS = ("sb3_plastic/RandomLabelBandit-v0", "sb3_plastic/PerturbedCartPole-v0")
+#: ``ppo_cchain`` on an image PPO setting (MinAtar; C-CHAIN publishes no row there): the closest reference, C-CHAIN's
+#: ProcGen PPO (``crl_procgen/agents/ppo.py``: initial coefficient 10, adapted after 21 iterations over the last 200,
+#: the clipped surrogate alone as the task loss; target scale 1e4 and lower bound 1 as the library's discrete default)
+CCHAIN_PROCGEN = dict(coef=10.0, warmup=21, window=200, task_loss_entropy=False)
 #: Adam ``weight_decay`` of ``ppo_l2_dohare`` (Dohare et al.'s ``cfg/sant/l2.yml``, with betas :data:`EQUAL_BETAS`)
 DOHARE_L2 = 1e-3
 
@@ -185,6 +191,20 @@ def cchain_gym(setting: Setting) -> bool:
     """Whether ``setting`` is C-CHAIN's continual Gym control (the ``cchain_*`` settings: scored by their per-iteration
     return, ``score="iteration_return"``, which no other setting uses)."""
     return setting.score == "iteration_return"
+
+
+def cchain_values(setting: Setting) -> dict[str, Any]:
+    """The :class:`~sb3_plastic.ChurnReduction` keywords of ``ppo_cchain`` / ``dqn_cchain`` on ``setting``: none (the
+    library's reference values for the agent, :data:`sb3_plastic.callbacks.churn_reduction.CCHAIN_DEFAULTS`: the
+    Gym-control code's on C-CHAIN's Gym control, C-MinAtar's for DQN, the DMC code's for continuous PPO), except the
+    toy settings' rows (:data:`CCHAIN_BEFORE_29`) and image PPO (:data:`CCHAIN_PROCGEN`)."""
+    if setting.algo != "ppo" or cchain_gym(setting):
+        return {}
+    if setting.env_id in CCHAIN_BEFORE_29_ENVS:
+        return dict(CCHAIN_BEFORE_29)
+    if setting.policy == "CnnPolicy":
+        return dict(CCHAIN_PROCGEN)
+    return {}
 
 
 def _plain_cnn_kwargs(setting: Setting) -> dict[str, Any]:
@@ -436,9 +456,7 @@ def build_model(method: str, setting: Setting, params: MethodParams, seed: int, 
     elif canonical == "ppo_cchain":
         from sb3_plastic import ChurnReduction
 
-        # the toy settings' values are PPO's: other algorithms take the references' own (C-MinAtar's for DQN)
-        before_29 = setting.algo == "ppo" and not cchain_gym(setting)
-        callbacks.append(ChurnReduction(**(CCHAIN_BEFORE_29 if before_29 else {})))
+        callbacks.append(ChurnReduction(**cchain_values(setting)))
     elif canonical == "ppo_injection":
         from sb3_plastic import PlasticityInjection
 

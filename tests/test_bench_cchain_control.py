@@ -359,6 +359,27 @@ def test_cchain_arm_takes_the_gym_references_task_loss_on_their_settings_only(co
         model.env.close()
 
 
+def test_cchain_arm_on_the_card_settings_takes_the_closest_references_values(continual):
+    """``ppo_cchain`` on image PPO (``minatar_intensive``) takes C-CHAIN's ProcGen PPO values (coefficient 10, adapted
+    after 21 iterations over the last 200, the surrogate alone) and on continuous PPO (``slippery_ant_dohare``) the DMC
+    reference's (100 / 0.05 / 50 / 100). Both had silently taken the toy settings' values (10 warm-up iterations at
+    coefficient 1, :data:`continual_methods.CCHAIN_BEFORE_29`)."""
+    from sb3_plastic import ChurnReduction
+
+    expected = {"minatar_intensive": dict(coef=10.0, target_scale=1e4, warmup=21, window=200, task_loss_entropy=False),
+                "slippery_ant_dohare": dict(coef=100.0, target_scale=0.05, warmup=50, window=100,
+                                            task_loss_entropy=False)}
+    for name, values in expected.items():
+        model, callbacks = continual.build_model("ppo_cchain", continual.SETTINGS[name], continual.MethodParams(), 0,
+                                                 "cpu", None)
+        (churn,) = [c for c in callbacks if isinstance(c, ChurnReduction)]
+        churn.init_callback(model)
+        churn._on_training_start()
+        assert {k: churn.settings[k] for k in values} == values, name
+        churn._remove_hooks()
+        model.env.close()
+
+
 def test_cchain_arm_on_a_dqn_setting_takes_the_c_minatar_references_values(continual):
     """``dqn_cchain`` on C-MinAtar: C-CHAIN's own Double DQN values (``double_dqn_c_chain.py``: coefficient 50, target
     scale 0.01, adapted after 10 000 updates over the last 50 000). The toy settings' PPO values (10 warm-up
