@@ -10,6 +10,7 @@ cost). A run listed by both scripts (bench/protocol_grid.sh ends by walking the 
 it comes first. Nothing is trained or written.
 
     python bench/queue_status.py --assume cchain_lunar=63   # both scripts, every call with work left
+    python bench/queue_status.py --factor dqn_cchain=1.6     # a method costlier than the plain agent, before its runs
     python bench/queue_status.py --scripts bench/card_envs_grid.sh --all
 """
 
@@ -77,13 +78,19 @@ def _checkpoint_rate(out: str) -> Optional[float]:
     return statistics.median(rates) if rates else None
 
 
-def _cost(out: str, method: str, plain: str, fresh: bool, task_share: float) -> Optional[float]:
-    """CPU seconds of one run: finished runs of ``method``, else of the plain agent, in ``out``; a fresh agent without
-    finished fresh runs costs a continual run's ``task_share`` (one task of its steps); else the rate of a run in
-    progress under ``out`` (its checkpoint) times the run's timesteps (``None`` when nothing gives it)."""
-    cost = _median_cpu(out, method, fresh) or _median_cpu(out, plain, fresh)
+def _cost(out: str, method: str, plain: str, fresh: bool, task_share: float, factor: float = 1.0) -> Optional[float]:
+    """CPU seconds of one run: finished runs of ``method``, else of the plain agent times ``factor`` (the method's cost
+    relative to it), in ``out``; a fresh agent without finished fresh runs costs a continual run's ``task_share`` (one
+    task of its steps) (``None`` when no finished run gives it)."""
+
+    def median(fresh_runs: bool) -> Optional[float]:
+        own = _median_cpu(out, method, fresh_runs)
+        plain_cost = _median_cpu(out, plain, fresh_runs)
+        return own if own is not None else None if plain_cost is None else plain_cost * factor
+
+    cost = median(fresh)
     if cost is None and fresh:
-        continual_cost = _median_cpu(out, method, False) or _median_cpu(out, plain, False)
+        continual_cost = median(False)
         cost = None if continual_cost is None else continual_cost * task_share
     return cost
 
@@ -97,12 +104,15 @@ def _done_fraction(out: str, method: str, seed: int, fresh_task: Optional[int], 
 
 
 def call_status(argv: list[str], seen: set[tuple[str, str, int, Optional[int]]],
-                assume: Optional[dict[str, float]] = None) -> dict[str, Any]:
+                assume: Optional[dict[str, float]] = None,
+                factors: Optional[dict[str, float]] = None) -> dict[str, Any]:
     """The work left of one bench/continual.py call: runs left (continual, fresh), the fraction of them already
     trained (checkpoints), and the CPU-hours left (runs whose cost nothing gives are counted in ``unknown``). Cells in
     ``seen`` (counted by an earlier call) are skipped and the call's own cells are added to it. ``assume`` gives the
     CPU-minutes of one continual run of a setting that has no finished or checkpointed run yet (e.g. from
-    bench/setting_cost.py)."""
+    bench/setting_cost.py); ``factors`` a method's cost relative to the plain agent's, for a method with no finished
+    run of its own in the folder (its cost is then the plain agent's times the factor: e.g. ``dqn_cchain``'s 1.6 on
+    C-MinAtar, measured by bench/setting_cost.py)."""
     args = continual.parse_args(argv)
     setting = continual.resolve_setting(args.setting, args.quick, args.tasks, args.change_every, args.ppo_overrides)
     out = args.out or os.path.join("bench", "results", "continual", args.setting)
@@ -126,12 +136,13 @@ def call_status(argv: list[str], seen: set[tuple[str, str, int, Optional[int]]],
                 left["fresh" if fresh else "continual"] += 1
                 timesteps = setting.task_timesteps if fresh else setting.total_timesteps
                 remaining = 1.0 - _done_fraction(out, method, seed, task, timesteps)
-                cost = _cost(out, method, plain, fresh, setting.task_timesteps / setting.total_timesteps)
+                factor = (factors or {}).get(method, 1.0)
+                cost = _cost(out, method, plain, fresh, setting.task_timesteps / setting.total_timesteps, factor)
                 if cost is None:
                     rate = _checkpoint_rate(out)
-                    cost = None if rate is None else rate * timesteps
+                    cost = None if rate is None else rate * timesteps * factor
                 if cost is None and assume and args.setting in assume:
-                    cost = assume[args.setting] * 60 * (timesteps / setting.total_timesteps)
+                    cost = assume[args.setting] * 60 * (timesteps / setting.total_timesteps) * factor
                 if cost is None:
                     unknown += 1
                 else:
@@ -146,11 +157,20 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--assume", nargs="+", default=[], metavar="SETTING=CPU_MIN",
                         help="CPU-minutes of a continual run of a setting with no run yet (fresh agents: one task's "
                              "share), e.g. cchain_lunar=63 (bench/setting_cost.py)")
+    parser.add_argument("--factor", nargs="+", default=[], metavar="METHOD=X",
+                        help="a method's cost relative to the plain agent's where it has no finished run of its own, "
+                             "e.g. dqn_cchain=1.6 (bench/setting_cost.py)")
     args = parser.parse_args(argv)
-    try:
-        assume = {k: float(v) for k, v in (a.split("=", 1) for a in args.assume)}
-    except ValueError:
-        parser.error(f"--assume takes SETTING=CPU_MIN pairs, got {args.assume}")
+    pairs = {}
+    for option, values in (("--assume", args.assume), ("--factor", args.factor)):
+        try:
+            pairs[option] = {k: float(v) for k, v in (a.split("=", 1) for a in values)}
+        except ValueError:
+            parser.error(f"{option} takes NAME=NUMBER pairs, got {values}")
+        bad = {k: v for k, v in pairs[option].items() if not v > 0}
+        if bad:
+            parser.error(f"{option} takes positive numbers, got {bad}")
+    assume, factors = pairs["--assume"], pairs["--factor"]
     os.chdir(Path(__file__).resolve().parent.parent)  # the scripts' and the results' paths are the repository's
     seen: set[tuple[str, str, int, Optional[int]]] = set()
     total_hours, total_unknown = 0.0, 0
@@ -158,7 +178,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         hours, unknown, runs = 0.0, 0, 0
         print(f"{script}:")
         for call in planned_calls(script):
-            status = call_status(call, seen, assume)
+            status = call_status(call, seen, assume, factors)
             n = status["left"]["continual"] + status["left"]["fresh"]
             hours += status["cpu_hours"]
             unknown += status["unknown"]

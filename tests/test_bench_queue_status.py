@@ -79,6 +79,25 @@ def test_runs_left_and_hours_against_a_hand_count(queue_status, tmp_path):
     assert queue_status.call_status(other, set())["unknown"] == 4
     assumed = queue_status.call_status(other, set(), {"bandit": 60.0})
     assert assumed["unknown"] == 0 and assumed["cpu_hours"] == pytest.approx(1.0 + 3 / 6)
+    # a method costlier than the plain agent (--factor): the plain agent's cost times its factor until it has runs
+    costly = [*base, "--methods", "ppo_cchain", "--seeds", "3"]
+    assert queue_status.call_status(costly, set(), factors={"ppo_cchain": 1.6})["cpu_hours"] == pytest.approx(
+        1.6 * (1.0 + 3 * 600 / 3600))
+    _record(out / "runs/ppo_cchain/seed0.json", 9000.0)  # its own finished run: the factor no longer scales it
+    queue_status._median_cpu.cache_clear()  # the folder's costs are read once per command
+    assert queue_status.call_status(costly, set(), factors={"ppo_cchain": 1.6})["cpu_hours"] == pytest.approx(
+        2.5 + 1.6 * 3 * 600 / 3600)  # its fresh agents: still the plain agent's times the factor
+    assert queue_status.call_status(other, set(), {"bandit": 60.0}, {"ppo": 2.0})["cpu_hours"] == pytest.approx(3.0)
+
+
+def test_bad_assume_or_factor_values_are_refused_by_name():
+    for option, value, allowed in (("--factor", "dqn_cchain", "NAME=NUMBER pairs"),
+                                   ("--factor", "dqn_cchain=-1", "positive numbers"),
+                                   ("--assume", "cminatar=x", "NAME=NUMBER pairs")):
+        done = subprocess.run([sys.executable, str(ROOT / "bench/queue_status.py"), option, value],
+                              capture_output=True, text=True)
+        assert done.returncode == 2 and f"{option} takes {allowed}" in done.stderr
+        assert value.split("=")[0] in done.stderr
 
 
 def test_the_command_prints_a_total(tmp_path):
