@@ -172,12 +172,18 @@ def main(argv: Optional[list[str]] = None) -> int:
             parser.error(f"{option} takes positive numbers, got {bad}")
     assume, factors = pairs["--assume"], pairs["--factor"]
     os.chdir(Path(__file__).resolve().parent.parent)  # the scripts' and the results' paths are the repository's
+    calls = {script: planned_calls(script) for script in args.scripts}
+    planned = [continual.parse_args(call) for script_calls in calls.values() for call in script_calls]
+    unused = sorted(set(factors) - {m for a in planned for m in (a.methods or [])})
+    unused += sorted(set(assume) - {a.setting for a in planned})
+    if unused:
+        parser.error(f"--assume / --factor name no setting or method of the scripts' calls: {unused}")
     seen: set[tuple[str, str, int, Optional[int]]] = set()
     total_hours, total_unknown = 0.0, 0
     for script in args.scripts:
         hours, unknown, runs = 0.0, 0, 0
         print(f"{script}:")
-        for call in planned_calls(script):
+        for call in calls[script]:
             status = call_status(call, seen, assume, factors)
             n = status["left"]["continual"] + status["left"]["fresh"]
             hours += status["cpu_hours"]

@@ -98,6 +98,10 @@ def test_bad_assume_or_factor_values_are_refused_by_name():
                               capture_output=True, text=True)
         assert done.returncode == 2 and f"{option} takes {allowed}" in done.stderr
         assert value.split("=")[0] in done.stderr
+    # a name that matches no call of the scripts would be ignored: refused by name
+    done = subprocess.run([sys.executable, str(ROOT / "bench/queue_status.py"), "--factor", "dqn_chain=1.6"],
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and "name no setting or method" in done.stderr and "dqn_chain" in done.stderr
 
 
 def test_the_command_prints_a_total(tmp_path):
