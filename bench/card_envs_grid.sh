@@ -82,6 +82,11 @@ for s in 1 2 3 4; do
   for m in $METHODS; do run "$w" $MI --methods "$m" --seeds $s --fresh sample; done
   run "$w" $MI --methods ppo_l2_init --seeds $s --fresh sample $L2I4
 done
+#    and ReLU + AdamO with the penalty on the CNN's conv layer alone (thirty-seventh session; an arm chosen after the
+#    single-task runs of seeds 0-2's first tasks, bench/README.md: the linear layer's penalty is what slows its fresh
+#    agents, the conv layer's costs nothing there): does the penalty where it costs no speed keep plasticity over 20
+#    tasks? Seeds 0-2 with its own fresh agents
+for s in 0 1 2; do run "$w" $MI --methods plastic_relu_conv --seeds $s --fresh sample; done
 #    and the control of the CBP arm (thirty-first session's audit): its optimizer exactly (Adam betas 0.99 / 0.99,
 #    weight decay 1e-4) with no unit replacement, 5 seeds with its own fresh agents: is it CBP's replacement or the
 #    L2 its arm carries that keeps the betas' run from collapsing?

@@ -17,12 +17,20 @@ METHODS = (
 )
 #: The isometry paper's baselines (issue #15), on request (``--methods``).
 BASELINE_METHODS = ("ppo_l2_init", "ppo_spectral", "ppo_nap")
-#: The isometry penalty's options in its authors' convention (issue #27), on request: keywords of the plastic algorithm
+#: The isometry penalty's options in its authors' convention (issue #27), on request: keywords of the plastic algorithm.
+#: The last three take the penalty of ``plastic_relu`` apart (thirty-seventh session, why its fresh agents learn
+#: slowly on ``minatar_intensive``): ``plastic_relu_free`` holds the weights' shape and not their scale
+#: (``isometry_free_scale``; ``s = 2`` only for DfI's reading, 0 at SB3's init), ``plastic_relu_conv`` /
+#: ``plastic_relu_linear`` penalise only the CNN's conv layer / its linear layer (the names of the library's
+#: PlasticCNN; on another network the pattern matches nothing and the plastic algorithm refuses it).
 ISOMETRY_VARIANTS: dict[str, dict[str, Any]] = {
     "plastic_relu_rect": dict(isometry_rect_scale=True),
     "plastic_relu_s2": dict(isometry_scale=2.0),
     "plastic_relu_s2_rect": dict(isometry_scale=2.0, isometry_rect_scale=True),
     "plastic_maxmin_rect": dict(isometry_rect_scale=True),
+    "plastic_relu_free": dict(isometry_scale=2.0, isometry_free_scale=True),
+    "plastic_relu_conv": dict(isometry_layers=["features_extractor.cnn.*"]),
+    "plastic_relu_linear": dict(isometry_layers=["features_extractor.linear.*"]),
 }
 METHODS = METHODS + BASELINE_METHODS + tuple(ISOMETRY_VARIANTS)
 DEFAULT_METHODS = tuple(

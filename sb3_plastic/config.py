@@ -109,6 +109,14 @@ class IsometryConfig:
     :param isometry_normalize: divide ``R`` of each weight (and its step) by the Gram matrix's size
         ``min(out, in)``, so that the strength does not grow with the width (the authors' optional
         ``normalize``; off by default as theirs).
+    :param isometry_free_scale: this library's ablation (off; not in the authors' code): the target of each weight's
+        Gram matrix is its own mean diagonal at every step, ``t = ||W||_F^2 / min(out, in)`` (the mean squared singular
+        value), instead of ``s``. The penalty then evens out the singular values without holding their level: ``c Q``
+        (``Q`` orthonormal) has ``R = 0`` for every ``c``, so the weights may grow as an unpenalised agent's do while
+        keeping their shape (:mod:`sb3_plastic.isometry`). It tells whether what the penalty costs an agent comes from
+        the hold on the weights' scale or on their shape (bench/README.md). ``isometry_scale`` keeps its other roles
+        (the orthogonal init's gain, DfI's target); ``isometry_rect_scale`` has no effect with it, so the two together
+        are refused.
     :param isometry_mode: ``"decoupled"`` (AdamO: the penalty step bypasses Adam's moments),
         ``"coupled"`` (the ablation: plain Adam on ``loss + lambda R``; the penalty gradient joins the task
         gradient inside ``backward()``, so SB3's ``max_grad_norm`` clips them together, as SB3 would clip the
@@ -153,6 +161,7 @@ class IsometryConfig:
     isometry_scale: float = 1.0
     isometry_rect_scale: bool = False
     isometry_normalize: bool = False
+    isometry_free_scale: bool = False
     isometry_mode: str = "decoupled"
     isometry_layers: Union[str, list[str]] = "hidden"
     isometry_interval: Union[int, str] = 1
@@ -176,9 +185,14 @@ class IsometryConfig:
         scale = self.isometry_scale
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
             raise ValueError(f"isometry_scale must be a finite number > 0, got {scale!r}")
-        for name in ("isometry_rect_scale", "isometry_normalize"):
+        for name in ("isometry_rect_scale", "isometry_normalize", "isometry_free_scale"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.isometry_free_scale and self.isometry_rect_scale:
+            raise ValueError(
+                "isometry_free_scale=True takes each weight's own mean squared singular value as the target, so "
+                "isometry_rect_scale=True would have no effect; set one of them, not both"
+            )
         if self.isometry_mode not in ISOMETRY_MODES:
             raise ValueError(f"Unknown isometry_mode {self.isometry_mode!r}; allowed: {list(ISOMETRY_MODES)}")
         if self.optimizer not in OPTIMIZERS:

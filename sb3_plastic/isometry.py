@@ -31,6 +31,17 @@ Two options of the authors' code (both off by default here):
 * ``normalize=True`` (``isometry_normalize``): ``R`` and its gradient divided by the Gram matrix's size
   ``min(out, in)``, so the strength does not grow with the layer's width (off in the port, as here).
 
+One option of this library's own (an ablation, off by default; not in the authors' code):
+
+* ``free_scale=True`` (``isometry_free_scale``): the target is the Gram matrix's own mean diagonal,
+  ``t = ||W||_F^2 / min(out, in)`` (the mean squared singular value), at the current weights. ``R`` is then
+  ``1/2 sum_i (sigma_i^2 - mean_j sigma_j^2)^2``: it penalises the spread of the squared singular values, not their
+  level, so ``c Q`` (``Q`` orthonormal) has ``R = 0`` for every ``c`` and the weights may grow or shrink as the task
+  asks while keeping their shape. The gradient is still ``2 W (Gram - t I)`` with ``t`` read off the weights: the
+  derivative of ``R`` through ``t`` is ``-tr(Gram - t I) = 0`` at ``t = tr(Gram) / d``. It tests whether what the
+  penalty costs an agent is the hold on the weights' scale or on their shape (bench/README.md). ``scale`` and
+  ``rect_scale`` do not enter ``R`` with it (``scale`` still sets DfI's and the initialisation's scale).
+
 **What "isometric" means for a tall layer** (the one place this library says it). A tall Linear weight
 ``(out, in)`` with ``out > in`` can at best be an isometry of its input space onto an ``in``-dimensional subspace of
 the output: orthonormal columns, all ``in`` singular values ``sqrt(s)`` (``W^T W = s I``). That is the penalty's
@@ -62,7 +73,7 @@ the rows of ``weight_ih_l{l}`` ``(4H, in)`` and ``weight_hh_l{l}`` ``(4H, H)`` (
 matrix on its own: with ``blocks=k`` the weight ``(k*m, n)`` is viewed as ``k`` matrices ``(m, n)`` and
 ``R = sum_b R(W_b)``, the gradient is the per-block gradient stacked back. (The stacked ``(4H, in)``
 matrix itself could be an isometry only if the four gate matrices were mutually orthogonal maps, which no gate
-structure asks for.) ``rect_scale`` and ``normalize`` act on each block's shape ``(m, n)``.
+structure asks for.) ``rect_scale``, ``normalize`` and ``free_scale`` act on each block on its own.
 """
 
 from __future__ import annotations
@@ -75,7 +86,8 @@ from torch import nn
 
 #: Version of the isometry convention saved with a plastic model: 1 = the penalty without the 1/2 (before issue
 #: #27), 2 = the authors' convention ``R = 1/2 ||Gram - t I||_F^2`` with ``isometry_rect_scale`` and
-#: ``isometry_normalize``. A zip without it is version 1.
+#: ``isometry_normalize`` (and, since the thirty-seventh session, ``isometry_free_scale``, off when absent). A zip
+#: without it is version 1.
 ISOMETRY_FORMAT = 2
 
 #: Layer types whose ``weight`` the isometry machinery understands.
@@ -119,21 +131,26 @@ def isometry_target(rows: int, cols: int, scale: float = 1.0, rect_scale: bool =
     return scale * rows / cols if rect_scale and rows > cols else scale
 
 
-def gram_residual(weight: th.Tensor, scale: float = 1.0, blocks: int = 1, rect_scale: bool = False) -> th.Tensor:
+def gram_residual(
+    weight: th.Tensor, scale: float = 1.0, blocks: int = 1, rect_scale: bool = False, free_scale: bool = False
+) -> th.Tensor:
     """``W^T W - t I`` (tall or square ``W``) or ``W W^T - t I`` (wide ``W``), on the matrix view of ``weight``;
-    ``t`` is :func:`isometry_target`.
+    ``t`` is :func:`isometry_target`, or with ``free_scale`` the Gram matrix's mean diagonal (per block).
 
     With ``blocks=k > 1``: the residuals of the ``k`` row blocks, stacked ``(k, d, d)`` (see :func:`as_blocks`).
     """
     w = as_matrix(weight) if blocks == 1 else as_blocks(weight, blocks)
     rows, cols = w.shape[-2:]
     gram = w.mT @ w if rows >= cols else w @ w.mT
-    target = isometry_target(rows, cols, scale, rect_scale)
-    return gram - target * th.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device)
+    eye = th.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device)
+    if free_scale:
+        return gram - gram.diagonal(dim1=-2, dim2=-1).mean(-1)[..., None, None] * eye
+    return gram - isometry_target(rows, cols, scale, rect_scale) * eye
 
 
 def isometry_penalty(
-    weight: th.Tensor, scale: float = 1.0, blocks: int = 1, rect_scale: bool = False, normalize: bool = False
+    weight: th.Tensor, scale: float = 1.0, blocks: int = 1, rect_scale: bool = False, normalize: bool = False,
+    free_scale: bool = False,
 ) -> th.Tensor:
     """The isometry penalty ``R(W) = 1/2 ||Gram(W) - t I||_F^2`` (a scalar tensor, differentiable) on the smaller Gram
     matrix, in the authors' convention (module docstring).
@@ -143,22 +160,26 @@ def isometry_penalty(
     :param blocks: ``k``: the sum of ``R`` over ``k`` stacked row blocks (an LSTM weight: its gate matrices).
     :param rect_scale: for a tall matrix (``out > in``) the target ``s * out / in`` instead of ``s``.
     :param normalize: divide by the Gram matrix's size ``min(out, in)`` (per block).
+    :param free_scale: the target is the Gram matrix's mean diagonal (module docstring): ``R`` penalises the spread
+        of the squared singular values, not their level.
     """
     _check_scale(scale)
-    residual = gram_residual(weight, scale, blocks, rect_scale)
+    residual = gram_residual(weight, scale, blocks, rect_scale, free_scale)
     penalty = 0.5 * residual.square().sum()
     return penalty / residual.shape[-1] if normalize else penalty
 
 
 def isometry_penalty_grad(
-    weight: th.Tensor, scale: float = 1.0, blocks: int = 1, rect_scale: bool = False, normalize: bool = False
+    weight: th.Tensor, scale: float = 1.0, blocks: int = 1, rect_scale: bool = False, normalize: bool = False,
+    free_scale: bool = False,
 ) -> th.Tensor:
     """Analytic gradient of :func:`isometry_penalty` with respect to ``weight`` (same shape as ``weight``):
     ``2 W (W^T W - t I)`` for a tall or square matrix, ``2 (W W^T - t I) W`` for a wide one (``/ min(out, in)`` with
-    ``normalize``)."""
+    ``normalize``; with ``free_scale`` ``t`` is the Gram matrix's mean diagonal, and this is still the exact
+    gradient)."""
     _check_scale(scale)
     w = as_matrix(weight) if blocks == 1 else as_blocks(weight, blocks)
-    residual = gram_residual(weight, scale, blocks, rect_scale)
+    residual = gram_residual(weight, scale, blocks, rect_scale, free_scale)
     factor = 2.0 / residual.shape[-1] if normalize else 2.0
     grad = factor * (w @ residual) if w.shape[-2] >= w.shape[-1] else factor * (residual @ w)
     return grad.reshape(weight.shape)

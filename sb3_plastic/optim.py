@@ -66,7 +66,7 @@ def _check_nonneg(name: str, value: Any) -> None:
 
 def _check_group(group: dict[str, Any]) -> None:
     _check_nonneg("isometry_coef", group["isometry_coef"])
-    for key in ("isometry_rect_scale", "isometry_normalize"):
+    for key in ("isometry_rect_scale", "isometry_normalize", "isometry_free_scale"):
         if not isinstance(group.get(key, False), bool):
             raise ValueError(f"{key} must be True or False, got {group[key]!r}")
     scale = group["isometry_scale"]
@@ -88,6 +88,15 @@ def _check_group(group: dict[str, Any]) -> None:
                 raise ValueError(
                     f"isometry_blocks={blocks} does not divide the {p.shape[0]} rows of a parameter of shape {tuple(p.shape)}"
                 )
+
+
+def _step_target(gram: th.Tensor, rows: int, cols: int, group: dict[str, Any]) -> Union[float, th.Tensor]:
+    """The target ``t`` of the Gram matrix (or matrices, ``(k, d, d)``) of the group's decoupled step: the group's
+    :func:`~sb3_plastic.isometry.isometry_target`, or with ``isometry_free_scale`` the Gram matrix's mean diagonal (a
+    0-d tensor, ``(k,)`` for blocks), read before the step changes anything."""
+    if group.get("isometry_free_scale", False):
+        return gram.diagonal(dim1=-2, dim2=-1).mean(-1)
+    return isometry_target(rows, cols, group["isometry_scale"], group.get("isometry_rect_scale", False))
 
 
 def _gradient_factor(group: dict[str, Any], gram_dim: int) -> float:
@@ -182,7 +191,8 @@ class IsometryStepMixin:
     Mixed in front of a ``torch.optim.Optimizer`` subclass (:class:`AdamO` is it on ``torch.optim.Adam``;
     :func:`with_isometry_step` builds it for any other optimizer class). Every param group carries
     ``isometry_coef``, ``isometry_scale``, ``isometry_mode`` (``"decoupled"`` / ``"coupled"``),
-    ``isometry_interval``, ``isometry_rect_scale``, ``isometry_normalize`` and optionally ``isometry_blocks``; the
+    ``isometry_interval``, ``isometry_rect_scale``, ``isometry_normalize``, ``isometry_free_scale`` and optionally
+    ``isometry_blocks``; the
     update rule, the blow-up clamp and the state entries (``isometry_count``, ``isometry_step``) are the ones
     described in :class:`AdamO`, with the base optimizer's update in place of Adam's.
 
@@ -208,6 +218,7 @@ class IsometryStepMixin:
         isometry_interval: int,
         isometry_rect_scale: bool = False,
         isometry_normalize: bool = False,
+        isometry_free_scale: bool = False,
     ) -> None:
         """Give every param group the isometry settings it does not set itself, and validate them."""
         settings = dict(
@@ -217,6 +228,7 @@ class IsometryStepMixin:
             isometry_interval=isometry_interval,
             isometry_rect_scale=isometry_rect_scale,
             isometry_normalize=isometry_normalize,
+            isometry_free_scale=isometry_free_scale,
         )
         for group in self.param_groups:
             for key, value in settings.items():
@@ -270,6 +282,7 @@ class IsometryStepMixin:
             blocks,
             rect_scale=group.get("isometry_rect_scale", False),
             normalize=group.get("isometry_normalize", False),
+            free_scale=group.get("isometry_free_scale", False),
         )
         return group["isometry_coef"] * grad
 
@@ -422,7 +435,7 @@ class IsometryStepMixin:
         rows, cols = w.shape
         tall = rows >= cols
         gram = w.T @ w if tall else w @ w.T
-        target = isometry_target(rows, cols, group["isometry_scale"], group.get("isometry_rect_scale", False))
+        target = _step_target(gram, rows, cols, group)
         bound = gram.abs().sum(dim=1).max().clamp_min(target)
         gram.diagonal().sub_(target)
         factor = _gradient_factor(group, min(rows, cols))
@@ -440,9 +453,13 @@ class IsometryStepMixin:
         rows, cols = w.shape[-2:]
         tall = rows >= cols
         gram = w.mT @ w if tall else w @ w.mT
-        target = isometry_target(rows, cols, group["isometry_scale"], group.get("isometry_rect_scale", False))
-        bound = gram.abs().sum(dim=-1).amax(dim=-1).clamp_min(target)
-        gram.diagonal(dim1=-2, dim2=-1).sub_(target)
+        target = _step_target(gram, rows, cols, group)
+        if isinstance(target, th.Tensor):  # one target per block
+            bound = th.maximum(gram.abs().sum(dim=-1).amax(dim=-1), target)
+            gram.diagonal(dim1=-2, dim2=-1).sub_(target.unsqueeze(-1))
+        else:
+            bound = gram.abs().sum(dim=-1).amax(dim=-1).clamp_min(target)
+            gram.diagonal(dim1=-2, dim2=-1).sub_(target)
         factor = _gradient_factor(group, min(rows, cols))
         limit = float(group["lr"]) * group["isometry_coef"] * group["isometry_interval"]
         step = th.clamp(MAX_ISOMETRY_STEP / (factor * bound), max=limit)
@@ -479,6 +496,9 @@ class AdamO(IsometryStepMixin, AdamRestartMixin, th.optim.Adam):
         authors' ``rect_scale``; off by default as in their training script, see :mod:`sb3_plastic.isometry`).
     :param isometry_normalize: divide ``R`` (and its step) by the Gram matrix's size ``min(out, in)`` (off by
         default, as the authors').
+    :param isometry_free_scale: the target ``t`` is each weight's own mean squared singular value at the step
+        (``||W||_F^2 / min(out, in)``): the step evens out the singular values without pulling their level to ``s``
+        (this library's ablation, off; :mod:`sb3_plastic.isometry`).
     :param isometry_mode: ``"decoupled"`` (AdamO proper) or ``"coupled"``: plain Adam on ``loss + lambda R``
         (the ablation): ``lambda * grad R`` joins ``p.grad`` inside ``backward()``, so gradient clipping before
         ``step()`` clips the sum (see :class:`IsometryStepMixin`), at every step.
@@ -521,6 +541,7 @@ class AdamO(IsometryStepMixin, AdamRestartMixin, th.optim.Adam):
         isometry_interval: int = 1,
         isometry_rect_scale: bool = False,
         isometry_normalize: bool = False,
+        isometry_free_scale: bool = False,
         amsgrad: bool = False,
         **kwargs: Any,
     ) -> None:
@@ -538,7 +559,8 @@ class AdamO(IsometryStepMixin, AdamRestartMixin, th.optim.Adam):
             **kwargs,
         )
         self._init_isometry(
-            isometry_coef, isometry_scale, isometry_mode, isometry_interval, isometry_rect_scale, isometry_normalize
+            isometry_coef, isometry_scale, isometry_mode, isometry_interval, isometry_rect_scale, isometry_normalize,
+            isometry_free_scale,
         )
 
 
@@ -553,7 +575,7 @@ def with_isometry_step(optimizer_class: type[th.optim.Optimizer]) -> type[th.opt
     state (moments, square averages, momentum buffers), with AdamO's clamp; ``"coupled"`` adds
     ``lambda * grad R(W)`` to the gradient the optimizer sees. The returned class takes the optimizer's own
     arguments plus ``isometry_coef`` (default 0.2, as :class:`AdamO`), ``isometry_scale``, ``isometry_mode``,
-    ``isometry_interval``, ``isometry_rect_scale`` and ``isometry_normalize``; param
+    ``isometry_interval``, ``isometry_rect_scale``, ``isometry_normalize`` and ``isometry_free_scale``; param
     groups may set them (and ``isometry_blocks``) as in :class:`AdamO`. A class that already has the step
     (:class:`AdamO`, a class returned here) is returned unchanged; the same class is returned for the same
     ``optimizer_class``.
@@ -581,11 +603,13 @@ def with_isometry_step(optimizer_class: type[th.optim.Optimizer]) -> type[th.opt
         isometry_interval: int = 1,
         isometry_rect_scale: bool = False,
         isometry_normalize: bool = False,
+        isometry_free_scale: bool = False,
         **kwargs: Any,
     ) -> None:
         optimizer_class.__init__(self, params, *args, **kwargs)
         self._init_isometry(
-            isometry_coef, isometry_scale, isometry_mode, isometry_interval, isometry_rect_scale, isometry_normalize
+            isometry_coef, isometry_scale, isometry_mode, isometry_interval, isometry_rect_scale, isometry_normalize,
+            isometry_free_scale,
         )
 
     name = f"{optimizer_class.__name__}WithIsometry"

@@ -76,6 +76,7 @@ class PlasticPolicyMixin:
         isometry_scale: float = 1.0,
         isometry_rect_scale: bool = False,
         isometry_normalize: bool = False,
+        isometry_free_scale: bool = False,
         isometry_mode: str = "decoupled",
         isometry_layers: Union[str, list[str]] = "hidden",
         isometry_interval: int = 1,
@@ -94,6 +95,7 @@ class PlasticPolicyMixin:
             isometry_scale=isometry_scale,
             isometry_rect_scale=isometry_rect_scale,
             isometry_normalize=isometry_normalize,
+            isometry_free_scale=isometry_free_scale,
             isometry_mode=isometry_mode,
             isometry_layers=isometry_layers,
             isometry_interval=isometry_interval,
@@ -164,32 +166,30 @@ class PlasticPolicyMixin:
                 f"isometry_interval='auto' is resolved from the algorithm's batch_size by the plastic algorithms; "
                 f"{type(self).__name__} built directly needs an int >= 1 (1: the exact AdamO step)"
             )
+        # every isometry setting of the optimizer, in one place for every optimizer that carries the step
+        isometry_kwargs = dict(
+            isometry_coef=float(config.isometry_coef) if config.isometry_mode != "off" else 0.0,
+            isometry_scale=float(config.isometry_scale),
+            isometry_mode="coupled" if config.isometry_mode == "coupled" else "decoupled",
+            isometry_interval=int(config.isometry_interval),
+            isometry_rect_scale=config.isometry_rect_scale,
+            isometry_normalize=config.isometry_normalize,
+            isometry_free_scale=config.isometry_free_scale,
+        )
         if config.optimizer == "trac":  # TRAC (Muppidi et al., 2024) around the base optimizer, as its reference
             from sb3_plastic.trac import trac_class
 
             base = user_class if user_class is not None else AdamO if use_adamo else th.optim.Adam
-            if use_adamo:
+            if use_adamo:  # the coupled penalty (TRAC refuses the decoupled step: IsometryConfig)
                 base = with_isometry_step(base)
-                user_opt_kwargs.update(
-                    isometry_coef=float(config.isometry_coef),
-                    isometry_scale=float(config.isometry_scale),
-                    isometry_mode="coupled",
-                    isometry_interval=int(config.isometry_interval),
-                )
+                user_opt_kwargs.update(isometry_kwargs)
             kwargs["optimizer_class"] = trac_class(base)
             kwargs["optimizer_kwargs"] = user_opt_kwargs
             return kwargs
         if user_class is not None and not use_adamo:
             return kwargs  # plasticity off: the user's optimizer exactly as SB3 would build it
         if use_adamo:
-            user_opt_kwargs.update(
-                isometry_coef=float(config.isometry_coef) if config.isometry_mode != "off" else 0.0,
-                isometry_scale=float(config.isometry_scale),
-                isometry_mode="coupled" if config.isometry_mode == "coupled" else "decoupled",
-                isometry_interval=int(config.isometry_interval),
-                isometry_rect_scale=config.isometry_rect_scale,
-                isometry_normalize=config.isometry_normalize,
-            )
+            user_opt_kwargs.update(isometry_kwargs)
             # a user's optimizer_class keeps its own update and gets AdamO's isometry step on top of it
             kwargs["optimizer_class"] = AdamO if user_class is None else with_isometry_step(user_class)
         else:

@@ -112,6 +112,16 @@ def test_coupled_isometry_penalty_goes_through_trac():
     assert optimizer.state["trac"]["iter_count"] == 2
 
 
+@pytest.mark.parametrize("option", ["isometry_rect_scale", "isometry_normalize"])
+def test_coupled_penalty_through_trac_keeps_every_isometry_option(option):
+    """The penalty TRAC's base optimizer adds is the one asked for: before the fix, ``optimizer="trac"`` silently
+    dropped ``isometry_rect_scale`` and ``isometry_normalize`` (its param groups kept False)."""
+    model = PlasticPPO("MlpPolicy", "CartPole-v1", optimizer="trac", isometry_mode="coupled", isometry_coef=0.1,
+                       isometry_scale=2.0, n_steps=64, batch_size=32, n_epochs=1, seed=0, **{option: True})
+    groups = [g for g in model.policy.optimizer.param_groups if g["isometry_coef"] > 0]
+    assert groups and all(g[option] is True and g["isometry_scale"] == 2.0 for g in groups)
+
+
 def test_trac_state_survives_save_load(tmp_path):
     model = PlasticPPO("MlpPolicy", "CartPole-v1", optimizer="trac", isometry_mode="off", n_steps=64, batch_size=32,
                        n_epochs=2, seed=0)

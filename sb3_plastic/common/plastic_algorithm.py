@@ -80,6 +80,8 @@ class PlasticAlgorithmMixin:
     :param isometry_scale: target scale ``s`` of ``W^T W``.
     :param isometry_rect_scale: target ``s * out / in`` for a tall layer (the authors' ``rect_scale``; off).
     :param isometry_normalize: divide each weight's penalty by ``min(out, in)`` (off).
+    :param isometry_free_scale: each weight's own mean squared singular value as the target instead of
+        ``isometry_scale``: the penalty holds the weights' shape, not their scale (this library's ablation; off).
     :param isometry_mode: ``"decoupled"`` (AdamO), ``"coupled"`` or ``"off"``.
     :param isometry_layers: ``"hidden"``, ``"all"`` or a list of fnmatch patterns.
     :param isometry_interval: ``1`` (default): the exact AdamO step at every update; ``k`` or ``"auto"``
@@ -130,6 +132,7 @@ class PlasticAlgorithmMixin:
         isometry_scale: float = 1.0,
         isometry_rect_scale: bool = False,
         isometry_normalize: bool = False,
+        isometry_free_scale: bool = False,
         isometry_mode: str = "decoupled",
         isometry_layers: Union[str, list[str]] = "hidden",
         isometry_interval: Union[int, str] = 1,
@@ -163,6 +166,7 @@ class PlasticAlgorithmMixin:
             isometry_scale=isometry_scale,
             isometry_rect_scale=isometry_rect_scale,
             isometry_normalize=isometry_normalize,
+            isometry_free_scale=isometry_free_scale,
             isometry_mode=isometry_mode,
             isometry_layers=isometry_layers,
             isometry_interval=isometry_interval,
