@@ -56,18 +56,20 @@ def test_family_default_reaches_the_optimizer(cls: type, env_id: str, expected: 
     assert coefs == {expected, 0.0}  # the regularised group and the group without the penalty
 
 
+@pytest.mark.parametrize("options", [("isometry_rect_scale", "isometry_normalize"),
+                                     ("isometry_free_scale", "isometry_normalize")], ids=["rect", "free"])
 @pytest.mark.parametrize("cls,env_id,expected", CASES, ids=[c[0].__name__ for c in CASES])
-def test_rect_scale_and_normalize_reach_the_optimizer(cls: type, env_id: str, expected: float) -> None:
-    """``isometry_rect_scale`` / ``isometry_normalize`` (issue #27) are keywords of all eight algorithms, off by
-    default, and reach every isometry param group."""
+def test_isometry_options_reach_the_optimizer(cls: type, env_id: str, expected: float, options: tuple) -> None:
+    """``isometry_rect_scale`` / ``isometry_normalize`` (issue #27) and ``isometry_free_scale`` are keywords of all
+    eight algorithms, off by default, and reach every isometry param group (of the actor's and the critic's optimizer
+    too)."""
     del expected
     for on in (False, True):
-        kwargs = dict(isometry_rect_scale=True, isometry_normalize=True) if on else {}
-        model = _model(cls, env_id, **kwargs)
-        assert model.isometry_config.isometry_rect_scale is on and model.isometry_config.isometry_normalize is on
+        model = _model(cls, env_id, **(dict.fromkeys(options, True) if on else {}))
+        assert all(getattr(model.isometry_config, key) is on for key in options)
         parts = [model.policy, getattr(model.policy, "actor", None), getattr(model.policy, "critic", None)]
         groups = [g for part in parts if getattr(part, "optimizer", None) is not None for g in part.optimizer.param_groups]
-        assert groups and all(g["isometry_rect_scale"] is on and g["isometry_normalize"] is on for g in groups)
+        assert groups and all(g[key] is on for g in groups for key in options)
 
 
 @pytest.mark.parametrize("cls,env_id", [(PlasticSAC, CONTINUOUS), (PlasticPPO, DISCRETE)], ids=["SAC", "PPO"])
