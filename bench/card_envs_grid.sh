@@ -85,8 +85,9 @@ done
 #    and ReLU + AdamO with the penalty on the CNN's conv layer alone (thirty-seventh session; an arm chosen after the
 #    single-task runs of seeds 0-2's first tasks, bench/README.md: the linear layer's penalty is what slows its fresh
 #    agents, the conv layer's costs nothing there): does the penalty where it costs no speed keep plasticity over 20
-#    tasks? Seeds 0-2 with its own fresh agents
+#    tasks? Seeds 0-2 with its own fresh agents; and MaxMin + AdamO's (the same single-task result: 23.5 against 14.0)
 for s in 0 1 2; do run "$w" $MI --methods plastic_relu_conv --seeds $s --fresh sample; done
+for s in 0 1 2; do run "$w" $MI --methods plastic_maxmin_conv --seeds $s --fresh sample; done
 #    and the control of the CBP arm (thirty-first session's audit): its optimizer exactly (Adam betas 0.99 / 0.99,
 #    weight decay 1e-4) with no unit replacement, 5 seeds with its own fresh agents: is it CBP's replacement or the
 #    L2 its arm carries that keeps the betas' run from collapsing?

@@ -22,7 +22,8 @@ BASELINE_METHODS = ("ppo_l2_init", "ppo_spectral", "ppo_nap")
 #: slowly on ``minatar_intensive``): ``plastic_relu_free`` holds the weights' shape and not their scale
 #: (``isometry_free_scale``; ``s = 2`` only for DfI's reading, 0 at SB3's init), ``plastic_relu_conv`` /
 #: ``plastic_relu_linear`` penalise only the CNN's conv layer / its linear layer (the names of the library's
-#: PlasticCNN; on another network the pattern matches nothing and the plastic algorithm refuses it).
+#: PlasticCNN; on another network the pattern matches nothing and the plastic algorithm refuses it);
+#: ``plastic_maxmin_conv`` is MaxMin + AdamO with the conv layer's penalty alone.
 ISOMETRY_VARIANTS: dict[str, dict[str, Any]] = {
     "plastic_relu_rect": dict(isometry_rect_scale=True),
     "plastic_relu_s2": dict(isometry_scale=2.0),
@@ -31,6 +32,7 @@ ISOMETRY_VARIANTS: dict[str, dict[str, Any]] = {
     "plastic_relu_free": dict(isometry_scale=2.0, isometry_free_scale=True),
     "plastic_relu_conv": dict(isometry_layers=["features_extractor.cnn.*"]),
     "plastic_relu_linear": dict(isometry_layers=["features_extractor.linear.*"]),
+    "plastic_maxmin_conv": dict(isometry_layers=["features_extractor.cnn.*"]),
 }
 METHODS = METHODS + BASELINE_METHODS + tuple(ISOMETRY_VARIANTS)
 DEFAULT_METHODS = tuple(
