@@ -62,8 +62,8 @@ def table_rows(arms: dict[str, list[dict[str, Any]]], plain: str = "ppo",
     ``dfi_hidden`` and ``logit_std``.
 
     :raises ValueError: where ``plain`` or a requested method has no runs (naming it and the arms there are)."""
-    names = methods or [plain] + sorted(m for m in arms if m != plain)
-    for name in {plain, *names}:
+    names = methods or [plain, *sorted(m for m in arms if m != plain)]
+    for name in [plain, *names]:
         if name not in arms:
             raise ValueError(f"no runs of {name!r} in the folder; its arms: {sorted(arms)}")
     base = np.array([r["ret"] for r in arms[plain]])
