@@ -69,6 +69,11 @@ def _check_group(group: dict[str, Any]) -> None:
     for key in ("isometry_rect_scale", "isometry_normalize", "isometry_free_scale"):
         if not isinstance(group.get(key, False), bool):
             raise ValueError(f"{key} must be True or False, got {group[key]!r}")
+    if group.get("isometry_free_scale", False) and group.get("isometry_rect_scale", False):
+        raise ValueError(
+            "isometry_free_scale=True takes each weight's own mean squared singular value as the target, so "
+            "isometry_rect_scale=True would have no effect; set one of them, not both"
+        )
     scale = group["isometry_scale"]
     if isinstance(scale, bool) or not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
         raise ValueError(f"isometry_scale must be a finite number > 0, got {scale!r}")

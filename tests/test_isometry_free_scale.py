@@ -133,6 +133,16 @@ def test_bad_values_are_refused_by_name():
         AdamO([nn.Parameter(th.ones(2, 2))], isometry_free_scale=1)
     with pytest.raises(ValueError, match="isometry_free_scale=True .* isometry_rect_scale=True would have no effect"):
         PlasticPPO("MlpPolicy", "CartPole-v1", isometry_free_scale=True, isometry_rect_scale=True)
+    with pytest.raises(ValueError, match="isometry_free_scale=True .* isometry_rect_scale=True would have no effect"):
+        AdamO([nn.Parameter(th.ones(2, 2))], isometry_free_scale=True, isometry_rect_scale=True)
+
+
+@pytest.mark.parametrize("off", [dict(isometry_mode="off", optimizer="adam"), dict(isometry_coef=0.0)],
+                         ids=["mode-off", "coef-0"])
+def test_penalty_options_without_a_penalty_say_so(off):
+    """The penalty's options cannot act without a penalty: they are named in a warning, not dropped silently."""
+    with pytest.warns(UserWarning, match=r"isometry_normalize=True, isometry_free_scale=True are ignored"):
+        PlasticPPO("MlpPolicy", "CartPole-v1", isometry_free_scale=True, isometry_normalize=True, n_steps=64, **off)
 
 
 def test_plastic_model_carries_it_through_save_and_load(tmp_path):

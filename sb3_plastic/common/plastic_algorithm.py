@@ -140,15 +140,19 @@ class PlasticAlgorithmMixin:
         orthogonal_init: Optional[bool] = None,
         **kwargs: Any,
     ) -> None:
+        # the penalty's own options: nothing reads them without a penalty
+        penalty_options = {
+            "isometry_layers": (isometry_layers, "hidden"),
+            "isometry_interval": (isometry_interval, 1),
+            "isometry_rect_scale": (isometry_rect_scale, False),
+            "isometry_normalize": (isometry_normalize, False),
+            "isometry_free_scale": (isometry_free_scale, False),
+        }
         if isometry_mode == "off":
             from sb3_plastic.callbacks.base import warn_ignored_options
 
             warn_ignored_options(
-                {
-                    "isometry_coef": (isometry_coef, None),
-                    "isometry_layers": (isometry_layers, "hidden"),
-                    "isometry_interval": (isometry_interval, 1),
-                },
+                {"isometry_coef": (isometry_coef, None), **penalty_options},
                 "isometry_mode='off' (no isometry penalty); set isometry_mode='decoupled' (AdamO) or 'coupled'",
                 stacklevel=3,
             )
@@ -156,7 +160,7 @@ class PlasticAlgorithmMixin:
             from sb3_plastic.callbacks.base import warn_ignored_options
 
             warn_ignored_options(
-                {"isometry_layers": (isometry_layers, "hidden"), "isometry_interval": (isometry_interval, 1)},
+                penalty_options,
                 "isometry_coef=0 (no isometry penalty); give isometry_coef > 0",
                 stacklevel=3,
             )
