@@ -110,3 +110,14 @@ for s in 1 2; do run "$w" --setting cminatar --methods dqn --seeds $s --fresh sa
 run "$w" --setting cminatar --methods dqn_cchain --seeds 0 --fresh none
 # 8. Slippery Ant, seeds 1-4 of every arm, plain included
 for s in 1 2 3 4; do for m in ppo $DOHARE_ARMS; do run "$w" $SD --methods "$m" --seeds $s --fresh none; done; done
+# 9. C-MinAtar's methods at the issue's fallback, a cheaper replay ratio (thirty-eighth session; the thirty-fourth's
+#    measure: one gradient step every 4 env steps costs 0.31x their one per step). The target network is copied every
+#    1 000 updates as theirs (4 000 env steps at this ratio); everything else is their protocol. Plain Double DQN at
+#    this ratio is the methods' baseline (not their vanilla number), with fresh agents on games 2 and 3 for every arm.
+#    Seeds 0-2 of plain, C-CHAIN, ReDo, L2-init and ReLU + AdamO, the seed-0 row of every arm first (~5 CPU-hours a
+#    run with its two fresh agents, C-CHAIN's 1.6x; ~85 in all): which method keeps a DQN agent learning across the
+#    three games?
+CMR="--setting cminatar --ppo-kwarg train_freq=4 --ppo-kwarg target_update_interval=4000 --out bench/results/continual/cminatar_rr4"
+for s in 0 1 2; do
+  for m in dqn dqn_cchain dqn_redo dqn_l2_init plastic_relu; do run "$w" $CMR --methods "$m" --seeds $s --fresh sample; done
+done
