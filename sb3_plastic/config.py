@@ -115,8 +115,8 @@ class IsometryConfig:
         (``Q`` orthonormal) has ``R = 0`` for every ``c``, so the weights may grow as an unpenalised agent's do while
         keeping their shape (:mod:`sb3_plastic.isometry`). It tells whether what the penalty costs an agent comes from
         the hold on the weights' scale or on their shape (bench/README.md). ``isometry_scale`` keeps its other roles
-        (the orthogonal init's gain, DfI's target); ``isometry_rect_scale`` has no effect with it, so the two together
-        are refused.
+        (the orthogonal init's gain, the monitor's ``dfi`` target: read its ``dfi_free`` keys for such a model);
+        ``isometry_rect_scale`` has no effect with it, so the two together are refused.
     :param isometry_mode: ``"decoupled"`` (AdamO: the penalty step bypasses Adam's moments),
         ``"coupled"`` (the ablation: plain Adam on ``loss + lambda R``; the penalty gradient joins the task
         gradient inside ``backward()``, so SB3's ``max_grad_norm`` clips them together, as SB3 would clip the

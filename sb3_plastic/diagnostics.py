@@ -33,7 +33,9 @@ matrix ``(N, F)`` with ``F = C*H*W`` for a conv layer; ``sigma_i``: its singular
   the model's ``isometry_scale``), :func:`sb3_plastic.isometry.deviation_from_isometry` (one definition: the smaller
   Gram matrix): twice the isometry penalty ``R(W) = 1/2 ||Gram - s I||_F^2`` of the authors' convention (issue #27;
   DfI kept its definition without the 1/2 and without ``isometry_rect_scale``, so the logged ``dfi`` keys mean what
-  they meant before). FIRE's reference writes ``||W^T W - I||_F^2`` for
+  they meant before). The scale-free DfI (``dfi_free`` keys) replaces ``s`` by each layer's mean squared singular
+  value, ``sum_i (sigma_i^2 - mean_j sigma_j^2)^2``: the part of the DfI that a uniform growth or shrinkage of the
+  weights does not change. FIRE's reference writes ``||W^T W - I||_F^2`` for
   every shape, which for a wide ``W`` is this value plus the constant ``in - out``; why the smaller one: the
   :mod:`sb3_plastic.isometry` module docstring.
 * **sigma_max, sigma_min, condition number** of a layer's weight (matrix view ``(out, in*k*k)`` of a
@@ -703,7 +705,10 @@ def network_diagnostics(
     over all trained parameters, ``dfi`` (sum over all weight layers, heads included), ``dfi_hidden`` (the sum
     without the heads, :meth:`~sb3_plastic.common.surgery.NetworkSpec.heads`: the layers AdamO's default
     ``isometry_layers="hidden"`` regularises, so that an unpenalised head's growth does not hide the hidden layers'
-    isometry), ``grad_norm`` (:func:`output_gradient_norm` on
+    isometry), ``dfi_free`` and ``dfi_free_hidden`` (the same two sums of the scale-free DfI,
+    ``deviation_from_isometry(W, free_scale=True)``: the spread of each layer's squared singular values about their own
+    mean, which ``isometry_free_scale`` penalises and which ``dfi`` mixes with the weights' level), ``grad_norm``
+    (:func:`output_gradient_norm` on
     the probe batch) and, on the first ``ntk_size`` distinct probe samples (:func:`unique_probe_rows`: a repeated
     sample would make the kernel singular; fewer when the outputs would exceed ``ntk_max_rows`` rows), ``ntk_cond``,
     ``ntk_log10_cond`` (its base-10 logarithm, at most ``log10(COND_CAP) = 14``), ``ntk_erank``, ``ntk_trace`` and
@@ -856,7 +861,7 @@ def _network_diagnostics(
                 "those added later, have no dist_from_init and the network's dist_from_init leaves them out (this "
                 "warning is not repeated for this network)",
             )
-    total_dfi = hidden_dfi = 0.0
+    total_dfi = hidden_dfi = total_free = hidden_free = 0.0
     for layer, is_head in weight_layers_with_branches(spec):
         name = spec.layer_names.get(id(layer), "?")
         w = layer.weight
@@ -865,9 +870,12 @@ def _network_diagnostics(
         if init_w is not None and init_w.shape == w.shape:
             out[f"{name}/dist_from_init"] = distance_from_init(w, init_w)
         layer_dfi = dfi(w, dfi_scale)
+        layer_free = deviation_from_isometry(w, free_scale=True)
         total_dfi += layer_dfi
+        total_free += layer_free
         if not is_head:
             hidden_dfi += layer_dfi
+            hidden_free += layer_free
         out[f"{name}/dfi"] = layer_dfi
         if _is_finite(w.detach()):
             for key, value in weight_spectrum(w).items():
@@ -889,8 +897,11 @@ def _network_diagnostics(
             if init_w is not None and init_w.shape == w.shape:
                 out[f"{name}/dist_from_init"] = distance_from_init(w, init_w)
             layer_dfi = deviation_from_isometry(w, dfi_scale, blocks)
+            layer_free = deviation_from_isometry(w, blocks=blocks, free_scale=True)
             total_dfi += layer_dfi
             hidden_dfi += layer_dfi
+            total_free += layer_free
+            hidden_free += layer_free
             out[f"{name}/dfi"] = layer_dfi
     norm, dist = network_norms(params, initial)
     out["weight_norm"] = norm
@@ -898,6 +909,8 @@ def _network_diagnostics(
         out["dist_from_init"] = dist
     out["dfi"] = total_dfi
     out["dfi_hidden"] = hidden_dfi
+    out["dfi_free"] = total_free
+    out["dfi_free_hidden"] = hidden_free
     fn, params = network_output_function(model, spec, observations, actions)
     with th.no_grad():
         n_outputs = fn(params).shape[1]

@@ -185,13 +185,18 @@ def isometry_penalty_grad(
     return grad.reshape(weight.shape)
 
 
-def deviation_from_isometry(weight: th.Tensor, scale: float = 1.0, blocks: int = 1) -> float:
+def deviation_from_isometry(weight: th.Tensor, scale: float = 1.0, blocks: int = 1, free_scale: bool = False) -> float:
     """DfI of one weight: ``||Gram(W) - s I||_F^2`` on the smaller Gram matrix, no 1/2 (``2 R(W)`` with the options
     off; the definition is unchanged by issue #27, see the module docstring), as a Python float (summed over
-    ``blocks``)."""
+    ``blocks``).
+
+    With ``free_scale`` the target is the Gram matrix's own mean diagonal (``scale`` is not used): the scale-free DfI
+    ``sum_i (sigma_i^2 - mean_j sigma_j^2)^2``, twice the penalty of ``isometry_free_scale``. It is 0 for every
+    ``c Q`` (``Q`` orthonormal), so it reads the spread of the singular values apart from their level."""
     _check_scale(scale)
     with th.no_grad():
-        return float(gram_residual(weight.detach().float(), scale, blocks).square().sum())
+        residual = gram_residual(weight.detach().float(), scale, blocks, free_scale=free_scale)
+        return float(residual.square().sum())
 
 
 def weight_layers(module: nn.Module) -> Iterable[tuple[str, nn.Module]]:

@@ -92,6 +92,8 @@ METRIC_LABELS = {
     "dist_from_init": "distance from the initial weights",
     "dfi": "deviation from isometry ‖WᵀW − sI‖² (WWᵀ if wide; s: isometry_scale)",
     "dfi_hidden": "deviation from isometry of the hidden layers (heads excluded)",
+    "dfi_free": "scale-free deviation from isometry Σ(σᵢ² − mean σ²)²",
+    "dfi_free_hidden": "scale-free deviation from isometry of the hidden layers",
     "sigma_max": "largest singular value of the weight",
     "sigma_min": "smallest singular value of the weight",
     "cond": "condition number of the weight (σmax / σmin)",

@@ -295,6 +295,57 @@ def test_hidden_layer_dfi_leaves_out_the_heads():
         _svd_dfi(m.weight) for m in spec.weight_layers() if id(m) in heads), rel=1e-5)
 
 
+def _svd_dfi_free(w: th.Tensor, blocks: int = 1) -> float:
+    """Independent reference of the scale-free DfI: ``sum (sigma_i^2 - mean sigma^2)^2`` over each row block's
+    ``min(out, in)`` singular values."""
+    total = 0.0
+    for block in w.detach().double().flatten(1).chunk(blocks, dim=0):
+        sq = th.linalg.svdvals(block).square()
+        total += float((sq - sq.mean()).square().sum())
+    return total
+
+
+@pytest.mark.parametrize("shape,blocks", [((7, 3), 1), ((3, 7), 1), ((5, 5), 1), ((12, 5), 4), ((4, 2, 3, 3), 1)])
+def test_scale_free_dfi_matches_the_svd(shape, blocks):
+    """``deviation_from_isometry(free_scale=True)`` is the spread of the squared singular values about their mean
+    (per block), whatever ``scale``; 0 for ``c Q``; the fixed-scale DfI of ``c Q`` is not."""
+    from sb3_plastic.isometry import deviation_from_isometry
+
+    w = th.randn(*shape, generator=th.Generator().manual_seed(3))
+    ref = _svd_dfi_free(w, blocks)
+    assert ref > 1e-3
+    assert deviation_from_isometry(w, blocks=blocks, free_scale=True) == pytest.approx(ref, rel=1e-4)
+    assert deviation_from_isometry(w, 5.0, blocks, free_scale=True) == pytest.approx(ref, rel=1e-4)
+    q = th.empty(6, 4)
+    th.nn.init.orthogonal_(q, gain=3.0, generator=th.Generator().manual_seed(0))
+    assert deviation_from_isometry(q, free_scale=True) < 1e-8
+    assert deviation_from_isometry(q) == pytest.approx(4 * (9 - 1) ** 2, rel=1e-4)
+
+
+def test_network_scale_free_dfi_sums_layers_and_ignores_a_uniform_level():
+    """``dfi_free`` / ``dfi_free_hidden`` are the sums of the per-layer SVD reference (all layers / no heads); a layer
+    set to ``c Q`` adds nothing to them however large ``c``, where it moves ``dfi``."""
+    from stable_baselines3 import PPO
+
+    model = PPO("MlpPolicy", "CartPole-v1", policy_kwargs=dict(net_arch=[8, 6]), seed=0)
+    spec = find_networks(model)[0]
+    heads = {id(h) for h in spec.heads()}
+    obs = th.randn(10, 4, generator=th.Generator().manual_seed(0))
+    out = network_diagnostics(model, spec, obs, ntk_size=0)
+    hidden = sum(_svd_dfi_free(m.weight) for m in spec.weight_layers() if id(m) not in heads)
+    every = sum(_svd_dfi_free(m.weight) for m in spec.weight_layers())
+    assert 0 < hidden < every
+    assert out["dfi_free_hidden"] == pytest.approx(hidden, rel=1e-4)
+    assert out["dfi_free"] == pytest.approx(every, rel=1e-4)
+    layer = model.policy.mlp_extractor.policy_net[0]
+    before = _svd_dfi_free(layer.weight)
+    with th.no_grad():
+        th.nn.init.orthogonal_(layer.weight, gain=7.0, generator=th.Generator().manual_seed(1))
+    after = network_diagnostics(model, spec, obs, ntk_size=0)
+    assert after["dfi_free_hidden"] == pytest.approx(hidden - before, rel=1e-4, abs=1e-4)
+    assert after["dfi_hidden"] > out["dfi_hidden"] + 100
+
+
 # ---------------------------------------------------------------------------------------------------
 # Gradients and NTK
 # ---------------------------------------------------------------------------------------------------

@@ -25,7 +25,8 @@ WEIGHT_METRICS = ("weight_norm", "dist_from_init", "dfi", "sigma_max", "sigma_mi
 FEATURE_METRICS = ("dormant_fraction", "zero_fraction", "srank", "effective_rank", "feature_norm",
                    "feature_variance")
 NETWORK_METRICS = (
-    "dormant_fraction", "zero_fraction", "weight_norm", "dist_from_init", "dfi", "dfi_hidden", "grad_norm",
+    "dormant_fraction", "zero_fraction", "weight_norm", "dist_from_init", "dfi", "dfi_hidden", "dfi_free", "dfi_free_hidden",
+    "grad_norm",
     "ntk_cond", "ntk_log10_cond", "ntk_erank", "ntk_trace", "ntk_size",
 )
 

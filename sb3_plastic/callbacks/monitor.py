@@ -58,7 +58,10 @@ class PlasticityMonitor(PlasticCallback):
       1 for a model without one);
     * ``plasticity/<net>/<metric>`` per network: ``dormant_fraction``, ``zero_fraction``, ``weight_norm``,
       ``dist_from_init``, ``dfi`` (every weight layer, heads included), ``dfi_hidden`` (the same sum without the
-      output heads: the layers AdamO regularises by default), ``grad_norm`` and the empirical NTK's ``ntk_cond``,
+      output heads: the layers AdamO regularises by default), ``dfi_free`` / ``dfi_free_hidden`` (the same sums of the
+      scale-free DfI, each layer's target its own mean squared singular value: what ``isometry_free_scale``
+      penalises, and the one to read for such a model, whose ``dfi`` still measures against ``isometry_scale``),
+      ``grad_norm`` and the empirical NTK's ``ntk_cond``,
       ``ntk_log10_cond``
       (``log10`` of ``ntk_cond``: plot this one, the condition number spans many decades; 14 is the cap
       :data:`~sb3_plastic.diagnostics.COND_CAP`, "numerically singular"), ``ntk_erank``, ``ntk_trace``, ``ntk_size``
