@@ -225,7 +225,8 @@ def _plain_cnn_kwargs(setting: Setting) -> dict[str, Any]:
         return {}
     from sb3_plastic.networks import PlasticCNN
 
-    return dict(features_extractor_class=PlasticCNN, features_extractor_kwargs=dict(activation="relu", arch="auto"))
+    extractor = dict(activation="relu", arch="auto", **setting.policy_kwargs.get("features_extractor_kwargs", {}))
+    return dict(features_extractor_class=PlasticCNN, features_extractor_kwargs=extractor)
 
 
 def scaled_reward(reward: float, scale: float) -> float:
@@ -413,8 +414,9 @@ def build_model(method: str, setting: Setting, params: MethodParams, seed: int, 
         from torch import nn
 
         activation_fn = nn.Tanh
+    plain_shared = {k: v for k, v in shared.items() if k != "features_extractor_kwargs" or setting.policy != "CnnPolicy"}
     policy_kwargs: dict[str, Any] = dict(net_arch=net_arch, activation_fn=activation_fn,
-                                         **_plain_cnn_kwargs(setting), **shared)
+                                         **_plain_cnn_kwargs(setting), **plain_shared)
     optimizer_kwargs = {**(dict(eps=1e-5) if setting.algo == "ppo" else {}), **shared_optimizer}  # SB3's defaults
     if shared_optimizer:
         policy_kwargs["optimizer_kwargs"] = optimizer_kwargs

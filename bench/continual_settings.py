@@ -402,6 +402,19 @@ SETTINGS["slippery_ant_dohare_bootstrap"] = replace(
                 "minibatch 128), the time-limit cut bootstrapped (SB3's), his advantage normalisation",
 )
 
+#: The width probe of the thirty-eighth session: ``minatar_intensive`` with the CNN's linear layer at 32 or 512 features
+#: (the setting's 128), for single-task runs (``--tasks 1``) of plain PPO and ReLU + AdamO with the penalty on that
+#: layer alone. The thirty-seventh session found the penalty's cost in learning speed on the 128 x 1024 layer and
+#: guessed "the layer furthest from square"; 32 x 1024 is further from square and has fewer rows to hold orthogonal,
+#: 512 x 1024 is nearer square and has more: the two guesses predict opposite orderings (bench/README.md).
+for _width in (32, 512):
+    SETTINGS[f"minatar_intensive_width{_width}"] = replace(
+        SETTINGS["minatar_intensive"],
+        policy_kwargs=dict(features_extractor_kwargs=dict(features_dim=_width)),
+        description=f"PermutedMinAtar-SpaceInvaders (channels permuted every 250k steps), PPO lr 1e-3 x 10 epochs, the "
+                    f"CNN's linear layer {_width} wide (the setting's: 128)",
+    )
+
 #: Setting fields added by issue #29 (the cchain settings) and after; summary.json leaves them out where they are at
 #: their defaults, so the tables of the settings before them rebuild byte for byte
 LATE_FIELDS = ("activation", "policy_kwargs", "reward_scale", "rollout_reset", "floor_below", "random_steps_per_task",

@@ -907,3 +907,29 @@ def test_the_trend_interval_holds_the_true_slope_near_95_percent_of_the_time(con
         out = continual_report_trend(continual, *_trend_data(rng, seeds=5, slope=-50.0, seed_slope_sd=60.0))
         held += out["low"] <= -50 <= out["high"]
     assert 0.9 <= held / 200 <= 0.99
+
+
+@pytest.mark.parametrize("width", [32, 512])
+def test_width_probe_settings_change_only_the_linear_layer(continual, width):
+    """``minatar_intensive_width<w>`` (thirty-eighth session's probe) gives plain PPO and ReLU + AdamO the CNN's linear
+    layer at ``w`` features and nothing else: the same conv layer and PPO keywords; ``plastic_relu_linear`` there
+    penalises that layer alone. The setting's own network keeps its 128 features."""
+    base = continual.SETTINGS["minatar_intensive"]
+    setting = continual.SETTINGS[f"minatar_intensive_width{width}"]
+    assert setting.ppo == base.ppo and setting.change_every == base.change_every and setting.tasks == base.tasks
+    params = continual.MethodParams()
+    plain, _ = continual.build_model("ppo", setting, params, 0, "cpu", None)
+    default, _ = continual.build_model("ppo", base, params, 0, "cpu", None)
+    linear, _ = continual.build_model("plastic_relu_linear", setting, params, 0, "cpu", None)
+    for model, features in ((plain, width), (default, 128), (linear, width)):
+        extractor = model.policy.features_extractor
+        assert extractor.linear[0].weight.shape == (features, 1024)
+        assert extractor.cnn[0].weight.shape == default.policy.features_extractor.cnn[0].weight.shape
+        assert model.policy.action_net.weight.shape[1] == features
+    assert type(plain.policy.features_extractor) is type(default.policy.features_extractor)
+    assert plain.policy.features_extractor_kwargs == dict(default.policy.features_extractor_kwargs, features_dim=width)
+    penalised = {id(p) for p in linear.policy.regularised_parameters()}
+    assert penalised == {id(linear.policy.features_extractor.linear[0].weight)}
+    for model in (plain, default, linear):
+        model.env.close()
+
