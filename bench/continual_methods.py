@@ -414,9 +414,9 @@ def build_model(method: str, setting: Setting, params: MethodParams, seed: int, 
         from torch import nn
 
         activation_fn = nn.Tanh
-    plain_shared = {k: v for k, v in shared.items() if k != "features_extractor_kwargs" or setting.policy != "CnnPolicy"}
+    # the CNN keywords last: they already hold the setting's own extractor keywords (:func:`_plain_cnn_kwargs`)
     policy_kwargs: dict[str, Any] = dict(net_arch=net_arch, activation_fn=activation_fn,
-                                         **_plain_cnn_kwargs(setting), **plain_shared)
+                                         **{**shared, **_plain_cnn_kwargs(setting)})
     optimizer_kwargs = {**(dict(eps=1e-5) if setting.algo == "ppo" else {}), **shared_optimizer}  # SB3's defaults
     if shared_optimizer:
         policy_kwargs["optimizer_kwargs"] = optimizer_kwargs
