@@ -53,7 +53,9 @@ issue #15; on a DQN / SAC setting the ``ppo`` prefix reads ``dqn`` / ``sac``: ``
 ``plastic_relu_free`` ``plastic_relu`` with ``isometry_free_scale=True``: the penalty holds the weights' shape, not
                     their scale; ``plastic_relu_conv`` / ``plastic_relu_linear``: the penalty on the CNN's conv /
                     linear layer alone (the PlasticCNN's names); ``plastic_maxmin_conv``: MaxMin + AdamO, the conv
-                    layer alone
+                    layer alone; ``plastic_relu_floor`` / ``plastic_relu_ceiling`` (``_linear_floor`` /
+                    ``_linear_ceiling``: on the linear layer alone): ``isometry_side``, only the squared singular
+                    values below / above the target penalised
 ``ppo_head_reset``  :class:`~sb3_plastic.callbacks.LayerReset` of both output heads at every task change (Nikishin
                     et al., 2022; issue #29's control); ``ppo_policy_head_reset`` / ``ppo_value_head_reset`` one head
                     (DQN: the Q head)

@@ -23,7 +23,10 @@ BASELINE_METHODS = ("ppo_l2_init", "ppo_spectral", "ppo_nap")
 #: (``isometry_free_scale``; ``s = 2`` only for DfI's reading, 0 at SB3's init), ``plastic_relu_conv`` /
 #: ``plastic_relu_linear`` penalise only the CNN's conv layer / its linear layer (the names of the library's
 #: PlasticCNN; on another network the pattern matches nothing and the plastic algorithm refuses it);
-#: ``plastic_maxmin_conv`` is MaxMin + AdamO with the conv layer's penalty alone.
+#: ``plastic_maxmin_conv`` is MaxMin + AdamO with the conv layer's penalty alone. Thirty-ninth session: the penalty on
+#: one side of its target (``isometry_side``), on the linear layer alone (``plastic_relu_linear_floor`` /
+#: ``_ceiling``) and on every hidden layer (``plastic_relu_floor`` / ``_ceiling``): which half of the hold costs the
+#: speed.
 ISOMETRY_VARIANTS: dict[str, dict[str, Any]] = {
     "plastic_relu_rect": dict(isometry_rect_scale=True),
     "plastic_relu_s2": dict(isometry_scale=2.0),
@@ -33,6 +36,10 @@ ISOMETRY_VARIANTS: dict[str, dict[str, Any]] = {
     "plastic_relu_conv": dict(isometry_layers=["features_extractor.cnn.*"]),
     "plastic_relu_linear": dict(isometry_layers=["features_extractor.linear.*"]),
     "plastic_maxmin_conv": dict(isometry_layers=["features_extractor.cnn.*"]),
+    "plastic_relu_linear_floor": dict(isometry_layers=["features_extractor.linear.*"], isometry_side="floor"),
+    "plastic_relu_linear_ceiling": dict(isometry_layers=["features_extractor.linear.*"], isometry_side="ceiling"),
+    "plastic_relu_floor": dict(isometry_side="floor"),
+    "plastic_relu_ceiling": dict(isometry_side="ceiling"),
 }
 METHODS = METHODS + BASELINE_METHODS + tuple(ISOMETRY_VARIANTS)
 DEFAULT_METHODS = tuple(

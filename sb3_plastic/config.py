@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Optional, Union
 
 from sb3_plastic.activations import ACTIVATIONS
+from sb3_plastic.isometry import check_side
 from sb3_plastic.optim import coupled_interval_message
 
 ISOMETRY_MODES = ("decoupled", "coupled", "off")
@@ -117,6 +118,12 @@ class IsometryConfig:
         the hold on the weights' scale or on their shape (bench/README.md). ``isometry_scale`` keeps its other roles
         (the orthogonal init's gain, the monitor's ``dfi`` target: read its ``dfi_free`` keys for such a model);
         ``isometry_rect_scale`` has no effect with it, so the two together are refused.
+    :param isometry_side: ``"both"`` (the penalty; the default) or this library's one-sided ablation (not in the
+        authors' code): ``"floor"`` penalises only the squared singular values below the target (every direction of
+        the layer kept alive, any of them free to grow), ``"ceiling"`` only those above it (the singular values capped,
+        free to shrink); the two add up to the penalty. It tells which half of the penalty's hold costs an agent its
+        learning speed (bench/README.md). Each weight's step then takes an ``eigh`` of its Gram matrix
+        (:mod:`sb3_plastic.isometry`). Refused with ``isometry_free_scale`` (a moving target).
     :param isometry_mode: ``"decoupled"`` (AdamO: the penalty step bypasses Adam's moments),
         ``"coupled"`` (the ablation: plain Adam on ``loss + lambda R``; the penalty gradient joins the task
         gradient inside ``backward()``, so SB3's ``max_grad_norm`` clips them together, as SB3 would clip the
@@ -162,6 +169,7 @@ class IsometryConfig:
     isometry_rect_scale: bool = False
     isometry_normalize: bool = False
     isometry_free_scale: bool = False
+    isometry_side: str = "both"
     isometry_mode: str = "decoupled"
     isometry_layers: Union[str, list[str]] = "hidden"
     isometry_interval: Union[int, str] = 1
@@ -193,6 +201,7 @@ class IsometryConfig:
                 "isometry_free_scale=True takes each weight's own mean squared singular value as the target, so "
                 "isometry_rect_scale=True would have no effect; set one of them, not both"
             )
+        check_side(self.isometry_side, self.isometry_free_scale)
         if self.isometry_mode not in ISOMETRY_MODES:
             raise ValueError(f"Unknown isometry_mode {self.isometry_mode!r}; allowed: {list(ISOMETRY_MODES)}")
         if self.optimizer not in OPTIMIZERS:

@@ -42,6 +42,21 @@ One option of this library's own (an ablation, off by default; not in the author
   penalty costs an agent is the hold on the weights' scale or on their shape (bench/README.md). ``scale`` and
   ``rect_scale`` do not enter ``R`` with it (``scale`` still sets DfI's and the initialisation's scale).
 
+And one more ablation of this library's own (off by default; not in the authors' code):
+
+* ``side="floor"`` or ``"ceiling"`` (``isometry_side``; ``"both"``, the penalty itself, by default): only the squared
+  singular values below the target (``floor``) or above it (``ceiling``) are penalised. With the Gram matrix's
+  eigendecomposition ``Gram - t I = V diag(e) V^T`` (``e_i = sigma_i^2 - t``), the one-sided residual is
+  ``V diag(min(e, 0)) V^T`` (floor) or ``V diag(max(e, 0)) V^T`` (ceiling), ``R = 1/2 sum_i min(e_i, 0)^2`` or
+  ``1/2 sum_i max(e_i, 0)^2``, and the two sides add up to the penalty (``R_floor + R_ceiling = R``). The gradient
+  keeps its form, ``2 W`` times the one-sided residual (``R`` is a spectral function of the Gram matrix, whose
+  gradient is ``V diag(f'(lambda)) V^T``; equal eigenvalues give the same residual whichever eigenvectors ``eigh``
+  returns, as ``f`` takes one value on them). A floor keeps every direction of the layer alive (no singular value
+  below ``sqrt(t)``) and lets any of them grow; a ceiling caps them and lets them shrink. It tells which half of the
+  penalty's hold costs an agent its learning speed (bench/README.md). The eigendecomposition costs a ``d x d``
+  ``eigh`` per weight and step (``d = min(out, in)``). ``free_scale`` is refused with it: its target moves with the
+  weights, and a one-sided penalty's derivative through that target is not zero.
+
 **What "isometric" means for a tall layer** (the one place this library says it). A tall Linear weight
 ``(out, in)`` with ``out > in`` can at best be an isometry of its input space onto an ``in``-dimensional subspace of
 the output: orthonormal columns, all ``in`` singular values ``sqrt(s)`` (``W^T W = s I``). That is the penalty's
@@ -90,6 +105,9 @@ from torch import nn
 #: without it is version 1.
 ISOMETRY_FORMAT = 2
 
+#: The values of ``isometry_side``: the whole penalty, or only the squared singular values below / above the target.
+ISOMETRY_SIDES = ("both", "floor", "ceiling")
+
 #: Layer types whose ``weight`` the isometry machinery understands.
 WEIGHT_LAYERS: tuple[type[nn.Module], ...] = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
@@ -97,6 +115,34 @@ WEIGHT_LAYERS: tuple[type[nn.Module], ...] = (nn.Linear, nn.Conv1d, nn.Conv2d, n
 def _check_scale(scale: float) -> None:
     if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
         raise ValueError(f"isometry_scale must be a finite number > 0, got {scale!r}")
+
+
+def check_side(side: str, free_scale: bool = False) -> None:
+    """Raise ``ValueError`` unless ``side`` is one of :data:`ISOMETRY_SIDES`, and for a one-sided penalty with
+    ``free_scale`` (module docstring)."""
+    if not isinstance(side, str) or side not in ISOMETRY_SIDES:
+        raise ValueError(f"isometry_side must be one of {list(ISOMETRY_SIDES)}, got {side!r}")
+    if side != "both" and free_scale:
+        raise ValueError(
+            f"isometry_side={side!r} takes a fixed target; isometry_free_scale=True moves the target with the weights "
+            "(a one-sided penalty's gradient would then need its derivative through the target): set one of them"
+        )
+
+
+def one_sided(residual: th.Tensor, side: str) -> th.Tensor:
+    """The one-sided part of a symmetric Gram residual ``Gram - t I`` (or a stack ``(k, d, d)`` of them):
+    ``V diag(min(e, 0)) V^T`` for ``side="floor"``, ``V diag(max(e, 0)) V^T`` for ``"ceiling"`` (``e``, ``V`` from
+    ``eigh``), the residual itself for ``"both"``. Computed without autograd (the caller differentiates, see
+    :func:`isometry_penalty`), in float64 for a float32 residual and cast back."""
+    if side == "both":
+        return residual
+    with th.no_grad():
+        work = residual.detach()
+        work = work.double() if work.dtype == th.float32 else work
+        work = 0.5 * (work + work.mT)  # symmetric up to rounding already; eigh reads one triangle
+        eigenvalues, vectors = th.linalg.eigh(work)
+        clipped = eigenvalues.clamp(max=0.0) if side == "floor" else eigenvalues.clamp(min=0.0)
+        return ((vectors * clipped.unsqueeze(-2)) @ vectors.mT).to(residual.dtype)
 
 
 def as_matrix(weight: th.Tensor) -> th.Tensor:
@@ -150,7 +196,7 @@ def gram_residual(
 
 def isometry_penalty(
     weight: th.Tensor, scale: float = 1.0, blocks: int = 1, rect_scale: bool = False, normalize: bool = False,
-    free_scale: bool = False,
+    free_scale: bool = False, side: str = "both",
 ) -> th.Tensor:
     """The isometry penalty ``R(W) = 1/2 ||Gram(W) - t I||_F^2`` (a scalar tensor, differentiable) on the smaller Gram
     matrix, in the authors' convention (module docstring).
@@ -162,24 +208,34 @@ def isometry_penalty(
     :param normalize: divide by the Gram matrix's size ``min(out, in)`` (per block).
     :param free_scale: the target is the Gram matrix's mean diagonal (module docstring): ``R`` penalises the spread
         of the squared singular values, not their level.
+    :param side: ``"both"`` (the penalty), ``"floor"`` or ``"ceiling"``: only the squared singular values below /
+        above the target (module docstring).
     """
     _check_scale(scale)
+    check_side(side, free_scale)
     residual = gram_residual(weight, scale, blocks, rect_scale, free_scale)
-    penalty = 0.5 * residual.square().sum()
+    if side == "both":
+        penalty = 0.5 * residual.square().sum()
+    else:
+        # C = the one-sided residual (no autograd): <residual, C> = sum_i e_i f(e_i) = ||C||^2, so this has the value
+        # 1/2 ||C||^2 and the gradient of <residual, C> with C held, 2 W C: the exact gradient (module docstring)
+        part = one_sided(residual, side)
+        penalty = (residual * part).sum() - 0.5 * part.square().sum()
     return penalty / residual.shape[-1] if normalize else penalty
 
 
 def isometry_penalty_grad(
     weight: th.Tensor, scale: float = 1.0, blocks: int = 1, rect_scale: bool = False, normalize: bool = False,
-    free_scale: bool = False,
+    free_scale: bool = False, side: str = "both",
 ) -> th.Tensor:
     """Analytic gradient of :func:`isometry_penalty` with respect to ``weight`` (same shape as ``weight``):
     ``2 W (W^T W - t I)`` for a tall or square matrix, ``2 (W W^T - t I) W`` for a wide one (``/ min(out, in)`` with
     ``normalize``; with ``free_scale`` ``t`` is the Gram matrix's mean diagonal, and this is still the exact
-    gradient)."""
+    gradient; with ``side`` ``"floor"`` / ``"ceiling"`` the residual is its one-sided part, :func:`one_sided`)."""
     _check_scale(scale)
+    check_side(side, free_scale)
     w = as_matrix(weight) if blocks == 1 else as_blocks(weight, blocks)
-    residual = gram_residual(weight, scale, blocks, rect_scale, free_scale)
+    residual = one_sided(gram_residual(weight, scale, blocks, rect_scale, free_scale), side)
     factor = 2.0 / residual.shape[-1] if normalize else 2.0
     grad = factor * (w @ residual) if w.shape[-2] >= w.shape[-1] else factor * (residual @ w)
     return grad.reshape(weight.shape)

@@ -45,7 +45,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from sb3_plastic.adam_restart import AdamRestartMixin, mark_restarted_, supports_restart
 from sb3_plastic.common.hooks import add_to_grad_hook
-from sb3_plastic.isometry import as_blocks, as_matrix, isometry_penalty_grad, isometry_target
+from sb3_plastic.isometry import as_blocks, as_matrix, check_side, isometry_penalty_grad, isometry_target, one_sided
 
 ISOMETRY_MODES = ("decoupled", "coupled")
 
@@ -74,6 +74,7 @@ def _check_group(group: dict[str, Any]) -> None:
             "isometry_free_scale=True takes each weight's own mean squared singular value as the target, so "
             "isometry_rect_scale=True would have no effect; set one of them, not both"
         )
+    check_side(group.get("isometry_side", "both"), group.get("isometry_free_scale", False))
     scale = group["isometry_scale"]
     if isinstance(scale, bool) or not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
         raise ValueError(f"isometry_scale must be a finite number > 0, got {scale!r}")
@@ -196,8 +197,8 @@ class IsometryStepMixin:
     Mixed in front of a ``torch.optim.Optimizer`` subclass (:class:`AdamO` is it on ``torch.optim.Adam``;
     :func:`with_isometry_step` builds it for any other optimizer class). Every param group carries
     ``isometry_coef``, ``isometry_scale``, ``isometry_mode`` (``"decoupled"`` / ``"coupled"``),
-    ``isometry_interval``, ``isometry_rect_scale``, ``isometry_normalize``, ``isometry_free_scale`` and optionally
-    ``isometry_blocks``; the
+    ``isometry_interval``, ``isometry_rect_scale``, ``isometry_normalize``, ``isometry_free_scale``,
+    ``isometry_side`` and optionally ``isometry_blocks``; the
     update rule, the blow-up clamp and the state entries (``isometry_count``, ``isometry_step``) are the ones
     described in :class:`AdamO`, with the base optimizer's update in place of Adam's.
 
@@ -224,6 +225,7 @@ class IsometryStepMixin:
         isometry_rect_scale: bool = False,
         isometry_normalize: bool = False,
         isometry_free_scale: bool = False,
+        isometry_side: str = "both",
     ) -> None:
         """Give every param group the isometry settings it does not set itself, and validate them."""
         settings = dict(
@@ -234,6 +236,7 @@ class IsometryStepMixin:
             isometry_rect_scale=isometry_rect_scale,
             isometry_normalize=isometry_normalize,
             isometry_free_scale=isometry_free_scale,
+            isometry_side=isometry_side,
         )
         for group in self.param_groups:
             for key, value in settings.items():
@@ -288,6 +291,7 @@ class IsometryStepMixin:
             rect_scale=group.get("isometry_rect_scale", False),
             normalize=group.get("isometry_normalize", False),
             free_scale=group.get("isometry_free_scale", False),
+            side=group.get("isometry_side", "both"),
         )
         return group["isometry_coef"] * grad
 
@@ -443,6 +447,7 @@ class IsometryStepMixin:
         target = _step_target(gram, rows, cols, group)
         bound = gram.abs().sum(dim=1).max().clamp_min(target)
         gram.diagonal().sub_(target)
+        gram = one_sided(gram, group.get("isometry_side", "both"))
         factor = _gradient_factor(group, min(rows, cols))
         limit = float(group["lr"]) * group["isometry_coef"] * group["isometry_interval"]
         step = th.clamp(MAX_ISOMETRY_STEP / (factor * bound), max=limit)
@@ -465,6 +470,7 @@ class IsometryStepMixin:
         else:
             bound = gram.abs().sum(dim=-1).amax(dim=-1).clamp_min(target)
             gram.diagonal(dim1=-2, dim2=-1).sub_(target)
+        gram = one_sided(gram, group.get("isometry_side", "both"))
         factor = _gradient_factor(group, min(rows, cols))
         limit = float(group["lr"]) * group["isometry_coef"] * group["isometry_interval"]
         step = th.clamp(MAX_ISOMETRY_STEP / (factor * bound), max=limit)
@@ -504,6 +510,9 @@ class AdamO(IsometryStepMixin, AdamRestartMixin, th.optim.Adam):
     :param isometry_free_scale: the target ``t`` is each weight's own mean squared singular value at the step
         (``||W||_F^2 / min(out, in)``): the step evens out the singular values without pulling their level to ``s``
         (this library's ablation, off; :mod:`sb3_plastic.isometry`).
+    :param isometry_side: ``"both"`` (the penalty) or this library's one-sided ablation: ``"floor"`` penalises only
+        the squared singular values below the target, ``"ceiling"`` only those above it (an ``eigh`` of each Gram
+        matrix per step; :mod:`sb3_plastic.isometry`). Refused with ``isometry_free_scale``.
     :param isometry_mode: ``"decoupled"`` (AdamO proper) or ``"coupled"``: plain Adam on ``loss + lambda R``
         (the ablation): ``lambda * grad R`` joins ``p.grad`` inside ``backward()``, so gradient clipping before
         ``step()`` clips the sum (see :class:`IsometryStepMixin`), at every step.
@@ -547,6 +556,7 @@ class AdamO(IsometryStepMixin, AdamRestartMixin, th.optim.Adam):
         isometry_rect_scale: bool = False,
         isometry_normalize: bool = False,
         isometry_free_scale: bool = False,
+        isometry_side: str = "both",
         amsgrad: bool = False,
         **kwargs: Any,
     ) -> None:
@@ -565,7 +575,7 @@ class AdamO(IsometryStepMixin, AdamRestartMixin, th.optim.Adam):
         )
         self._init_isometry(
             isometry_coef, isometry_scale, isometry_mode, isometry_interval, isometry_rect_scale, isometry_normalize,
-            isometry_free_scale,
+            isometry_free_scale, isometry_side,
         )
 
 
@@ -580,7 +590,8 @@ def with_isometry_step(optimizer_class: type[th.optim.Optimizer]) -> type[th.opt
     state (moments, square averages, momentum buffers), with AdamO's clamp; ``"coupled"`` adds
     ``lambda * grad R(W)`` to the gradient the optimizer sees. The returned class takes the optimizer's own
     arguments plus ``isometry_coef`` (default 0.2, as :class:`AdamO`), ``isometry_scale``, ``isometry_mode``,
-    ``isometry_interval``, ``isometry_rect_scale``, ``isometry_normalize`` and ``isometry_free_scale``; param
+    ``isometry_interval``, ``isometry_rect_scale``, ``isometry_normalize``, ``isometry_free_scale`` and
+    ``isometry_side``; param
     groups may set them (and ``isometry_blocks``) as in :class:`AdamO`. A class that already has the step
     (:class:`AdamO`, a class returned here) is returned unchanged; the same class is returned for the same
     ``optimizer_class``.
@@ -609,12 +620,13 @@ def with_isometry_step(optimizer_class: type[th.optim.Optimizer]) -> type[th.opt
         isometry_rect_scale: bool = False,
         isometry_normalize: bool = False,
         isometry_free_scale: bool = False,
+        isometry_side: str = "both",
         **kwargs: Any,
     ) -> None:
         optimizer_class.__init__(self, params, *args, **kwargs)
         self._init_isometry(
             isometry_coef, isometry_scale, isometry_mode, isometry_interval, isometry_rect_scale, isometry_normalize,
-            isometry_free_scale,
+            isometry_free_scale, isometry_side,
         )
 
     name = f"{optimizer_class.__name__}WithIsometry"

@@ -77,6 +77,7 @@ class PlasticPolicyMixin:
         isometry_rect_scale: bool = False,
         isometry_normalize: bool = False,
         isometry_free_scale: bool = False,
+        isometry_side: str = "both",
         isometry_mode: str = "decoupled",
         isometry_layers: Union[str, list[str]] = "hidden",
         isometry_interval: int = 1,
@@ -96,6 +97,7 @@ class PlasticPolicyMixin:
             isometry_rect_scale=isometry_rect_scale,
             isometry_normalize=isometry_normalize,
             isometry_free_scale=isometry_free_scale,
+            isometry_side=isometry_side,
             isometry_mode=isometry_mode,
             isometry_layers=isometry_layers,
             isometry_interval=isometry_interval,
@@ -175,6 +177,7 @@ class PlasticPolicyMixin:
             isometry_rect_scale=config.isometry_rect_scale,
             isometry_normalize=config.isometry_normalize,
             isometry_free_scale=config.isometry_free_scale,
+            isometry_side=config.isometry_side,
         )
         if config.optimizer == "trac":  # TRAC (Muppidi et al., 2024) around the base optimizer, as its reference
             from sb3_plastic.trac import trac_class

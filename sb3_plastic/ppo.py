@@ -21,8 +21,8 @@ class PlasticPPO(PlasticAlgorithmMixin, PPO):
     Same constructor as ``stable_baselines3.PPO`` plus the plastic keywords of
     :class:`~sb3_plastic.common.plastic_algorithm.PlasticAlgorithmMixin` /
     :class:`~sb3_plastic.config.IsometryConfig` (``activation``, ``isometry_coef``, ``isometry_scale``,
-    ``isometry_rect_scale``, ``isometry_normalize``, ``isometry_free_scale``, ``isometry_mode``, ``isometry_layers``,
-    ``isometry_interval``, ``optimizer``, ``orthogonal_init``).
+    ``isometry_rect_scale``, ``isometry_normalize``, ``isometry_free_scale``, ``isometry_side``, ``isometry_mode``,
+    ``isometry_layers``, ``isometry_interval``, ``optimizer``, ``orthogonal_init``).
     Defaults: SB3's activations (Tanh MLP, ReLU NatureCNN for ``"CnnPolicy"``, see ``activation`` in
     :class:`~sb3_plastic.config.IsometryConfig`), AdamO with ``isometry_coef=0.02`` on hidden layers and its exact
     isometry step at every update (``isometry_interval=1``; Rosseau, Müller & Nowé, 2026).

@@ -933,3 +933,28 @@ def test_width_probe_settings_change_only_the_linear_layer(continual, width):
     for model in (plain, default, linear):
         model.env.close()
 
+
+
+@pytest.mark.parametrize("method,side,layers", [
+    ("plastic_relu_linear_floor", "floor", "linear"), ("plastic_relu_linear_ceiling", "ceiling", "linear"),
+    ("plastic_relu_floor", "floor", "hidden"), ("plastic_relu_ceiling", "ceiling", "hidden"),
+])
+def test_one_sided_probe_arms_build_the_penalty_they_name(continual, method, side, layers):
+    """The thirty-ninth session's arms: ``plastic_relu`` with ``isometry_side`` on the CNN's linear layer alone or on
+    every hidden layer; every other keyword is ``plastic_relu``'s."""
+    setting = continual.SETTINGS["minatar_intensive"]
+    params = continual.MethodParams()
+    model, _ = continual.build_model(method, setting, params, 0, "cpu", None)
+    reference, _ = continual.build_model("plastic_relu", setting, params, 0, "cpu", None)
+    def penalised(m):
+        ids = {id(p) for p in m.policy.regularised_parameters()}
+        return {name for name, p in m.policy.named_parameters() if id(p) in ids}
+
+    expected = {"features_extractor.linear.0.weight"} if layers == "linear" else penalised(reference)
+    assert penalised(model) == expected and "features_extractor.cnn.0.weight" in penalised(reference)
+    groups = [g for g in model.policy.optimizer.param_groups if g["isometry_coef"] > 0]
+    assert groups and all(g["isometry_side"] == side for g in groups)
+    assert all(g["isometry_side"] == "both" for g in reference.policy.optimizer.param_groups)
+    assert model.isometry_config.isometry_coef == reference.isometry_config.isometry_coef
+    for m in (model, reference):
+        m.env.close()

@@ -81,6 +81,17 @@ def test_decoupled_step_against_a_hand_written_step(lam):
     th.testing.assert_close(w.detach(), hand_free_step(w0, 1e-2, lam), rtol=1e-5, atol=1e-6)
 
 
+def spectrum_after_isometry_steps(w0: th.Tensor, steps: int = 3000, **isometry: object) -> th.Tensor:
+    """The singular values of ``w0`` after ``steps`` AdamO steps with a zero task gradient (lr 1e-2, lambda 0.5 and
+    the given isometry keywords): the isometry step alone, repeated."""
+    w = nn.Parameter(w0.clone())
+    opt = AdamO([w], lr=1e-2, isometry_coef=0.5, **isometry)
+    for _ in range(steps):
+        w.grad = th.zeros_like(w)
+        opt.step()
+    return th.linalg.svdvals(w.detach())
+
+
 def test_decoupled_steps_even_out_the_spectrum_and_keep_its_level():
     """Many steps with zero task gradient: the fixed target pulls every singular value to ``sqrt(s) = 1``; the free
     target makes them equal near their starting RMS (here ~2.6), far from 1."""
@@ -88,14 +99,7 @@ def test_decoupled_steps_even_out_the_spectrum_and_keep_its_level():
     u, _, vh = th.linalg.svd(th.randn(16, 8, generator=gen), full_matrices=False)
     w0 = u @ th.diag(th.linspace(2.0, 3.0, 8)) @ vh
     rms0 = float(th.linalg.svdvals(w0).square().mean().sqrt())
-    out = {}
-    for free in (False, True):
-        w = nn.Parameter(w0.clone())
-        opt = AdamO([w], lr=1e-2, isometry_coef=0.5, isometry_free_scale=free)
-        for _ in range(3000):
-            w.grad = th.zeros_like(w)
-            opt.step()
-        out[free] = th.linalg.svdvals(w.detach())
+    out = {free: spectrum_after_isometry_steps(w0, isometry_free_scale=free) for free in (False, True)}
     assert th.allclose(out[False], th.ones(8), atol=1e-3)
     assert float(out[True].max() - out[True].min()) < 1e-3
     assert 0.9 * rms0 < float(out[True].mean()) < rms0  # evening out lowers the RMS a little, never to 1

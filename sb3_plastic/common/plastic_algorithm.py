@@ -82,6 +82,8 @@ class PlasticAlgorithmMixin:
     :param isometry_normalize: divide each weight's penalty by ``min(out, in)`` (off).
     :param isometry_free_scale: each weight's own mean squared singular value as the target instead of
         ``isometry_scale``: the penalty holds the weights' shape, not their scale (this library's ablation; off).
+    :param isometry_side: ``"both"`` (the penalty), or only the squared singular values below (``"floor"``) or above
+        (``"ceiling"``) the target (this library's ablation).
     :param isometry_mode: ``"decoupled"`` (AdamO), ``"coupled"`` or ``"off"``.
     :param isometry_layers: ``"hidden"``, ``"all"`` or a list of fnmatch patterns.
     :param isometry_interval: ``1`` (default): the exact AdamO step at every update; ``k`` or ``"auto"``
@@ -133,6 +135,7 @@ class PlasticAlgorithmMixin:
         isometry_rect_scale: bool = False,
         isometry_normalize: bool = False,
         isometry_free_scale: bool = False,
+        isometry_side: str = "both",
         isometry_mode: str = "decoupled",
         isometry_layers: Union[str, list[str]] = "hidden",
         isometry_interval: Union[int, str] = 1,
@@ -147,6 +150,7 @@ class PlasticAlgorithmMixin:
             "isometry_rect_scale": (isometry_rect_scale, False),
             "isometry_normalize": (isometry_normalize, False),
             "isometry_free_scale": (isometry_free_scale, False),
+            "isometry_side": (isometry_side, "both"),
         }
         if isometry_mode == "off":
             from sb3_plastic.callbacks.base import warn_ignored_options
@@ -171,6 +175,7 @@ class PlasticAlgorithmMixin:
             isometry_rect_scale=isometry_rect_scale,
             isometry_normalize=isometry_normalize,
             isometry_free_scale=isometry_free_scale,
+            isometry_side=isometry_side,
             isometry_mode=isometry_mode,
             isometry_layers=isometry_layers,
             isometry_interval=isometry_interval,
