@@ -32,15 +32,18 @@ def _last(diagnostics: dict[str, Any], key: str) -> float:
     return float(passes[-1][1]) if passes else float("nan")
 
 
-def load_arms(folder: str) -> dict[str, list[dict[str, Any]]]:
+def load_arms(folder: str, seeds: Optional[list[int]] = None) -> dict[str, list[dict[str, Any]]]:
     """``method -> [one dict per seed, by seed]`` for the single-task continual runs in ``folder``/runs (fresh agents
-    and claim files are not runs of the table).
+    and claim files are not runs of the table), only those of ``seeds`` where given (a table written at 3 seeds stays
+    rebuildable after more seeds join the folder).
 
     :raises ValueError: for a folder without such runs, or a run of more than one task (naming the file)."""
     arms: dict[str, list[dict[str, Any]]] = {}
     for path in sorted(glob.glob(os.path.join(folder, "runs", "*", "seed*.json"))):
         with open(path) as f:
             record = json.load(f)
+        if seeds is not None and int(record["seed"]) not in seeds:
+            continue
         if len(record["end_return"]) != 1:
             raise ValueError(f"{path} is a run of {len(record['end_return'])} tasks; this table reads --tasks 1 folders")
         arms.setdefault(record["method"], []).append(dict(
@@ -100,8 +103,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("folder", help="a bench/continual.py output folder of --tasks 1 runs")
     parser.add_argument("--plain", default="ppo", help="the arm the others are tested against (default ppo)")
     parser.add_argument("--methods", nargs="+", help="the arms, in this order (default: every arm, the plain one first)")
+    parser.add_argument("--seeds", nargs="+", type=int, help="only these seeds (default: every seed in the folder)")
     args = parser.parse_args(argv)
-    print(markdown(table_rows(load_arms(args.folder), args.plain, args.methods), args.plain))
+    print(markdown(table_rows(load_arms(args.folder, args.seeds), args.plain, args.methods), args.plain))
 
 
 if __name__ == "__main__":

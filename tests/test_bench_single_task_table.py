@@ -56,6 +56,10 @@ def test_rows_against_hand_computations(table, tmp_path):
     text = table.markdown(rows, "arm_b")
     assert text.splitlines()[0].startswith("| arm | end-of-task return per seed | mean | vs arm_b")
     assert len(text.splitlines()) == 4
+    # a subset of the seeds: the same rows as a folder holding only those runs
+    rows = table.table_rows(table.load_arms(str(tmp_path), seeds=[0, 2]))
+    for r in rows:
+        assert r["seeds"] == [0, 2] and r["returns"] == pytest.approx(values[r["method"]][[0, 2], 0].tolist())
 
 
 def test_bad_input_is_named(table, tmp_path):
