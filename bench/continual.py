@@ -55,7 +55,8 @@ issue #15; on a DQN / SAC setting the ``ppo`` prefix reads ``dqn`` / ``sac``: ``
                     linear layer alone (the PlasticCNN's names); ``plastic_maxmin_conv``: MaxMin + AdamO, the conv
                     layer alone; ``plastic_relu_floor`` / ``plastic_relu_ceiling`` (``_linear_floor`` /
                     ``_linear_ceiling``: on the linear layer alone): ``isometry_side``, only the squared singular
-                    values below / above the target penalised
+                    values below / above the target penalised; ``plastic_relu_ceiling_s16`` / ``_s64``: the
+                    ceiling at ``isometry_scale`` 16 / 64 (singular values capped at 4 / 8)
 ``ppo_head_reset``  :class:`~sb3_plastic.callbacks.LayerReset` of both output heads at every task change (Nikishin
                     et al., 2022; issue #29's control); ``ppo_policy_head_reset`` / ``ppo_value_head_reset`` one head
                     (DQN: the Q head)

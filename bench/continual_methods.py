@@ -26,7 +26,8 @@ BASELINE_METHODS = ("ppo_l2_init", "ppo_spectral", "ppo_nap")
 #: ``plastic_maxmin_conv`` is MaxMin + AdamO with the conv layer's penalty alone. Thirty-ninth session: the penalty on
 #: one side of its target (``isometry_side``), on the linear layer alone (``plastic_relu_linear_floor`` /
 #: ``_ceiling``) and on every hidden layer (``plastic_relu_floor`` / ``_ceiling``): which half of the hold costs the
-#: speed.
+#: speed; ``plastic_relu_ceiling_s16`` / ``_s64``: the ceiling at a looser target (singular values capped at 4 / 8
+#: instead of 1): how much growth a task's learning needs.
 ISOMETRY_VARIANTS: dict[str, dict[str, Any]] = {
     "plastic_relu_rect": dict(isometry_rect_scale=True),
     "plastic_relu_s2": dict(isometry_scale=2.0),
@@ -40,6 +41,8 @@ ISOMETRY_VARIANTS: dict[str, dict[str, Any]] = {
     "plastic_relu_linear_ceiling": dict(isometry_layers=["features_extractor.linear.*"], isometry_side="ceiling"),
     "plastic_relu_floor": dict(isometry_side="floor"),
     "plastic_relu_ceiling": dict(isometry_side="ceiling"),
+    "plastic_relu_ceiling_s16": dict(isometry_side="ceiling", isometry_scale=16.0),
+    "plastic_relu_ceiling_s64": dict(isometry_side="ceiling", isometry_scale=64.0),
 }
 METHODS = METHODS + BASELINE_METHODS + tuple(ISOMETRY_VARIANTS)
 DEFAULT_METHODS = tuple(

@@ -938,6 +938,7 @@ def test_width_probe_settings_change_only_the_linear_layer(continual, width):
 @pytest.mark.parametrize("method,side,layers", [
     ("plastic_relu_linear_floor", "floor", "linear"), ("plastic_relu_linear_ceiling", "ceiling", "linear"),
     ("plastic_relu_floor", "floor", "hidden"), ("plastic_relu_ceiling", "ceiling", "hidden"),
+    ("plastic_relu_ceiling_s16", "ceiling", "hidden"), ("plastic_relu_ceiling_s64", "ceiling", "hidden"),
 ])
 def test_one_sided_probe_arms_build_the_penalty_they_name(continual, method, side, layers):
     """The thirty-ninth session's arms: ``plastic_relu`` with ``isometry_side`` on the CNN's linear layer alone or on
@@ -956,5 +957,10 @@ def test_one_sided_probe_arms_build_the_penalty_they_name(continual, method, sid
     assert groups and all(g["isometry_side"] == side for g in groups)
     assert all(g["isometry_side"] == "both" for g in reference.policy.optimizer.param_groups)
     assert model.isometry_config.isometry_coef == reference.isometry_config.isometry_coef
+    scale = float(method.rpartition("_s")[2]) if method.endswith(("_s16", "_s64")) else 1.0
+    assert all(g["isometry_scale"] == scale for g in groups)
+    # SB3's own init for ReLU (orthogonal init off): the scale moves only the target, not the starting weights
+    for a, b in zip(model.policy.parameters(), reference.policy.parameters()):
+        th.testing.assert_close(a, b)
     for m in (model, reference):
         m.env.close()
