@@ -60,6 +60,13 @@ for env in cchain_acrobot cchain_lunar; do run --setting $env --methods ppo --fr
 #    (twenty-sixth session) then the card grid's update-intensive MinAtar cells as its second worker, ahead of the
 #    Oracle: its methods' seeds 1-4 are issue #28's "8 methods x 5 seeds" (~35 CPU-hours), and worker 1 holds
 #    C-MinAtar's ~12 CPU-hour run meanwhile
+#    (thirty-ninth session) the isometry penalty's two halves (`isometry_side`) on the two toy settings, where its ReLU
+#    arm is above plain PPO (bandit 0.605 against 0.291; PerturbedCartPole 218 against 62, never collapsing): does the
+#    floor (directions kept alive) or the cap (no growth above the target) carry that? On permuted SpaceInvaders the
+#    cap is all of the penalty's cost in learning speed and the floor never acts (bench/README.md). ~0.5 CPU-hours on
+#    the bandit, ~2.3 on PerturbedCartPole, ahead of the card grid's cells: they read the library's own method.
+for m in plastic_relu_floor plastic_relu_ceiling; do run $BANDIT --methods $m; done
+for m in plastic_relu_floor plastic_relu_ceiling; do run $CARTPOLE --methods $m; done
 CARD_GRID_SETTING=minatar_intensive bash bench/card_envs_grid.sh 2 || true
 for env in cchain_cartpole cchain_acrobot cchain_lunar; do run --setting $env --methods ppo --fresh all; done
 # 5. the card's environments come first (issue #28): this worker joins bench/card_envs_grid.sh as its second worker
