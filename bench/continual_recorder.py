@@ -274,8 +274,10 @@ def _recording_monitor(every: int) -> Any:
     return monitor
 
 
-#: the network-level diagnostics kept in the per-run JSON and plotted (the isometry paper's claim is about the NTK)
-DIAGNOSTICS = ("dormant_fraction", "ntk_cond", "ntk_erank", "dfi", "dfi_hidden", "weight_norm")
+#: the network-level diagnostics kept in the per-run JSON and plotted (the isometry paper's claim is about the NTK; the
+#: DfI's two sides of the hidden layers since the fortieth session: runs before lack them)
+DIAGNOSTICS = ("dormant_fraction", "ntk_cond", "ntk_erank", "dfi", "dfi_hidden", "dfi_floor_hidden", "dfi_ceiling_hidden",
+               "weight_norm")
 #: SB3's own training scalars kept in a run's JSON (:func:`_train_scalar_capture`; before the thirty-third session copied
 #: from its TensorBoard events, :func:`add_train_scalars`), per
 #: task over the task's tail: PPO's policy entropy (``-train/entropy_loss``) tells a policy that collapsed to one

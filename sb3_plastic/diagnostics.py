@@ -35,7 +35,13 @@ matrix ``(N, F)`` with ``F = C*H*W`` for a conv layer; ``sigma_i``: its singular
   DfI kept its definition without the 1/2 and without ``isometry_rect_scale``, so the logged ``dfi`` keys mean what
   they meant before). The scale-free DfI (``dfi_free`` keys) replaces ``s`` by each layer's mean squared singular
   value, ``sum_i (sigma_i^2 - mean_j sigma_j^2)^2``: the part of the DfI that a uniform growth or shrinkage of the
-  weights does not change. FIRE's reference writes ``||W^T W - I||_F^2`` for
+  weights does not change. The DfI split at its target (``dfi_floor`` / ``dfi_ceiling`` keys,
+  :func:`sb3_plastic.isometry.deviation_from_isometry_sides`): ``sum (sigma_i^2 - s)^2`` over the singular values
+  below ``sqrt(s)`` and over those above; the two add up to the DfI and are twice the penalties of
+  ``isometry_side="floor"`` / ``"ceiling"``, so they show which side of the target a layer drifted to and whether a
+  one-sided penalty acts at all (a floor-only penalty does nothing while ``dfi_floor`` is 0; the thirty-ninth
+  session's single-task runs found plain PPO's feature layer never below the target). FIRE's reference writes
+  ``||W^T W - I||_F^2`` for
   every shape, which for a wide ``W`` is this value plus the constant ``in - out``; why the smaller one: the
   :mod:`sb3_plastic.isometry` module docstring.
 * **sigma_max, sigma_min, condition number** of a layer's weight (matrix view ``(out, in*k*k)`` of a
@@ -83,7 +89,7 @@ from sb3_plastic.callbacks.redo import (
     recurrent_probe_outputs,
 )
 from sb3_plastic.common.surgery import HiddenLayer, NetworkSpec, recurrent_units_problem
-from sb3_plastic.isometry import as_matrix, deviation_from_isometry
+from sb3_plastic.isometry import as_matrix, deviation_from_isometry, deviation_from_isometry_sides, split_at_target
 from sb3_plastic.recurrent import recurrent_weights
 
 #: ``delta`` of srank: the singular values kept cover ``1 - delta`` of their sum (Kumar et al., 2021).
@@ -313,6 +319,11 @@ def weight_spectrum(weight: th.Tensor) -> dict[str, float]:
 
     Computed from the eigenvalues of the smaller float64 Gram matrix when that resolves ``sigma_min`` to
     :data:`GRAM_SIGMA_RTOL` (condition numbers up to ~1e3-1e4), else (ill-conditioned or singular) with ``svdvals``."""
+    return _weight_spectrum(weight)[0]
+
+
+def _weight_spectrum(weight: th.Tensor) -> tuple[dict[str, float], th.Tensor]:
+    """:func:`weight_spectrum` and the smaller Gram matrix's eigenvalues (float64, ascending) it read them from."""
     w = as_matrix(weight.detach()).double()
     lam, d = _gram_eigenvalues(w) if w.numel() else (w.new_zeros(0), 0.0)
     if lam.numel() and float(lam[0]) > 0 and d <= 2 * GRAM_SIGMA_RTOL * float(lam[0]):
@@ -321,7 +332,7 @@ def weight_spectrum(weight: th.Tensor) -> dict[str, float]:
     else:
         s = th.linalg.svdvals(w)
         s_max, s_min = float(s.max()), float(s.min())
-    return {"sigma_max": s_max, "sigma_min": s_min, "cond": capped_ratio(s_max, s_min)}
+    return {"sigma_max": s_max, "sigma_min": s_min, "cond": capped_ratio(s_max, s_min)}, lam
 
 
 def capped_ratio(largest: float, smallest: float, cap: float = COND_CAP) -> float:
@@ -332,6 +343,16 @@ def capped_ratio(largest: float, smallest: float, cap: float = COND_CAP) -> floa
     if largest <= 0:
         return cap
     return largest / smallest if smallest * cap > largest else cap
+
+
+def _add_sides(out: dict[str, float], sums: dict[str, float], name: str, sides: tuple[float, float], hidden: bool) -> None:
+    """Write a layer's ``dfi_floor`` / ``dfi_ceiling`` (:func:`~sb3_plastic.isometry.deviation_from_isometry_sides`)
+    and add them to the network's sums (``sums``, its ``..._hidden`` sums too for a non-head layer)."""
+    for key, value in zip(("dfi_floor", "dfi_ceiling"), sides):
+        out[f"{name}/{key}"] = value
+        sums[key] += value
+        if hidden:
+            sums[f"{key}_hidden"] += value
 
 
 def dfi(weight: th.Tensor, scale: float = 1.0) -> float:
@@ -698,16 +719,19 @@ def network_diagnostics(
     the cells' outputs ``h`` at the first step from zero states, as ReDo scores them,
     :func:`sb3_plastic.callbacks.redo.recurrent_probe_outputs`), counted in the network-level fractions.
     Per weight layer (heads included): ``weight_norm``,
-    ``dist_from_init`` (with ``initial``), ``dfi``, ``sigma_max``, ``sigma_min``, ``cond``; per recurrent weight
-    matrix (``<lstm>.weight_ih_l0``, ...): ``weight_norm``, ``dist_from_init``, ``dfi`` (summed over its gate
-    blocks, :mod:`sb3_plastic.recurrent`). Network-level:
+    ``dist_from_init`` (with ``initial``), ``dfi``, ``dfi_floor``, ``dfi_ceiling``, ``sigma_max``, ``sigma_min``,
+    ``cond``; per recurrent weight matrix (``<lstm>.weight_ih_l0``, ...): ``weight_norm``, ``dist_from_init``,
+    ``dfi``, ``dfi_floor``, ``dfi_ceiling`` (summed over its gate blocks, :mod:`sb3_plastic.recurrent`).
+    Network-level:
     ``dormant_fraction`` and ``zero_fraction`` over all hidden units, ``weight_norm`` and ``dist_from_init``
     over all trained parameters, ``dfi`` (sum over all weight layers, heads included), ``dfi_hidden`` (the sum
     without the heads, :meth:`~sb3_plastic.common.surgery.NetworkSpec.heads`: the layers AdamO's default
     ``isometry_layers="hidden"`` regularises, so that an unpenalised head's growth does not hide the hidden layers'
     isometry), ``dfi_free`` and ``dfi_free_hidden`` (the same two sums of the scale-free DfI,
     ``deviation_from_isometry(W, free_scale=True)``: the spread of each layer's squared singular values about their own
-    mean, which ``isometry_free_scale`` penalises and which ``dfi`` mixes with the weights' level), ``grad_norm``
+    mean, which ``isometry_free_scale`` penalises and which ``dfi`` mixes with the weights' level), ``dfi_floor`` /
+    ``dfi_ceiling`` and ``dfi_floor_hidden`` / ``dfi_ceiling_hidden`` (the same two sums of the DfI's parts below and
+    above the target: :func:`~sb3_plastic.isometry.deviation_from_isometry_sides`), ``grad_norm``
     (:func:`output_gradient_norm` on
     the probe batch) and, on the first ``ntk_size`` distinct probe samples (:func:`unique_probe_rows`: a repeated
     sample would make the kernel singular; fewer when the outputs would exceed ``ntk_max_rows`` rows), ``ntk_cond``,
@@ -722,7 +746,8 @@ def network_diagnostics(
 
     * non-finite (NaN / inf) features of a hidden layer: its five feature metrics and the network's
       ``dormant_fraction`` / ``zero_fraction`` are NaN; non-finite weights of a layer: its ``sigma_max``,
-      ``sigma_min``, ``cond`` are NaN (its norm, distance and DfI are whatever the arithmetic gives: NaN or inf);
+      ``sigma_min``, ``cond``, ``dfi_floor``, ``dfi_ceiling`` (and so the network's sums of the last two) are NaN
+      (its norm, distance and DfI are whatever the arithmetic gives: NaN or inf);
       a non-finite NTK: every ``ntk_*`` metric except ``ntk_size`` is NaN;
     * a hidden layer the probe never reaches has no feature metrics; a head it never reaches is left out of the
       NTK and of ``grad_norm`` (no head at all: both NaN);
@@ -862,6 +887,7 @@ def _network_diagnostics(
                 "warning is not repeated for this network)",
             )
     total_dfi = hidden_dfi = total_free = hidden_free = 0.0
+    sides = {"dfi_floor": 0.0, "dfi_ceiling": 0.0, "dfi_floor_hidden": 0.0, "dfi_ceiling_hidden": 0.0}
     for layer, is_head in weight_layers_with_branches(spec):
         name = spec.layer_names.get(id(layer), "?")
         w = layer.weight
@@ -878,17 +904,21 @@ def _network_diagnostics(
             hidden_free += layer_free
         out[f"{name}/dfi"] = layer_dfi
         if _is_finite(w.detach()):
-            for key, value in weight_spectrum(w).items():
+            spectrum, lam = _weight_spectrum(w)  # the Gram's eigenvalues serve the DfI's two sides too
+            for key, value in spectrum.items():
                 out[f"{name}/{key}"] = value
+            _add_sides(out, sides, name, split_at_target(lam, dfi_scale), hidden=not is_head)
         else:
             _warn_once(
                 warned,
                 ("nonfinite_weight", net, name),
                 f"diagnostics: layer '{name}' of network '{net}' has non-finite (NaN / inf) weights: its sigma_max, "
-                "sigma_min and cond are logged as NaN (its weight_norm, dist_from_init and dfi are NaN or inf)",
+                "sigma_min, cond, dfi_floor and dfi_ceiling are logged as NaN (its weight_norm, dist_from_init and dfi "
+                "are NaN or inf)",
             )
             for key in ("sigma_max", "sigma_min", "cond"):
                 out[f"{name}/{key}"] = math.nan
+            _add_sides(out, sides, name, (math.nan, math.nan), hidden=not is_head)
     for module in spec.recurrent:  # LSTM matrices: norm, distance and DfI summed over the gate blocks
         for pname, w, blocks in recurrent_weights(module):
             name = f"{spec.layer_names.get(id(module), '?')}.{pname}"
@@ -903,6 +933,7 @@ def _network_diagnostics(
             total_free += layer_free
             hidden_free += layer_free
             out[f"{name}/dfi"] = layer_dfi
+            _add_sides(out, sides, name, deviation_from_isometry_sides(w, dfi_scale, blocks), hidden=True)
     norm, dist = network_norms(params, initial)
     out["weight_norm"] = norm
     if dist is not None:
@@ -911,6 +942,7 @@ def _network_diagnostics(
     out["dfi_hidden"] = hidden_dfi
     out["dfi_free"] = total_free
     out["dfi_free_hidden"] = hidden_free
+    out.update(sides)
     fn, params = network_output_function(model, spec, observations, actions)
     with th.no_grad():
         n_outputs = fn(params).shape[1]

@@ -255,6 +255,29 @@ def deviation_from_isometry(weight: th.Tensor, scale: float = 1.0, blocks: int =
         return float(residual.square().sum())
 
 
+def deviation_from_isometry_sides(weight: th.Tensor, scale: float = 1.0, blocks: int = 1) -> tuple[float, float]:
+    """The DfI of one weight split at its target: ``(floor, ceiling)`` with ``floor = sum_i min(e_i, 0)^2`` and
+    ``ceiling = sum_i max(e_i, 0)^2``, ``e_i = sigma_i^2 - s`` over the ``min(out, in)`` singular values (per block,
+    summed over ``blocks``): the eigenvalues of the smaller Gram matrix's residual, computed in float64 with
+    ``eigvalsh``. ``floor + ceiling`` is :func:`deviation_from_isometry` (up to rounding); each is twice the one-sided
+    penalty of ``isometry_side="floor"`` / ``"ceiling"`` (module docstring) at the default options (no
+    ``rect_scale``). A ``floor`` of 0 means no singular value lies below ``sqrt(s)``: a floor-only penalty on this
+    weight does not act. Non-finite weights give ``(nan, nan)``."""
+    _check_scale(scale)
+    with th.no_grad():
+        w = weight.detach().double()
+        if not bool(th.isfinite(w).all()):
+            return math.nan, math.nan
+        return split_at_target(th.linalg.eigvalsh(gram_residual(w, scale, blocks)), 0.0)
+
+
+def split_at_target(eigenvalues: th.Tensor, target: float) -> tuple[float, float]:
+    """``(sum min(e, 0)^2, sum max(e, 0)^2)`` with ``e = eigenvalues - target``: the DfI's parts below and above its
+    target from the eigenvalues of a Gram matrix (:func:`deviation_from_isometry_sides`)."""
+    e = eigenvalues - target
+    return float(e.clamp(max=0.0).square().sum()), float(e.clamp(min=0.0).square().sum())
+
+
 def weight_layers(module: nn.Module) -> Iterable[tuple[str, nn.Module]]:
     """``(name, layer)`` for every Linear / Conv layer inside ``module``, in registration order."""
     for name, layer in module.named_modules():

@@ -346,6 +346,91 @@ def test_network_scale_free_dfi_sums_layers_and_ignores_a_uniform_level():
     assert after["dfi_hidden"] > out["dfi_hidden"] + 100
 
 
+def _svd_sides(w: th.Tensor, scale: float = 1.0, blocks: int = 1) -> tuple[float, float]:
+    """Independent reference of the DfI's two sides: ``sum (sigma_i^2 - s)^2`` over each row block's singular values
+    below ``sqrt(s)`` and over those above."""
+    floor = ceiling = 0.0
+    for block in w.detach().double().flatten(1).chunk(blocks, dim=0):
+        e = th.linalg.svdvals(block).square() - scale
+        floor += float(e[e < 0].square().sum())
+        ceiling += float(e[e > 0].square().sum())
+    return floor, ceiling
+
+
+@pytest.mark.parametrize("shape,blocks", [((7, 3), 1), ((3, 7), 1), ((5, 5), 1), ((12, 5), 4), ((4, 2, 3, 3), 1)])
+@pytest.mark.parametrize("scale", [1.0, 2.0])
+def test_dfi_sides_match_the_svd_and_add_up_to_the_dfi(shape, blocks, scale):
+    """``deviation_from_isometry_sides`` is the SVD reference on each side of ``sqrt(s)`` (per block), the two parts
+    add up to the DfI, and both sides are present in a Gaussian draw at this scale."""
+    from sb3_plastic.isometry import deviation_from_isometry, deviation_from_isometry_sides
+
+    w = th.randn(*shape, generator=th.Generator().manual_seed(4))
+    d = min(shape[0] // blocks, math.prod(shape[1:]))
+    w = w * (scale * d * blocks / float(w.square().sum())) ** 0.5  # mean squared singular value s: both sides
+    floor, ceiling = deviation_from_isometry_sides(w, scale, blocks)
+    ref_floor, ref_ceiling = _svd_sides(w, scale, blocks)
+    assert ref_floor > 1e-3 and ref_ceiling > 1e-3
+    assert floor == pytest.approx(ref_floor, rel=1e-6)
+    assert ceiling == pytest.approx(ref_ceiling, rel=1e-6)
+    assert floor + ceiling == pytest.approx(deviation_from_isometry(w, scale, blocks), rel=1e-5)
+
+
+def test_dfi_sides_of_scaled_orthogonal_weights_and_non_finite_weights():
+    """``c Q`` has all its DfI on one side: above the target for ``c > sqrt(s)``, below it for ``c < sqrt(s)``, none
+    at ``c = sqrt(s)``; non-finite weights give NaN on both sides."""
+    from sb3_plastic.isometry import deviation_from_isometry_sides
+
+    q = th.empty(6, 4, dtype=th.float64)
+    th.nn.init.orthogonal_(q, generator=th.Generator().manual_seed(0))
+    floor, ceiling = deviation_from_isometry_sides(3.0 * q)
+    assert floor == 0.0 and ceiling == pytest.approx(4 * (9 - 1) ** 2, rel=1e-9)
+    floor, ceiling = deviation_from_isometry_sides(0.5 * q, 2.0)
+    assert ceiling == 0.0 and floor == pytest.approx(4 * (0.25 - 2) ** 2, rel=1e-9)
+    assert max(deviation_from_isometry_sides(2.0 ** 0.5 * q, 2.0)) < 1e-24
+    bad = q.clone()
+    bad[0, 0] = math.nan
+    assert all(math.isnan(v) for v in deviation_from_isometry_sides(bad))
+    with pytest.raises(ValueError, match="scale"):
+        deviation_from_isometry_sides(q, -1.0)
+
+
+def test_network_dfi_sides_sum_the_layers_and_tell_whether_a_floor_acts():
+    """The monitor's ``<layer>/dfi_floor`` / ``dfi_ceiling`` are the SVD reference at the model's ``isometry_scale``,
+    the network keys their sums (``..._hidden`` without the heads); a model whose hidden layers all sit above the
+    target reads ``dfi_floor_hidden = 0`` and its ``isometry_side="floor"`` penalty is 0 there, while shrunk layers
+    read twice the floor penalty."""
+    from sb3_plastic import PlasticPPO
+    from sb3_plastic.isometry import isometry_penalty
+
+    model = PlasticPPO("MlpPolicy", "CartPole-v1", policy_kwargs=dict(net_arch=[8, 6]), seed=0, device="cpu",
+                       isometry_scale=2.0, isometry_side="floor")
+    spec = find_networks(model)[0]
+    heads = {id(h) for h in spec.heads()}
+    hidden = [m for m in spec.weight_layers() if id(m) not in heads]
+    obs = th.randn(10, 4, generator=th.Generator().manual_seed(0))
+    with th.no_grad():
+        for layer in hidden:
+            layer.weight.mul_(1.5)  # orthogonal at sqrt(2): every singular value now above the target
+    out = network_diagnostics(model, spec, obs, ntk_size=0, dfi_scale=2.0)
+    for layer in spec.weight_layers():
+        name = spec.layer_names[id(layer)]
+        ref = _svd_sides(layer.weight, 2.0)
+        assert out[f"{name}/dfi_floor"] == pytest.approx(ref[0], rel=1e-6, abs=1e-12)
+        assert out[f"{name}/dfi_ceiling"] == pytest.approx(ref[1], rel=1e-6)
+    assert out["dfi_floor_hidden"] == 0.0 and out["dfi_ceiling_hidden"] > 1.0
+    assert sum(float(isometry_penalty(m.weight.detach(), 2.0, side="floor")) for m in hidden) == pytest.approx(0.0, abs=1e-9)
+    head_sides = [_svd_sides(h.weight, 2.0) for h in spec.heads()]
+    assert out["dfi_floor"] == pytest.approx(sum(f for f, _ in head_sides), rel=1e-6)
+    assert out["dfi_ceiling"] == pytest.approx(out["dfi_ceiling_hidden"] + sum(c for _, c in head_sides), rel=1e-6)
+    with th.no_grad():
+        for layer in hidden:
+            layer.weight.mul_(0.4)  # now below the target: only the floor side
+    out = network_diagnostics(model, spec, obs, ntk_size=0, dfi_scale=2.0)
+    floor_penalty = sum(float(isometry_penalty(m.weight.detach(), 2.0, side="floor")) for m in hidden)
+    assert out["dfi_ceiling_hidden"] == 0.0 and floor_penalty > 1.0
+    assert out["dfi_floor_hidden"] == pytest.approx(2 * floor_penalty, rel=1e-5)
+
+
 # ---------------------------------------------------------------------------------------------------
 # Gradients and NTK
 # ---------------------------------------------------------------------------------------------------

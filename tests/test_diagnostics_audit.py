@@ -42,13 +42,15 @@ def test_non_finite_weight_logs_nan_and_warns_instead_of_crashing(where):
     with th.no_grad():
         layer.weight[0, 0] = float("nan")
     values, messages = run(model, spec, probe(model), ntk_size=4)
-    for key in ("sigma_max", "sigma_min", "cond"):
+    for key in ("sigma_max", "sigma_min", "cond", "dfi_floor", "dfi_ceiling"):
         assert np.isnan(values[f"{name}/{key}"])
+    assert np.isnan(values["dfi_floor"]) and np.isnan(values["dfi_ceiling"])
+    assert np.isnan(values["dfi_floor_hidden"]) == (where == "hidden")
     assert np.isnan(values["ntk_cond"]) and np.isnan(values["ntk_erank"])
     assert any("non-finite" in m and name in m and spec.name in m for m in messages)
     # the other layers' spectra are still computed
     other = spec.layer_names[id(layers[-1] if where == "hidden" else layers[0])]
-    assert np.isfinite(values[f"{other}/sigma_max"])
+    assert np.isfinite(values[f"{other}/sigma_max"]) and np.isfinite(values[f"{other}/dfi_ceiling"])
     if where == "hidden":  # NaN features downstream: their rank metrics are NaN too
         hidden = [h.name for h in spec.hidden_layers()]
         assert np.isnan(values[f"{hidden[0]}/srank"])

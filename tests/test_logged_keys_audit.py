@@ -21,12 +21,12 @@ from sb3_plastic.callbacks import (
 
 LAYERS = ("mlp_extractor.policy_net.0", "mlp_extractor.value_net.0")
 HEADS = ("action_net", "value_net")
-WEIGHT_METRICS = ("weight_norm", "dist_from_init", "dfi", "sigma_max", "sigma_min", "cond")
+WEIGHT_METRICS = ("weight_norm", "dist_from_init", "dfi", "dfi_floor", "dfi_ceiling", "sigma_max", "sigma_min", "cond")
 FEATURE_METRICS = ("dormant_fraction", "zero_fraction", "srank", "effective_rank", "feature_norm",
                    "feature_variance")
 NETWORK_METRICS = (
     "dormant_fraction", "zero_fraction", "weight_norm", "dist_from_init", "dfi", "dfi_hidden", "dfi_free", "dfi_free_hidden",
-    "grad_norm",
+    "dfi_floor", "dfi_ceiling", "dfi_floor_hidden", "dfi_ceiling_hidden", "grad_norm",
     "ntk_cond", "ntk_log10_cond", "ntk_erank", "ntk_trace", "ntk_size",
 )
 

@@ -53,7 +53,10 @@ class PlasticityMonitor(PlasticCallback):
     * ``plasticity/<net>/<layer>/<metric>`` per layer: ``dormant_fraction`` (Sokar et al., 2023),
       ``zero_fraction``, ``srank`` (Kumar et al., 2021), ``effective_rank`` (Roy & Vetterli, 2007),
       ``feature_norm``, ``feature_variance`` (Plasticine's) for hidden layers; ``weight_norm``, ``dist_from_init``,
-      ``dfi``, ``sigma_max``, ``sigma_min``, ``cond`` for every weight layer (heads included); ``dfi`` is
+      ``dfi``, ``dfi_floor``, ``dfi_ceiling``, ``sigma_max``, ``sigma_min``, ``cond`` for every weight layer (heads
+      included); ``dfi_floor`` / ``dfi_ceiling`` split ``dfi`` at its target into the parts from singular values
+      below and above ``sqrt(s)`` (a penalty with ``isometry_side="floor"`` acts only while its layers' ``dfi_floor``
+      is above 0); ``dfi`` is
       ``||W^T W - s I||_F^2`` (smaller Gram matrix) with ``s`` the model's ``isometry_scale`` (:attr:`isometry_scale`;
       1 for a model without one);
     * ``plasticity/<net>/<metric>`` per network: ``dormant_fraction``, ``zero_fraction``, ``weight_norm``,
@@ -61,6 +64,8 @@ class PlasticityMonitor(PlasticCallback):
       output heads: the layers AdamO regularises by default), ``dfi_free`` / ``dfi_free_hidden`` (the same sums of the
       scale-free DfI, each layer's target its own mean squared singular value: what ``isometry_free_scale``
       penalises, and the one to read for such a model, whose ``dfi`` still measures against ``isometry_scale``),
+      ``dfi_floor`` / ``dfi_ceiling`` / ``dfi_floor_hidden`` / ``dfi_ceiling_hidden`` (the per-layer parts summed
+      the same two ways),
       ``grad_norm`` and the empirical NTK's ``ntk_cond``,
       ``ntk_log10_cond``
       (``log10`` of ``ntk_cond``: plot this one, the condition number spans many decades; 14 is the cap
