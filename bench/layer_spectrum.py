@@ -1,7 +1,8 @@
 """The singular values of a policy's feature layers (bench/README.md, the card's section: "which half of the hold costs
 the speed"): the largest, median and smallest singular value of each weight of a saved model's features extractor
-(a conv kernel viewed as ``(out, in * kh * kw)``), and how many lie below 1 (what ``isometry_side="floor"`` would act
-on at ``s = 1``). Two sources:
+(a conv kernel viewed as ``(out, in * kh * kw)``), how many lie below 1 (what ``isometry_side="floor"`` would act on
+at ``s = 1``) and the DfI's parts from those below and those above 1 (twice what the floor / the ceiling penalises).
+Two sources:
 
 * a saved model zip, also one committed earlier (``REV:PATH``, read with ``git show``)::
 
@@ -25,13 +26,17 @@ from typing import Any, Optional
 
 import torch as th
 
+from sb3_plastic.isometry import deviation_from_isometry_sides
+
 #: the weights read: the shared features extractor's (SB3 also stores the pi_/vf_ copies of a shared one)
 PREFIX = "features_extractor."
 
 
 def spectrum_rows(state_dict: dict[str, th.Tensor], prefix: str = PREFIX) -> list[dict[str, Any]]:
     """One row per weight (>= 2 dims) whose name starts with ``prefix``: ``name``, ``shape``, ``max``, ``median`` (the
-    lower median, ``torch.median``'s), ``min`` and ``below_one`` (the count of singular values < 1).
+    lower median, ``torch.median``'s), ``min``, ``below_one`` (the count of singular values < 1) and the DfI's two
+    parts at target 1, ``dfi_floor`` / ``dfi_ceiling`` (``sum (sigma^2 - 1)^2`` over the singular values below / above
+    1: :func:`sb3_plastic.isometry.deviation_from_isometry_sides`, the monitor's keys of those names).
 
     :raises ValueError: where no weight matches ``prefix`` (naming the keys there are)."""
     rows = []
@@ -39,8 +44,9 @@ def spectrum_rows(state_dict: dict[str, th.Tensor], prefix: str = PREFIX) -> lis
         if not name.startswith(prefix) or w.dim() < 2:
             continue
         s = th.linalg.svdvals(w.detach().double().reshape(w.shape[0], -1))
+        floor, ceiling = deviation_from_isometry_sides(w)
         rows.append(dict(name=name, shape=tuple(w.shape), max=float(s.max()), median=float(s.median()),
-                         min=float(s.min()), below_one=int((s < 1).sum())))
+                         min=float(s.min()), below_one=int((s < 1).sum()), dfi_floor=floor, dfi_ceiling=ceiling))
     if not rows:
         raise ValueError(f"no weight named {prefix}* with >= 2 dims; the keys: {sorted(state_dict)[:20]}")
     return rows
@@ -62,9 +68,10 @@ def read_policy(source: str) -> dict[str, th.Tensor]:
 
 
 def format_rows(rows: list[dict[str, Any]], label: str = "") -> str:
-    """One line per row: ``label name shape: max / median / min, n below 1``."""
+    """One line per row: ``label name shape: max / median / min, n below 1, DfI below / above 1``."""
     return "\n".join(f"{label}{r['name']} {r['shape']}: max {r['max']:.2f}, median {r['median']:.2f}, "
-                     f"min {r['min']:.3f}, {r['below_one']} below 1" for r in rows)
+                     f"min {r['min']:.3f}, {r['below_one']} below 1, DfI below / above 1: {r['dfi_floor']:.3g} / "
+                     f"{r['dfi_ceiling']:.3g}" for r in rows)
 
 
 def train_and_print(method: str, setting_name: str, seed: int, every: int) -> None:

@@ -29,7 +29,10 @@ def test_rows_against_numpy(spectrum):
         assert r["max"] == pytest.approx(s.max()) and r["min"] == pytest.approx(s.min())
         assert r["median"] == pytest.approx(np.sort(s)[(len(s) - 1) // 2])  # the lower median
         assert r["below_one"] == int((s < 1).sum())
-    assert rows[0]["below_one"] > 0  # the scaled-down kernel has singular values below 1
+        assert r["dfi_floor"] == pytest.approx(float(np.square(s[s < 1] ** 2 - 1).sum()), rel=1e-9)
+        assert r["dfi_ceiling"] == pytest.approx(float(np.square(s[s > 1] ** 2 - 1).sum()), rel=1e-9)
+    assert rows[0]["below_one"] > 0 and rows[0]["dfi_floor"] > 0  # the scaled-down kernel has singular values below 1
+    assert rows[1]["dfi_ceiling"] > 0
     with pytest.raises(ValueError, match=r"no weight named nope\.\* with >= 2 dims"):
         spectrum.spectrum_rows(state, prefix="nope.")
 
@@ -46,7 +49,8 @@ def test_reads_a_saved_model(spectrum, tmp_path, capsys):
     r = rows[0]
     assert capsys.readouterr().out.splitlines()[1] == (
         f"  mlp_extractor.policy_net.0.weight (8, 4): max {r['max']:.2f}, median {r['median']:.2f}, "
-        f"min {r['min']:.3f}, {r['below_one']} below 1")
+        f"min {r['min']:.3f}, {r['below_one']} below 1, DfI below / above 1: {r['dfi_floor']:.3g} / "
+        f"{r['dfi_ceiling']:.3g}")
     with pytest.raises(ValueError, match=r"no weight named features_extractor\.\*"):
         spectrum.main([str(tmp_path / "m.zip")])  # an MLP policy's extractor has no weights
     with pytest.raises(ValueError, match="neither a file nor REV:PATH"):
