@@ -123,7 +123,10 @@ class IsometryConfig:
         the layer kept alive, any of them free to grow), ``"ceiling"`` only those above it (the singular values capped,
         free to shrink); the two add up to the penalty. It tells which half of the penalty's hold costs an agent its
         learning speed (bench/README.md). Each weight's step then takes an ``eigh`` of its Gram matrix
-        (:mod:`sb3_plastic.isometry`). Refused with ``isometry_free_scale`` (a moving target).
+        (:mod:`sb3_plastic.isometry`). Refused with ``isometry_free_scale`` (a moving target). A one-sided penalty
+        may never act: a floor does nothing while no singular value lies below the target (plain PPO's feature layer
+        on MinAtar, bench/README.md); :class:`~sb3_plastic.PlasticityMonitor`'s ``dfi_floor`` / ``dfi_ceiling`` keys
+        show the part each side acts on (0: that side has nothing to do).
     :param isometry_mode: ``"decoupled"`` (AdamO: the penalty step bypasses Adam's moments),
         ``"coupled"`` (the ablation: plain Adam on ``loss + lambda R``; the penalty gradient joins the task
         gradient inside ``backward()``, so SB3's ``max_grad_norm`` clips them together, as SB3 would clip the

@@ -83,7 +83,8 @@ class PlasticAlgorithmMixin:
     :param isometry_free_scale: each weight's own mean squared singular value as the target instead of
         ``isometry_scale``: the penalty holds the weights' shape, not their scale (this library's ablation; off).
     :param isometry_side: ``"both"`` (the penalty), or only the squared singular values below (``"floor"``) or above
-        (``"ceiling"``) the target (this library's ablation).
+        (``"ceiling"``) the target (this library's ablation); the monitor's ``dfi_floor`` / ``dfi_ceiling`` keys say
+        whether that side has anything to act on.
     :param isometry_mode: ``"decoupled"`` (AdamO), ``"coupled"`` or ``"off"``.
     :param isometry_layers: ``"hidden"``, ``"all"`` or a list of fnmatch patterns.
     :param isometry_interval: ``1`` (default): the exact AdamO step at every update; ``k`` or ``"auto"``
