@@ -67,6 +67,12 @@ for env in cchain_acrobot cchain_lunar; do run --setting $env --methods ppo --fr
 #    the bandit, ~2.3 on PerturbedCartPole, ahead of the card grid's cells: they read the library's own method.
 for m in plastic_relu_floor plastic_relu_ceiling; do run $BANDIT --methods $m; done
 for m in plastic_relu_floor plastic_relu_ceiling; do run $CARTPOLE --methods $m; done
+#    (fortieth session) the control of the card setting's head-reset row: re-drawing both output layers at every switch
+#    holds plain PPO's fresh level on permuted SpaceInvaders (5 seeds: 23.4 against plain 20.7, ratio 1.03), so "the
+#    loss sits in the heads"; which head? The action head alone, then the value head alone, 5 seeds each, plain PPO's
+#    fresh agents (35-50 CPU-min a run, ~8 CPU-hours), as issue #29's controls split it on PerturbedCartPole (both 482,
+#    action head 433, value head 152). Post hoc controls of a mechanism claim, not rows of the fixed grid.
+for m in ppo_policy_head_reset ppo_value_head_reset; do run --setting minatar_intensive --methods $m --fresh sample; done
 CARD_GRID_SETTING=minatar_intensive bash bench/card_envs_grid.sh 2 || true
 for env in cchain_cartpole cchain_acrobot cchain_lunar; do run --setting $env --methods ppo --fresh all; done
 # 5. the card's environments come first (issue #28): this worker joins bench/card_envs_grid.sh as its second worker
