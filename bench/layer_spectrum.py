@@ -74,10 +74,10 @@ def format_rows(rows: list[dict[str, Any]], label: str = "") -> str:
                      f"{r['dfi_ceiling']:.3g}" for r in rows)
 
 
-def train_and_print(method: str, setting_name: str, seed: int, every: int) -> None:
+def train_and_print(method: str, setting_name: str, seed: int, every: int, prefix: str = PREFIX) -> None:
     """Train ``method`` on the first task of ``setting_name`` (``bench/continual.py``'s agent for ``seed``) and print
-    the spectra at the end of the first rollout past every ``every`` env steps (before its update) and after the
-    last update."""
+    the spectra of the weights named ``prefix*`` at the end of the first rollout past every ``every`` env steps (before
+    its update) and after the last update."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import continual
     from stable_baselines3.common.callbacks import BaseCallback
@@ -93,7 +93,8 @@ def train_and_print(method: str, setting_name: str, seed: int, every: int) -> No
 
         def _on_rollout_end(self) -> None:
             if self.num_timesteps >= self.next_at:
-                print(format_rows(spectrum_rows(self.model.policy.state_dict()), f"{self.num_timesteps:>8} "), flush=True)
+                print(format_rows(spectrum_rows(self.model.policy.state_dict(), prefix), f"{self.num_timesteps:>8} "),
+                      flush=True)
                 self.next_at += every
 
         def _on_step(self) -> bool:
@@ -101,7 +102,7 @@ def train_and_print(method: str, setting_name: str, seed: int, every: int) -> No
 
     model.learn(steps, callback=[Spectra(), *callbacks])
     # the callback reads each rollout's end, before its update: the weights after the last update, labelled apart
-    print(format_rows(spectrum_rows(model.policy.state_dict()), f"{model.num_timesteps:>8} (after the last update) "))
+    print(format_rows(spectrum_rows(model.policy.state_dict(), prefix), f"{model.num_timesteps:>8} (after the last update) "))
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -111,11 +112,11 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--setting", default="minatar_intensive")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--every", type=int, default=50_000, help="env steps between prints with --train")
-    parser.add_argument("--prefix", default=PREFIX, help=f"the weights read from zips (default {PREFIX})")
+    parser.add_argument("--prefix", default=PREFIX, help=f"the weights read, from zips or with --train (default {PREFIX})")
     args = parser.parse_args(argv)
     if args.train:
         th.set_num_threads(1)
-        train_and_print(args.train, args.setting, args.seed, args.every)
+        train_and_print(args.train, args.setting, args.seed, args.every, args.prefix)
     if not args.train and not args.sources:
         parser.error("give model zips or --train METHOD")
     for source in args.sources:

@@ -55,3 +55,22 @@ def test_reads_a_saved_model(spectrum, tmp_path, capsys):
         spectrum.main([str(tmp_path / "m.zip")])  # an MLP policy's extractor has no weights
     with pytest.raises(ValueError, match="neither a file nor REV:PATH"):
         spectrum.read_policy(str(tmp_path / "missing.zip"))
+
+
+def test_train_reads_the_weights_the_prefix_names(spectrum, capsys, monkeypatch):
+    """``--train`` with ``--prefix`` prints the spectra of the weights the prefix names (an MLP agent has no
+    ``features_extractor.`` weights): a few rollouts of PerturbedCartPole's first task, shortened."""
+    import importlib
+    from dataclasses import replace
+
+    from bench_modules import BENCH
+
+    monkeypatch.syspath_prepend(str(BENCH))
+    continual = importlib.import_module("continual")  # the module train_and_print imports
+    monkeypatch.setitem(continual.SETTINGS, "cartpole_obs", replace(continual.SETTINGS["cartpole_obs"], change_every=96))
+    spectrum.main(["--train", "ppo", "--setting", "cartpole_obs", "--seed", "0", "--every", "512",
+                   "--prefix", "mlp_extractor.policy_net"])
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines if "policy_net.0.weight" in line] == ["256", "512", "768"]
+    assert all("value_net" not in line and "action_net" not in line for line in lines)
+    assert "(after the last update) mlp_extractor.policy_net.2.weight (64, 64)" in lines[-1]
