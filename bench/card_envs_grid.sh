@@ -100,6 +100,9 @@ for s in 0 1 2; do run "$w" $MI --methods plastic_maxmin_conv --seeds $s --fresh
 #    22.2 against 23.4, and its continual runs sit above plain PPO's on all three paired sequences, 22.5 against 20.7,
 #    which Welch's test over 3 seeds cannot resolve: ~2 CPU-hours for the arm's 5)
 for s in 3 4; do run "$w" $MI --methods plastic_relu_conv --seeds $s --fresh sample; done
+#    and the MaxMin arm's seeds 3 and 4 (forty-first session: its seed 0 ended tasks 10-19 at 42 against plain PPO's 19,
+#    the highest of any arm; its control without the penalty, `plastic_maxmin_off`, runs on bench/protocol_grid.sh)
+for s in 3 4; do run "$w" $MI --methods plastic_maxmin_conv --seeds $s --fresh sample; done
 #    then the seed-4 runs held back above
 for m in $SEED4_LATER; do run "$w" $MI --methods "$m" --seeds 4 --fresh sample; done
 run "$w" $MI --methods ppo_l2_init --seeds 4 --fresh sample $L2I4

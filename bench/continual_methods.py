@@ -27,7 +27,9 @@ BASELINE_METHODS = ("ppo_l2_init", "ppo_spectral", "ppo_nap")
 #: one side of its target (``isometry_side``), on the linear layer alone (``plastic_relu_linear_floor`` /
 #: ``_ceiling``) and on every hidden layer (``plastic_relu_floor`` / ``_ceiling``): which half of the hold costs the
 #: speed; ``plastic_relu_ceiling_s16`` / ``_s64``: the ceiling at a looser target (singular values capped at 4 / 8
-#: instead of 1): how much growth a task's learning needs.
+#: instead of 1): how much growth a task's learning needs. Forty-first session: ``plastic_maxmin_off`` is the control
+#: of ``plastic_maxmin_conv`` (its seed 0 ended tasks 10-19 at 42 against plain PPO's 19): MaxMin and the library's
+#: orthogonal init with no penalty and Adam, so that the activation and init are told apart from the conv penalty.
 ISOMETRY_VARIANTS: dict[str, dict[str, Any]] = {
     "plastic_relu_rect": dict(isometry_rect_scale=True),
     "plastic_relu_s2": dict(isometry_scale=2.0),
@@ -37,6 +39,7 @@ ISOMETRY_VARIANTS: dict[str, dict[str, Any]] = {
     "plastic_relu_conv": dict(isometry_layers=["features_extractor.cnn.*"]),
     "plastic_relu_linear": dict(isometry_layers=["features_extractor.linear.*"]),
     "plastic_maxmin_conv": dict(isometry_layers=["features_extractor.cnn.*"]),
+    "plastic_maxmin_off": dict(isometry_mode="off", optimizer="adam"),
     "plastic_relu_linear_floor": dict(isometry_layers=["features_extractor.linear.*"], isometry_side="floor"),
     "plastic_relu_linear_ceiling": dict(isometry_layers=["features_extractor.linear.*"], isometry_side="ceiling"),
     "plastic_relu_floor": dict(isometry_side="floor"),
@@ -394,16 +397,13 @@ def build_model(method: str, setting: Setting, params: MethodParams, seed: int, 
         plain_net = dict(activation=None, policy_kwargs=dict(net_kwargs, activation_fn=PLAIN_ACTIVATIONS[setting.activation]))
     if canonical.startswith("plastic_"):
         activation = canonical.removeprefix("plastic_").split("_")[0]
-        model = plastic_cls(
-            setting.policy,
-            env,
-            activation=activation,
-            **ISOMETRY_VARIANTS.get(canonical, {}),
+        variant = ISOMETRY_VARIANTS.get(canonical, {})
+        penalty = {} if variant.get("isometry_mode") == "off" else dict(
             isometry_coef=params.isometry_coef,
             isometry_interval="auto" if params.isometry_interval == "auto" else int(params.isometry_interval),
-            policy_kwargs=net_kwargs,
-            **common,
         )
+        model = plastic_cls(setting.policy, env, activation=activation, **variant, **penalty, policy_kwargs=net_kwargs,
+                            **common)
         return model, callbacks
     if canonical in ("ppo_trac", "ppo_layernorm", "ppo_nap"):
         field: dict[str, Any] = dict(isometry_mode="off", optimizer="trac" if canonical == "ppo_trac" else "adam")

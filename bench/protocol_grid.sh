@@ -72,6 +72,11 @@ for m in plastic_relu_floor plastic_relu_ceiling; do run $CARTPOLE --methods $m;
 #    loss sits in the heads"; which head? The action head alone, then the value head alone, 5 seeds each, plain PPO's
 #    fresh agents (35-50 CPU-min a run, ~8 CPU-hours), as issue #29's controls split it on PerturbedCartPole (both 482,
 #    action head 433, value head 152). Post hoc controls of a mechanism claim, not rows of the fixed grid.
+#    (forty-first session) first the control of the conv-only MaxMin + AdamO arm, whose seed 0 ended tasks 10-19 at
+#    42 against plain PPO's 19 on its sequence (its fresh agents 22, plain PPO's speed), the highest of any arm:
+#    MaxMin and the library's orthogonal init with no penalty and Adam (`plastic_maxmin_off`), 5 seeds with its own
+#    fresh agents (~1 CPU-hour a seed). Is it the activation and init, or the conv layer's penalty?
+run --setting minatar_intensive --methods plastic_maxmin_off --fresh sample
 for m in ppo_policy_head_reset ppo_value_head_reset; do run --setting minatar_intensive --methods $m --fresh sample; done
 CARD_GRID_SETTING=minatar_intensive bash bench/card_envs_grid.sh 2 || true
 for env in cchain_cartpole cchain_acrobot cchain_lunar; do run --setting $env --methods ppo --fresh all; done

@@ -964,3 +964,29 @@ def test_one_sided_probe_arms_build_the_penalty_they_name(continual, method, sid
         th.testing.assert_close(a, b)
     for m in (model, reference):
         m.env.close()
+
+
+def test_maxmin_without_the_penalty_is_the_conv_arms_network_and_init_with_adam(continual):
+    """``plastic_maxmin_off`` (forty-first session): the control of ``plastic_maxmin_conv`` (MaxMin + AdamO with the
+    conv layer's penalty alone), MaxMin and the library's orthogonal init on the same network with no penalty and
+    Adam: the same starting weights as the conv arm, nothing penalised, no warning about ignored options."""
+    import warnings
+
+    setting = continual.SETTINGS["minatar_intensive"]
+    params = continual.MethodParams()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model, callbacks = continual.build_model("plastic_maxmin_off", setting, params, 0, "cpu", None)
+    conv, _ = continual.build_model("plastic_maxmin_conv", setting, params, 0, "cpu", None)
+    assert callbacks == []
+    assert model.isometry_config.isometry_mode == "off" and model.isometry_config.activation == "maxmin"
+    # plain torch Adam, no isometry step; the conv arm's AdamO penalises the conv layer alone
+    assert type(model.policy.optimizer) is th.optim.Adam
+    assert all("isometry_coef" not in g for g in model.policy.optimizer.param_groups)
+    assert {id(p) for p in conv.policy.regularised_parameters()} == {id(conv.policy.features_extractor.cnn[0].weight)}
+    names = [type(m).__name__ for m in model.policy.modules()]
+    assert names == [type(m).__name__ for m in conv.policy.modules()] and "MaxMin" in names
+    for a, b in zip(model.policy.state_dict().values(), conv.policy.state_dict().values()):
+        th.testing.assert_close(a, b)
+    for m in (model, conv):
+        m.env.close()
