@@ -238,6 +238,7 @@ def _experiment_manager_class() -> type:
             try:
                 read_data_text(self.trained_agent)  # SB3's load would raise from deep inside rl_zoo3 (a traceback)
             except ValueError as exc:
+                env.close()  # rl_zoo3 built it (its Monitor files open) and would train in it: nothing will now
                 raise LauncherError(f"cannot continue from -i {self.trained_agent}: {exc}") from exc
             if self.algo not in plastic_algorithms():
                 return super()._load_pretrained_agent(hyperparams, env)
