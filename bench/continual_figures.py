@@ -22,6 +22,8 @@ from typing import Any, Optional
 
 import numpy as np
 
+from sb3_plastic.plot import seeds_label
+
 #: the figures' width in inches at this dpi: ~1000 px, legible at README width
 FIG_WIDTH, DPI = 9.0, 110
 #: panels per row of the small multiples
@@ -170,7 +172,7 @@ def _small_multiples(summary: dict[str, Any], plain: str, title: str, ylabel: st
             own_drawn = True
         ax.fill_between(x, low, high, color=METHOD_COLOR, alpha=0.22, linewidth=0)
         ax.plot(x, line, color=METHOD_COLOR, linewidth=1.8, marker="o", markersize=2.5, gid=f"method:{method}")
-        ax.set_title(f"{method} ({len(entry['seeds'])} seeds)", fontsize=8, pad=3)
+        ax.set_title(f"{method} ({seeds_label(len(entry['seeds']))})", fontsize=8, pad=3)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     for ax in axes[::min(COLUMNS, len(methods))]:
         ax.set_ylabel(ylabel, fontsize=7)

@@ -453,7 +453,8 @@ def _figure(width: float = 9.0, height: float = 5.0) -> tuple[Figure, Axes]:
     return fig, fig.add_subplot()
 
 
-def _seeds(n: int) -> str:
+def seeds_label(n: int) -> str:
+    """``"1 seed"`` or ``"<n> seeds"``: the run count of a legend or a panel title."""
     return f"{n} seed" if n == 1 else f"{n} seeds"
 
 
@@ -522,7 +523,7 @@ def _curves(ax: Axes, by_group: dict[str, list[Run]], tag: str, cuts: Optional[d
         steps, mean, std = aggregate(_cut_to_common(series, group, tag, notes))
         if steps.size == 0:
             continue
-        (line,) = ax.plot(steps, mean, linewidth=1.6, label=f"{group} ({_seeds(len(series))})")
+        (line,) = ax.plot(steps, mean, linewidth=1.6, label=f"{group} ({seeds_label(len(series))})")
         if len(series) > 1:
             ax.fill_between(steps, mean - std, mean + std, color=line.get_color(), alpha=0.2, linewidth=0)
         drawn += 1
@@ -652,7 +653,7 @@ def plot_task_returns(
         means = [np.mean(per_task[t]) if t in per_task else math.nan for t in tasks]
         stds = [np.std(per_task[t]) if t in per_task else 0.0 for t in tasks]
         n = max((len(v) for v in per_task.values()), default=0)
-        ax.bar(x + (i - (len(data) - 1) / 2) * width, means, width, yerr=stds, capsize=3, label=f"{group} ({_seeds(n)})")
+        ax.bar(x + (i - (len(data) - 1) / 2) * width, means, width, yerr=stds, capsize=3, label=f"{group} ({seeds_label(n)})")
     labels = [f"task {t}" if kind == "task" else t for t in tasks]
     ax.set_xticks(x, labels, rotation=30 if len(tasks) > 8 else 0)
     ax.axhline(0, color="0.2", linewidth=0.6)

@@ -46,6 +46,15 @@ def _summary(continual, tmp_path, setting):
     return continual.rounded(continual.summarise(records, ["ppo", "ppo_l2", "ppo_snp"], setting)), records
 
 
+def test_a_panel_of_one_seed_says_one_seed(continual, tmp_path):
+    setting = _tiny_bandit(continual, tasks=4)
+    plain, fresh, l2, l2_fresh = _scores()
+    _synthetic_runs(tmp_path, setting, {"ppo": (plain, fresh), "ppo_l2": (l2[:1], l2_fresh[:1])})
+    result = continual.summarise(continual.load_records(str(tmp_path)), ["ppo", "ppo_l2"], setting)
+    fig = continual.continual_figures.end_of_task_figure(result["methods"], setting, "ppo")
+    assert [ax.get_title() for ax in fig.axes] == ["ppo_l2 (1 seed)"]
+
+
 def test_end_of_task_panels_plot_the_per_task_iqm_against_plain_and_the_fresh_level(continual, tmp_path):
     setting = _tiny_bandit(continual, tasks=4)
     result, _ = _summary(continual, tmp_path, setting)
