@@ -144,6 +144,30 @@ def canonical_method(name: str) -> str:
 
 ALL_METHOD_NAMES = tuple(dict.fromkeys(method_name(m, a) for a in ALGOS for m in METHODS))
 
+#: The arm each control or ablation is read against (forty-second session): the report sets a method beside its arm
+#: as it sets every method beside plain PPO (Welch's t on the runs' last-half means, plus the paired differences of
+#: the seeds both ran, which share a task sequence). A control changes one ingredient of its arm:
+#: ``plastic_maxmin_off`` drops the conv penalty of ``plastic_maxmin_conv``, ``ppo_cbp_dohare_no_replace`` CBP's
+#: replacement, the one-head resets re-draw one of ``ppo_head_reset``'s two heads, ``ppo_head2_reset`` gives
+#: ``ppo_injection``'s layers fresh weights without the frozen old heads, ``ppo_fire_switch_hidden`` leaves FIRE's
+#: output layers alone, ``ppo_tanh`` has bounded features without Fourier features' periodic ones; the isometry
+#: variants (:data:`ISOMETRY_VARIANTS`) change one option of the penalty of their arm.
+ARM_OF: dict[str, str] = {
+    "plastic_maxmin_off": "plastic_maxmin_conv",
+    "ppo_cbp_dohare_no_replace": "ppo_cbp_dohare",
+    "ppo_policy_head_reset": "ppo_head_reset",
+    "ppo_value_head_reset": "ppo_head_reset",
+    "ppo_head2_reset": "ppo_injection",
+    "ppo_fire_switch_hidden": "ppo_fire_switch",
+    "ppo_tanh": "ppo_fourier",
+    "plastic_maxmin_rect": "plastic_maxmin",
+    "plastic_maxmin_conv": "plastic_maxmin",
+    **{name: "plastic_relu" for name in ISOMETRY_VARIANTS if name.startswith("plastic_relu_")
+       and not name.startswith("plastic_relu_linear_")},
+    "plastic_relu_linear_floor": "plastic_relu_linear",
+    "plastic_relu_linear_ceiling": "plastic_relu_linear",
+}
+
 
 @dataclass(frozen=True)
 class MethodParams:

@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 import continual_figures
 import numpy as np
-from continual_methods import ALL_METHOD_NAMES, method_name, task_parameters
+from continual_methods import ALL_METHOD_NAMES, ARM_OF, canonical_method, method_name, task_parameters
 from continual_recorder import DIAGNOSTICS, TRAIN_SCALARS, add_hidden_dfi, add_train_scalars
 from continual_runs import fresh_sample
 from continual_settings import SCORE_LABELS, Setting, setting_config
@@ -538,9 +538,42 @@ def summarise(records: list[dict], methods: list[str], setting: Setting) -> dict
             if min(len(ends), len(base_ends)) < MIN_CI_RUNS:
                 low = high = float("nan")
             entry["poi_vs_plain"] = {"iqm": point, "low": low, "high": high}  # (the point is P, not an IQM)
+    for method, entry in summary.items():
+        arm = ARM_OF.get(canonical_method(method))
+        arm = arm and method_name(arm, setting.algo)
+        if arm in summary:
+            entry.update(against_arm(records, setting, method, arm, min(entry["tasks"], summary[arm]["tasks"])))
     result = {"metrics": metrics_source, "plain": plain, "methods": summary}
     result.update(per_run_task_parameters(records, methods, setting))
     return result
+
+
+def _last_half_means(records: list[dict], setting: Setting, method: str, n: int) -> dict[int, float]:
+    """Each continual run of ``method``: its mean score over the last half of its first ``n`` tasks, by seed (NaN
+    where a task is left unscored)."""
+    return {r["seed"]: float(np.asarray(_score(r, setting)[:n], dtype=float)[n // 2:].mean()) for r in records
+            if r["method"] == method and r.get("fresh_task") is None}
+
+
+def against_arm(records: list[dict], setting: Setting, method: str, arm: str, n: int) -> dict[str, Any]:
+    """A control or ablation against the arm it changes one ingredient of (:data:`continual_methods.ARM_OF`), read as
+    a method against plain PPO: ``welch_vs_arm``, Welch's t on the runs' last-half means over the first ``n`` tasks
+    (``method - arm``; :func:`rl_stats.welch_t_ci`, each run one number, a run with an unscored task left out) with
+    the two means and ``paired``, the difference of the seeds both ran (they share a task sequence and, for the
+    controls built on the arm's network, the starting weights), by seed; ``vs_arm``, the verdict from 3 runs of each
+    ("not resolved" where the interval holds 0)."""
+    mine, theirs = _last_half_means(records, setting, method, n), _last_half_means(records, setting, arm, n)
+    a = np.array([v for v in mine.values() if math.isfinite(v)])
+    b = np.array([v for v in theirs.values() if math.isfinite(v)])
+    welch = welch_t_ci(a, b)
+    paired = {str(seed): mine[seed] - theirs[seed] for seed in sorted(mine.keys() & theirs.keys())
+              if math.isfinite(mine[seed] - theirs[seed])}
+    verdict = _too_few(min(len(a), len(b)), MIN_PLAIN_VERDICT_SEEDS) or compare(
+        welch, {"low": 0.0, "high": 0.0}, f"below {arm}", f"above {arm}")
+    return {"welch_vs_arm": {**welch, "arm": arm, "tasks": n - n // 2, "runs": [len(a), len(b)],
+                             "mean": float(a.mean()) if len(a) else float("nan"),
+                             "arm_mean": float(b.mean()) if len(b) else float("nan"), "paired": paired},
+            "vs_arm": verdict}
 
 
 def per_run_task_parameters(records: list[dict], methods: list[str], setting: Setting) -> dict[str, Any]:
@@ -636,6 +669,28 @@ def _at_floor(cells: np.ndarray, floor_below: float) -> dict[str, int]:
     return {"cells": int((scored < floor_below).sum()), "of": int(scored.size)}
 
 
+def _arm_lines(summary: dict[str, Any]) -> list[str]:
+    """The table of the controls and ablations against their arms (:func:`against_arm`), empty where none ran with
+    its arm."""
+    rows = [(method, s["welch_vs_arm"], s["vs_arm"]) for method, s in summary.items() if "welch_vs_arm" in s]
+    if not rows:
+        return []
+    lines = ["", "Controls and ablations against their arms (`continual_methods.ARM_OF`: the arm a method changes "
+             "one ingredient of), read as a method against plain PPO: Welch's t on the runs' last-half means, method "
+             "- arm [95 % interval], a verdict from 3 runs of each; paired: the difference of each seed both ran "
+             "(the same task sequence), by seed.", "",
+             "| method | arm | runs: method / arm | last-half mean: method / arm | vs arm | paired differences by seed |",
+             "|---|---|---|---|---|---|"]
+    for method, vs, verdict in rows:
+        cell = verdict
+        if math.isfinite(vs["low"]) and not verdict.startswith("too few"):
+            cell = f"{verdict} ({vs['difference']:+.3g} [{vs['low']:.3g}, {vs['high']:.3g}], p {vs['p']:.2g})"
+        paired = ", ".join(f"{seed}: {d:+.3g}" for seed, d in vs["paired"].items()) or "-"
+        lines.append(f"| {method} | {vs['arm']} | {vs['runs'][0]} / {vs['runs'][1]} "
+                     f"| {vs['mean']:.3g} / {vs['arm_mean']:.3g} | {cell} | {paired} |")
+    return lines
+
+
 def markdown_table(result: dict[str, Any], setting_name: str, setting: Setting) -> str:
     summary = result["methods"]
     score = SCORE_LABELS[setting.score]
@@ -684,6 +739,7 @@ def markdown_table(result: dict[str, Any], setting_name: str, setting: Setting) 
             f"| {s.get('vs_fresh', '-')} "
             f"| {_ci_text(poi, 2)} | {_vs_plain_text(s)} | {entropy}{s['cpu_seconds_mean'] / 60:.1f} |"
         )
+    lines += _arm_lines(summary)
     n_tasks = max(s["tasks"] for s in summary.values())
     shown = sorted({0, 1, n_tasks // 2, n_tasks - 1} & set(range(n_tasks)))
     lines += ["", "Per task (mean over seeds): continual score / plasticity (continual / fresh)", "",

@@ -560,6 +560,44 @@ def test_vs_plain_is_welchs_t_on_the_runs_last_half_means_from_three_runs(contin
     assert result["methods"]["plastic_relu"]["vs_plain"] == "not resolved"
 
 
+def test_a_control_is_set_beside_its_arm_by_welchs_t_and_the_paired_differences(continual, tmp_path):
+    """A control (``plastic_maxmin_off``, the conv arm without its penalty) is read against its arm as a method is
+    against plain PPO: Welch's t on the runs' last-half means (scipy the reference), a verdict from 3 runs of each,
+    and the per-seed differences of the seeds both ran (they share a task sequence); a method whose arm has no run
+    gets nothing, and the table lists the pair."""
+    import scipy.stats
+
+    setting = _tiny_bandit(continual, tasks=4)
+    rng = np.random.default_rng(11)
+    fresh = 0.9 + 0.001 * rng.standard_normal((4, 4))
+    plain, arm, control = (level + 0.01 * rng.standard_normal((4, 4)) for level in (0.3, 0.8, 0.5))
+    _synthetic_runs(tmp_path, setting, {"ppo": (plain, fresh), "plastic_maxmin_conv": (arm, fresh),
+                                        "plastic_maxmin_off": (control[:3], fresh[:3]),
+                                        "ppo_policy_head_reset": (control, fresh)})  # its arm, ppo_head_reset, absent
+    methods = ["ppo", "plastic_maxmin_conv", "plastic_maxmin_off", "ppo_policy_head_reset"]
+    result = continual.summarise(continual.load_records(str(tmp_path)), methods, setting)
+    entry = result["methods"]["plastic_maxmin_off"]
+    vs = entry["welch_vs_arm"]
+    ref = scipy.stats.ttest_ind(control[:3, 2:].mean(axis=1), arm[:, 2:].mean(axis=1), equal_var=False)
+    assert vs["arm"] == "plastic_maxmin_conv" and vs["p"] == pytest.approx(ref.pvalue, rel=1e-6)
+    assert (vs["low"], vs["high"]) == pytest.approx(tuple(ref.confidence_interval(0.95)), rel=1e-6)
+    expected = control[:3, 2:].mean(axis=1) - arm[:3, 2:].mean(axis=1)
+    assert list(vs["paired"]) == ["0", "1", "2"]
+    np.testing.assert_allclose(list(vs["paired"].values()), expected, rtol=1e-9)
+    assert entry["vs_arm"] == "below plastic_maxmin_conv"
+    assert "welch_vs_arm" not in result["methods"]["ppo_policy_head_reset"]  # no run of its arm
+    assert "welch_vs_arm" not in result["methods"]["plastic_maxmin_conv"]  # its arm (plastic_maxmin) did not run
+    table = continual.markdown_table(result, "bandit", setting)
+    row = next(line for line in table.splitlines() if line.startswith("| plastic_maxmin_off | plastic_maxmin_conv |"))
+    assert "below plastic_maxmin_conv (-0.296 [" in row and "| 3 / 4 |" in row and "0: -0.291, 1: -0.297" in row
+    # two runs of the control: the interval is computed, no verdict
+    _synthetic_runs(tmp_path / "two", setting, {"plastic_maxmin_conv": (arm, fresh),
+                                                "plastic_maxmin_off": (control[:2], fresh[:2])})
+    result = continual.summarise(continual.load_records(str(tmp_path / "two")),
+                                 ["plastic_maxmin_conv", "plastic_maxmin_off"], setting)
+    assert result["methods"]["plastic_maxmin_off"]["vs_arm"] == "too few seeds (2 < 3)"
+
+
 def test_the_vs_plain_cell_prints_welchs_interval_only_with_a_verdict(continual, tmp_path):
     """2 runs of a method against 3 of plain PPO: Welch's interval exists (2 runs with spread), but no verdict is
     given from 2 runs, so the table's "vs plain" cell prints none (as the other cells print "no CI")."""
