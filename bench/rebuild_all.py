@@ -9,8 +9,9 @@ command.
     python bench/rebuild_all.py --check         # rebuild each in a scratch copy, compare, exit 1 on a difference
     python bench/rebuild_all.py --check --only cartpole_obs minatar_intensive
 
-Folders without ``runs/`` were written before the run JSONs were committed (the old bandit protocol, superseded by
-issue #14's): they are listed as not rebuildable. A folder whose summary.json is missing has no finished run yet.
+A folder without ``runs/`` (written before the run JSONs were committed) is listed as not rebuildable; the six of
+the old bandit protocol, superseded by issue #14's, are kept for the record under ``superseded_bandit/``, which this
+tool does not read. A folder whose summary.json is missing has no finished run yet.
 """
 
 from __future__ import annotations
