@@ -169,6 +169,18 @@ ARM_OF: dict[str, str] = {
 }
 
 
+#: The methods a results folder's grid named before any of its runs, by folder: the family over which a reader
+#: adjusts the folder's "vs plain" tests for multiplicity (``bench/verdict_coverage.py`` lists Holm's correction over
+#: it beside the one over every test). Methods a folder gained later (a control, an ablation, an arm chosen after
+#: results were seen) are post hoc and sit outside it. ``minatar_intensive``: issue #28's list for the MinAtar grid
+#: (plain PPO's baseline aside); ``cminatar_rr4``: the arms the thirty-eighth session queued before that folder's
+#: first run.
+PREREGISTERED: dict[str, tuple[str, ...]] = {
+    "minatar_intensive": ("ppo_adam_equal_betas", "ppo_l2_init", "ppo_snp", "ppo_fire_switch", "ppo_head_reset",
+                          "plastic_relu", "plastic_maxmin", "ppo_cbp_dohare", "ppo_nap", "ppo_spectral"),
+    "cminatar_rr4": ("dqn_cchain", "dqn_redo", "dqn_l2_init", "plastic_relu"),
+}
+
 @dataclass(frozen=True)
 class MethodParams:
     """Hyperparameters of the methods (flags of the script), fixed before the grid.

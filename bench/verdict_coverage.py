@@ -60,6 +60,7 @@ from typing import Any, Optional
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import continual_methods
 from continual_report import parameter_adjusted_trend
 from rl_stats import _check_level, iqm_ci, paired_run_sums, ratio_of_means_ci, ratio_of_means_t_ci, welch_t_ci
 
@@ -315,7 +316,9 @@ def committed_plain_verdicts(results: str = RESULTS) -> list[dict[str, Any]]:
     """Every method of every results folder with Welch's "vs plain" (``welch_vs_plain``) from 3 runs or more of it
     and of the plain baseline, with the verdict of the IQM rule (the two IQM intervals do not overlap; until the
     thirty-third session, and from 4 runs each since the thirty-second), of Welch's interval, and of Welch's test
-    with Holm's correction over the folder's listed tests (``p_holm``, ``holm_verdict``: the tables apply none)."""
+    with Holm's correction over the folder's listed tests (``p_holm``, ``holm_verdict``: the tables apply none) and,
+    where ``continual_methods.PREREGISTERED`` names the folder's pre-registered methods, over those alone
+    (``p_holm_preregistered``; ``None`` for a post hoc method and in a folder without such a family)."""
     rows = []
     for path in sorted(glob.glob(os.path.join(results, "*", "summary.json"))):
         with open(path) as f:
@@ -340,6 +343,12 @@ def committed_plain_verdicts(results: str = RESULTS) -> list[dict[str, Any]]:
         for r, adjusted in zip(family, holm([r["p"] for r in family])):
             r["p_holm"] = adjusted
             r["holm_verdict"] = r["welch_verdict"] if adjusted < 0.05 else "not resolved"
+        named = continual_methods.PREREGISTERED.get(folder, ())
+        preregistered = [r for r in family if r["method"] in named]
+        for r in family:
+            r["p_holm_preregistered"] = None
+        for r, adjusted in zip(preregistered, holm([r["p"] for r in preregistered])):
+            r["p_holm_preregistered"] = adjusted
     return rows
 
 
@@ -413,15 +422,21 @@ def markdown(sim: list[dict[str, Any]], committed: list[dict[str, Any]], trials:
                   f"{len(moved)} that the rule changes", "",
                   "The table's verdict is Welch's (since the thirty-fourth session; from the thirty-second to the "
                   "thirty-third the IQM rule's from 4 runs each). Holm: Welch's p adjusted over the folder's tests "
-                  "listed here (family-wise 5 %; the tables apply no correction).", "",
+                  "listed here (family-wise 5 %; the tables apply no correction); pre-registered: over the methods "
+                  "the folder's grid named before its first run (`continual_methods.PREREGISTERED`; \"post hoc\" "
+                  "for a method added later, \"-\" for a folder without such a family).", "",
                   "| folder | method | runs (plain) | IQM [95 %] | plain IQM [95 %] | difference of means | Welch 95 % | p "
-                  "| p, Holm | IQM rule | Welch | Welch, Holm |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "| p, Holm | p, Holm (pre-registered) | IQM rule | Welch | Welch, Holm |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        families = {r["folder"] for r in plain_committed if r.get("p_holm_preregistered") is not None}
         for r in plain_committed:
             mark = "**" if r["iqm_verdict"] != r["welch_verdict"] else ""
             (a, al, ah), (b, bl, bh) = r["iqm"], r["plain_iqm"]
+            pre = r.get("p_holm_preregistered")
+            pre = f"{pre:.2g}" if pre is not None else "post hoc" if r["folder"] in families else "-"
             lines.append(f"| {r['folder']} | {r['method']} | {r['runs']} ({r['plain_runs']}) | {a:.3g} [{al:.3g}, "
                          f"{ah:.3g}] | {b:.3g} [{bl:.3g}, {bh:.3g}] | {r['difference']:+.3g} | [{r['welch'][0]:.3g}, "
-                         f"{r['welch'][1]:.3g}] | {r['p']:.2g} | {r['p_holm']:.2g} | {mark}{r['iqm_verdict']}{mark} | "
+                         f"{r['welch'][1]:.3g}] | {r['p']:.2g} | {r['p_holm']:.2g} | {pre} | {mark}{r['iqm_verdict']}{mark} | "
                          f"{mark}{r['welch_verdict']}{mark} | {r['holm_verdict']} |")
     return "\n".join(lines) + "\n"
 

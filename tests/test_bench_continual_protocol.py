@@ -859,3 +859,14 @@ def test_the_output_heads_statistics_are_summarised_over_the_last_half(continual
     text = continual.markdown_table(result, "bandit", setting)
     assert "| method | logit std | entropy, as found |" in text
     assert f"| ppo | {np.nanmean(late):.3g} / {head['head_logit_std']['fresh']:.3g} | 0.425 / - |" in text
+
+
+def test_every_name_of_the_arm_and_preregistered_tables_is_a_method(continual):
+    """``ARM_OF`` and ``PREREGISTERED`` name methods by hand: a misspelt name would drop a control's comparison or a
+    pre-registered test from Holm's family without a word. Every name is one the grid runs."""
+    from continual_methods import ARM_OF, PREREGISTERED
+
+    named = set(ARM_OF) | set(ARM_OF.values()) | {m for family in PREREGISTERED.values() for m in family}
+    assert named and named <= set(continual.continual_report.ALL_METHOD_NAMES), named - set(
+        continual.continual_report.ALL_METHOD_NAMES)
+    assert all(len(set(family)) == len(family) for family in PREREGISTERED.values())

@@ -131,8 +131,33 @@ def test_the_committed_vs_plain_listing_gives_both_rules(coverage, tmp_path):
     text = coverage.markdown([], [], trials=1, plain_committed=rows)
     assert "2 \"vs plain\" verdicts from 3 runs or more, 0 that the rule changes" in text
     assert rows[0]["p_holm"] == pytest.approx(2e-4) and rows[1]["p_holm"] == pytest.approx(0.2)
-    assert ("| m | ppo_snp | 3 (5) | 29 [28, 30] | 20 [19, 21] | +9 | [6, 12] | 0.0001 | 0.0002 | above | above "
-            "| above |") in text
+    assert ("| m | ppo_snp | 3 (5) | 29 [28, 30] | 20 [19, 21] | +9 | [6, 12] | 0.0001 | 0.0002 | - | above | "
+            "above | above |") in text
+
+
+def test_holm_is_also_read_over_the_folders_preregistered_family_alone(coverage, tmp_path, monkeypatch):
+    """A folder with a pre-registered family (``continual_methods.PREREGISTERED``): Holm over every listed test and,
+    beside it, over the family alone; a post hoc method has no value in the second column. p = 0.01 and 0.02 in the
+    family, 0.001 post hoc: over all three 0.003, 0.02, 0.02; over the family 0.02, 0.02."""
+    def entry(p=None):
+        out = dict(seeds=[0, 1, 2], iqm_last_half=dict(iqm=1.0, low=0.0, high=2.0))
+        return out if p is None else dict(out, welch_vs_plain=dict(difference=1.0, low=0.5, high=1.5, p=p))
+
+    methods = {"ppo": entry(), "ppo_snp": entry(0.01), "ppo_nap": entry(0.02), "plastic_maxmin_off": entry(0.001)}
+    for folder in ("m", "other"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "summary.json").write_text(json.dumps({"plain": "ppo", "methods": methods}))
+    monkeypatch.setattr(coverage.continual_methods, "PREREGISTERED", {"m": ("ppo_snp", "ppo_nap")})
+    rows = {(r["folder"], r["method"]): r for r in coverage.committed_plain_verdicts(str(tmp_path))}
+    assert rows["m", "plastic_maxmin_off"]["p_holm"] == pytest.approx(0.003)
+    assert rows["m", "ppo_snp"]["p_holm"] == pytest.approx(0.02) == rows["m", "ppo_nap"]["p_holm"]
+    assert rows["m", "ppo_snp"]["p_holm_preregistered"] == pytest.approx(0.02)
+    assert rows["m", "plastic_maxmin_off"]["p_holm_preregistered"] is None
+    assert all(r["p_holm_preregistered"] is None for key, r in rows.items() if key[0] == "other")
+    text = coverage.markdown([], [], trials=1, plain_committed=list(rows.values()))
+    assert "| m | ppo_snp | 3 (3) |" in text and "| 0.01 | 0.02 | 0.02 | **not resolved** | **above** | above |" in text
+    assert "| 0.001 | 0.003 | post hoc | **not resolved** | **above** | above |" in text
+    assert "| 0.001 | 0.003 | - | **not resolved** | **above** | above |" in text  # the folder without a family
 
 
 def test_holm_adjusts_step_down_as_written_out_by_hand(coverage):
