@@ -78,6 +78,14 @@ for m in plastic_relu_floor plastic_relu_ceiling; do run $CARTPOLE --methods $m;
 #    fresh agents (~1 CPU-hour a seed). Is it the activation and init, or the conv layer's penalty?
 run --setting minatar_intensive --methods plastic_maxmin_off --fresh sample
 for m in ppo_policy_head_reset ppo_value_head_reset; do run --setting minatar_intensive --methods $m --fresh sample; done
+#    (forty-third session) where do the MaxMin curves settle? At 20 tasks the no-penalty MaxMin control (5 seeds) and
+#    the conv-only arm (4) peak between tasks 7 and 16 and most fall back part of the way. Seed 0 over 40 tasks (its
+#    first 20 are the 20-task folder's sequence: the permutations depend on the seed and the task index alone) for
+#    plain PPO, that control and S&P at every switch (the strongest method named before the grid), no fresh agents
+#    (the 20-task folder's are the level: the tasks are alike), ~4.5 CPU-hours. A hint from one seed each.
+for m in ppo plastic_maxmin_off ppo_snp; do
+  SEEDS=0 run --setting minatar_intensive --tasks 40 --methods $m --fresh none --out bench/results/continual/minatar_intensive_40tasks
+done
 CARD_GRID_SETTING=minatar_intensive bash bench/card_envs_grid.sh 2 || true
 for env in cchain_cartpole cchain_acrobot cchain_lunar; do run --setting $env --methods ppo --fresh all; done
 # 5. the card's environments come first (issue #28): this worker joins bench/card_envs_grid.sh as its second worker
