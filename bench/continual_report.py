@@ -526,7 +526,8 @@ def summarise(records: list[dict], methods: list[str], setting: Setting) -> dict
                              if r["method"] == method and r.get("fresh_task") is None], dtype=float)
             n = min(ends.shape[1], base_ends.shape[1])
             half = slice(n // 2, n)
-            means, base_means = ends[:, half].mean(axis=1), base_ends[:, half].mean(axis=1)
+            means, base_means = (np.array(list(_last_half_means(records, setting, m, n).values()))
+                                 for m in (method, plain))
             unscored = int((~np.isfinite(means)).sum() + (~np.isfinite(base_means)).sum())
             means, base_means = means[np.isfinite(means)], base_means[np.isfinite(base_means)]
             welch = welch_t_ci(means, base_means)  # a run with a task left unscored is no unit of the test
