@@ -30,6 +30,10 @@ BASELINE_METHODS = ("ppo_l2_init", "ppo_spectral", "ppo_nap")
 #: instead of 1): how much growth a task's learning needs. Forty-first session: ``plastic_maxmin_off`` is the control
 #: of ``plastic_maxmin_conv`` (its seed 0 ended tasks 10-19 at 42 against plain PPO's 19): MaxMin and the library's
 #: orthogonal init with no penalty and Adam, so that the activation and init are told apart from the conv penalty.
+#: Forty-third session: that control is the grid's strongest agent, and it differs from plain PPO in two things, the
+#: activation (MaxMin, with the library's width convention) and the init (orthogonal with gain 1 on the hidden layers,
+#: where SB3's ``ortho_init`` gives gain sqrt(2)); the other two cells of that 2 x 2 split them:
+#: ``plastic_maxmin_off_sb3init`` (MaxMin with SB3's init) and ``plastic_relu_off_ortho`` (ReLU with the library's).
 ISOMETRY_VARIANTS: dict[str, dict[str, Any]] = {
     "plastic_relu_rect": dict(isometry_rect_scale=True),
     "plastic_relu_s2": dict(isometry_scale=2.0),
@@ -40,6 +44,8 @@ ISOMETRY_VARIANTS: dict[str, dict[str, Any]] = {
     "plastic_relu_linear": dict(isometry_layers=["features_extractor.linear.*"]),
     "plastic_maxmin_conv": dict(isometry_layers=["features_extractor.cnn.*"]),
     "plastic_maxmin_off": dict(isometry_mode="off", optimizer="adam"),
+    "plastic_maxmin_off_sb3init": dict(isometry_mode="off", optimizer="adam", orthogonal_init=False),
+    "plastic_relu_off_ortho": dict(isometry_mode="off", optimizer="adam", orthogonal_init=True),
     "plastic_relu_linear_floor": dict(isometry_layers=["features_extractor.linear.*"], isometry_side="floor"),
     "plastic_relu_linear_ceiling": dict(isometry_layers=["features_extractor.linear.*"], isometry_side="ceiling"),
     "plastic_relu_floor": dict(isometry_side="floor"),
@@ -147,13 +153,15 @@ ALL_METHOD_NAMES = tuple(dict.fromkeys(method_name(m, a) for a in ALGOS for m in
 #: The arm each control or ablation is read against (forty-second session): the report sets a method beside its arm
 #: as it sets every method beside plain PPO (Welch's t on the runs' last-half means, plus the paired differences of
 #: the seeds both ran, which share a task sequence). A control changes one ingredient of its arm:
-#: ``plastic_maxmin_off`` drops the conv penalty of ``plastic_maxmin_conv``, ``ppo_cbp_dohare_no_replace`` CBP's
+#: ``plastic_maxmin_off`` drops the conv penalty of ``plastic_maxmin_conv``, ``plastic_maxmin_off_sb3init`` /
+#: ``plastic_relu_off_ortho`` change its init / its activation, ``ppo_cbp_dohare_no_replace`` CBP's
 #: replacement, the one-head resets re-draw one of ``ppo_head_reset``'s two heads, ``ppo_head2_reset`` gives
 #: ``ppo_injection``'s layers fresh weights without the frozen old heads, ``ppo_fire_switch_hidden`` leaves FIRE's
 #: output layers alone, ``ppo_tanh`` has bounded features without Fourier features' periodic ones; the isometry
 #: variants (:data:`ISOMETRY_VARIANTS`) change one option of the penalty of their arm.
 ARM_OF: dict[str, str] = {
     "plastic_maxmin_off": "plastic_maxmin_conv",
+    "plastic_maxmin_off_sb3init": "plastic_maxmin_off",
     "ppo_cbp_dohare_no_replace": "ppo_cbp_dohare",
     "ppo_policy_head_reset": "ppo_head_reset",
     "ppo_value_head_reset": "ppo_head_reset",
@@ -166,6 +174,7 @@ ARM_OF: dict[str, str] = {
        and not name.startswith("plastic_relu_linear_")},
     "plastic_relu_linear_floor": "plastic_relu_linear",
     "plastic_relu_linear_ceiling": "plastic_relu_linear",
+    "plastic_relu_off_ortho": "plastic_maxmin_off",  # after the ReLU variants' "plastic_relu" above: its arm is MaxMin's
 }
 
 

@@ -77,7 +77,16 @@ for m in plastic_relu_floor plastic_relu_ceiling; do run $CARTPOLE --methods $m;
 #    MaxMin and the library's orthogonal init with no penalty and Adam (`plastic_maxmin_off`), 5 seeds with its own
 #    fresh agents (~1 CPU-hour a seed). Is it the activation and init, or the conv layer's penalty?
 run --setting minatar_intensive --methods plastic_maxmin_off --fresh sample
-for m in ppo_policy_head_reset ppo_value_head_reset; do run --setting minatar_intensive --methods $m --fresh sample; done
+run --setting minatar_intensive --methods ppo_policy_head_reset --fresh sample
+#    (forty-third session) that control, the grid's strongest agent at 5 seeds (33.0 against plain PPO's 20.7), differs
+#    from plain PPO in its activation (MaxMin) and its init (orthogonal, gain 1 on the hidden layers; SB3's gain
+#    sqrt(2)): the other two cells of the 2 x 2, MaxMin with SB3's init and ReLU with the library's, both with Adam
+#    and no penalty, 5 seeds with their own fresh agents (seeds 0-2 of both first; ~1 CPU-hour a seed)
+for seeds in "0 1 2" "3 4"; do
+  for m in plastic_maxmin_off_sb3init plastic_relu_off_ortho; do
+    SEEDS=$seeds run --setting minatar_intensive --methods $m --fresh sample
+  done
+done
 #    (forty-third session) where do the MaxMin curves settle? At 20 tasks the no-penalty MaxMin control (5 seeds) and
 #    the conv-only arm (4) peak between tasks 7 and 16 and most fall back part of the way. Seed 0 over 40 tasks (its
 #    first 20 are the 20-task folder's sequence: the permutations depend on the seed and the task index alone) for
@@ -86,6 +95,7 @@ for m in ppo_policy_head_reset ppo_value_head_reset; do run --setting minatar_in
 for m in ppo plastic_maxmin_off ppo_snp; do
   SEEDS=0 run --setting minatar_intensive --tasks 40 --methods $m --fresh none --out bench/results/continual/minatar_intensive_40tasks
 done
+run --setting minatar_intensive --methods ppo_value_head_reset --fresh sample
 CARD_GRID_SETTING=minatar_intensive bash bench/card_envs_grid.sh 2 || true
 for env in cchain_cartpole cchain_acrobot cchain_lunar; do run --setting $env --methods ppo --fresh all; done
 # 5. the card's environments come first (issue #28): this worker joins bench/card_envs_grid.sh as its second worker

@@ -990,3 +990,47 @@ def test_maxmin_without_the_penalty_is_the_conv_arms_network_and_init_with_adam(
         th.testing.assert_close(a, b)
     for m in (model, conv):
         m.env.close()
+
+
+def test_the_no_penalty_controls_split_the_maxmin_controls_activation_from_its_init(continual):
+    """The 2 x 2 around ``plastic_maxmin_off`` (forty-third session): ``plastic_maxmin_off_sb3init`` is its network
+    (MaxMin) with SB3's init, ``plastic_relu_off_ortho`` ReLU with its init; both train with plain Adam and no penalty.
+    Independent reference, the SVD: the library's orthogonal init gives every hidden layer's (reshaped) weight
+    singular values 1, SB3's ``ortho_init`` (plain PPO's) sqrt(2); the four cells share one network shape."""
+    import warnings
+
+    setting = continual.SETTINGS["minatar_intensive"]
+    params = continual.MethodParams()
+    built = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for method in ("plastic_maxmin_off", "plastic_maxmin_off_sb3init", "plastic_relu_off_ortho", "ppo"):
+            built[method], callbacks = continual.build_model(method, setting, params, 0, "cpu", None)
+            assert callbacks == []
+
+    def hidden_singular_values(model):
+        extractor = model.policy.features_extractor
+        layers = [m for m in extractor.modules() if isinstance(m, (th.nn.Conv2d, th.nn.Linear))]
+        assert len(layers) == 2  # the MinAtar CNN: one conv layer, one linear layer
+        return [th.linalg.svdvals(m.weight.detach().reshape(m.weight.shape[0], -1)) for m in layers]
+
+    def activations(model):
+        return {type(m).__name__ for m in model.policy.modules()} & {"MaxMin", "ReLU"}
+
+    for method, gain, activation in (("plastic_maxmin_off", 1.0, "MaxMin"), ("plastic_maxmin_off_sb3init", 2 ** 0.5, "MaxMin"),
+                                     ("plastic_relu_off_ortho", 1.0, "ReLU"), ("ppo", 2 ** 0.5, "ReLU")):
+        model = built[method]
+        assert activations(model) == {activation}, method
+        for values in hidden_singular_values(model):
+            th.testing.assert_close(values, th.full_like(values, gain), rtol=1e-4, atol=1e-4)
+        if method != "ppo":
+            assert model.isometry_config.isometry_mode == "off"
+            assert type(model.policy.optimizer) is th.optim.Adam
+            assert all("isometry_coef" not in g for g in model.policy.optimizer.param_groups)
+    # one network shape for the four cells (MaxMin keeps a layer's width): only the activation and the init differ
+    shapes = {m: [tuple(p.shape) for p in built[m].policy.parameters()] for m in built}
+    assert all(shape == shapes["ppo"] for shape in shapes.values())
+    arm_of = continual.continual_report.ARM_OF
+    assert arm_of["plastic_relu_off_ortho"] == arm_of["plastic_maxmin_off_sb3init"] == "plastic_maxmin_off"
+    for m in built.values():
+        m.env.close()
