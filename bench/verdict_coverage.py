@@ -428,12 +428,11 @@ def markdown(sim: list[dict[str, Any]], committed: list[dict[str, Any]], trials:
                   "| folder | method | runs (plain) | IQM [95 %] | plain IQM [95 %] | difference of means | Welch 95 % | p "
                   "| p, Holm | p, Holm (pre-registered) | IQM rule | Welch | Welch, Holm |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-        families = {r["folder"] for r in plain_committed if r.get("p_holm_preregistered") is not None}
         for r in plain_committed:
             mark = "**" if r["iqm_verdict"] != r["welch_verdict"] else ""
             (a, al, ah), (b, bl, bh) = r["iqm"], r["plain_iqm"]
             pre = r.get("p_holm_preregistered")
-            pre = f"{pre:.2g}" if pre is not None else "post hoc" if r["folder"] in families else "-"
+            pre = f"{pre:.2g}" if pre is not None else "post hoc" if r["folder"] in continual_methods.PREREGISTERED else "-"
             lines.append(f"| {r['folder']} | {r['method']} | {r['runs']} ({r['plain_runs']}) | {a:.3g} [{al:.3g}, "
                          f"{ah:.3g}] | {b:.3g} [{bl:.3g}, {bh:.3g}] | {r['difference']:+.3g} | [{r['welch'][0]:.3g}, "
                          f"{r['welch'][1]:.3g}] | {r['p']:.2g} | {r['p_holm']:.2g} | {pre} | {mark}{r['iqm_verdict']}{mark} | "
