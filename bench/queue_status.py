@@ -2,12 +2,13 @@
 would still train, read from the scripts themselves (``GRID_PLAN=1`` makes their ``run`` print each call's arguments
 instead of running it) and from the run JSONs and checkpoints on disk.
 
-Per call of the list, in its order: the continual runs and fresh agents not yet written, how far the ones in
-progress are (their latest checkpoint), and the CPU-hours they need, estimated from the finished runs of the same
-folder and method (the median ``cpu_seconds`` of its continual runs, of its fresh agents), else of the folder's plain
-agent, else marked unknown. A fresh agent of a method told of the task switch is the plain agent's (reused, no
-cost). A run listed by both scripts (bench/protocol_grid.sh ends by walking the card's list) is counted once, where
-it comes first. Nothing is trained or written.
+Per call of the list, in its order: the continual runs and fresh agents not yet written, how far the ones in progress
+are (their latest checkpoint), and the CPU-hours they need, estimated from the finished runs of the same folder and
+method (the median ``cpu_seconds`` of its continual runs, of its fresh agents), else of the folder's plain agent, else
+(a call writing to another folder with the setting's own hyperparameters, e.g. ``--tasks 40``) per env step from the
+setting's own folder, else marked unknown. A fresh agent of a method told of the task switch is the plain agent's
+(reused, no cost). A run listed by both scripts (bench/protocol_grid.sh ends by walking the card's list) is counted
+once, where it comes first. Nothing is trained or written.
 
     python bench/queue_status.py --assume cchain_lunar=63   # both scripts, every call with work left
     python bench/queue_status.py --factor dqn_cchain=1.6     # a method costlier than the plain agent, before its runs
@@ -35,6 +36,7 @@ from continual_methods import TASK_CHANGE_METHODS, canonical_method, method_name
 from continual_runs import checkpoint_root, run_parts, run_path
 
 SCRIPTS = ("bench/card_envs_grid.sh", "bench/protocol_grid.sh")
+RESULTS = Path("bench", "results", "continual")  # a setting's own folder: RESULTS / <setting>
 
 
 def planned_calls(script: str) -> list[list[str]]:
@@ -115,7 +117,11 @@ def call_status(argv: list[str], seen: set[tuple[str, str, int, Optional[int]]],
     C-MinAtar, measured by bench/setting_cost.py)."""
     args = continual.parse_args(argv)
     setting = continual.resolve_setting(args.setting, args.quick, args.tasks, args.change_every, args.ppo_overrides)
-    out = args.out or os.path.join("bench", "results", "continual", args.setting)
+    out = args.out or str(RESULTS / args.setting)
+    # a call writing elsewhere with the setting's network and hyperparameters (e.g. more tasks) is priced per env step
+    # from the setting's own folder until it has runs of its own
+    own = continual.resolve_setting(args.setting, args.quick)
+    own_out = None if args.ppo_overrides or Path(out) == RESULTS / args.setting else str(RESULTS / args.setting)
     methods = args.methods or [method_name(m, setting.algo) for m in continual.DEFAULT_METHODS]
     seeds = args.seeds if args.seeds is not None else [0, 1, 2]
     plain = method_name("ppo", setting.algo)
@@ -138,6 +144,10 @@ def call_status(argv: list[str], seen: set[tuple[str, str, int, Optional[int]]],
                 remaining = 1.0 - _done_fraction(out, method, seed, task, timesteps)
                 factor = (factors or {}).get(method, 1.0)
                 cost = _cost(out, method, plain, fresh, setting.task_timesteps / setting.total_timesteps, factor)
+                if cost is None and own_out is not None:
+                    own_cost = _cost(own_out, method, plain, fresh, own.task_timesteps / own.total_timesteps, factor)
+                    own_steps = own.task_timesteps if fresh else own.total_timesteps
+                    cost = None if own_cost is None else own_cost * timesteps / own_steps
                 if cost is None:
                     rate = _checkpoint_rate(out)
                     cost = None if rate is None else rate * timesteps * factor

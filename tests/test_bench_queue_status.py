@@ -109,3 +109,20 @@ def test_the_command_prints_a_total(tmp_path):
                           capture_output=True, text=True, check=True, cwd=tmp_path,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert "bench/card_envs_grid.sh:" in done.stdout and done.stdout.strip().splitlines()[-1].startswith("total: ~")
+
+
+def test_a_longer_run_of_a_setting_is_priced_from_the_settings_own_folder(queue_status, tmp_path, monkeypatch):
+    """A call that writes elsewhere (``--out``) with more tasks, and no run of its own yet, is priced per env step
+    from the setting's own folder (the same network and hyperparameters); one with changed PPO keywords is not."""
+    continual = sys.modules["continual"]
+    results = tmp_path / "results"
+    monkeypatch.setattr(queue_status, "RESULTS", results)
+    queue_status._median_cpu.cache_clear()
+    default = continual.resolve_setting("bandit", False, None, None, {})
+    _record(results / "bandit/runs/ppo/seed0.json", 3600.0)
+    longer = ["--setting", "bandit", "--tasks", str(2 * default.tasks), "--out", str(tmp_path / "longer"),
+              "--fresh", "none", "--methods", "ppo", "--seeds", "0"]
+    status = queue_status.call_status(longer, set())
+    assert status["unknown"] == 0 and status["cpu_hours"] == pytest.approx(2.0)
+    changed = [*longer, "--ppo-kwarg", "n_epochs=20"]  # another update budget: its cost per step is not the folder's
+    assert queue_status.call_status(changed, set())["unknown"] == 1
