@@ -157,7 +157,9 @@ ALL_METHOD_NAMES = tuple(dict.fromkeys(method_name(m, a) for a in ALGOS for m in
 #: ``plastic_relu_off_ortho`` change its init / its activation, ``ppo_cbp_dohare_no_replace`` CBP's
 #: replacement, the one-head resets re-draw one of ``ppo_head_reset``'s two heads, ``ppo_head2_reset`` gives
 #: ``ppo_injection``'s layers fresh weights without the frozen old heads, ``ppo_fire_switch_hidden`` leaves FIRE's
-#: output layers alone, ``ppo_tanh`` has bounded features without Fourier features' periodic ones; the isometry
+#: output layers alone, ``ppo_tanh`` has bounded features without Fourier features' periodic ones, ``ppo_crelu`` (a
+#: field method elsewhere; on ``minatar_intensive`` since the forty-fifth session the control of MaxMin's activation) keeps
+#: MaxMin's two properties, no dead unit and the input's norm, without its pairing of units; the isometry
 #: variants (:data:`ISOMETRY_VARIANTS`) change one option of the penalty of their arm.
 ARM_OF: dict[str, str] = {
     "plastic_maxmin_off": "plastic_maxmin_conv",
@@ -168,6 +170,7 @@ ARM_OF: dict[str, str] = {
     "ppo_head2_reset": "ppo_injection",
     "ppo_fire_switch_hidden": "ppo_fire_switch",
     "ppo_tanh": "ppo_fourier",
+    "ppo_crelu": "plastic_maxmin_off_sb3init",
     "plastic_maxmin_rect": "plastic_maxmin",
     "plastic_maxmin_conv": "plastic_maxmin",
     **{name: "plastic_relu" for name in ISOMETRY_VARIANTS if name.startswith("plastic_relu_")

@@ -87,6 +87,13 @@ for seeds in "0 1 2" "3 4"; do
     SEEDS=$seeds run --setting minatar_intensive --methods $m --fresh sample
   done
 done
+#    (forty-fifth session) what of MaxMin's activation carries it? MaxMin maps a pair (a, b) to ((a+b)/2 + |a-b|/2,
+#    (a+b)/2 - |a-b|/2): every unit passes gradient (no dead units) and the layer keeps its input's norm. CReLU
+#    (Abbas et al., 2023; `ppo_crelu`: (relu(z), relu(-z)), plain PPO's SB3 init and Adam) shares both properties and
+#    differs in that each of its directions gives both the linear and the |.| part (MaxMin's pair gives them two
+#    directions); with the library's convention it has half the units per layer (half the parameters). Seeds 0-2 with
+#    their own fresh agents (~1 CPU-hour a seed): does the pair of properties carry the climb without MaxMin's pairing?
+SEEDS="0 1 2" run --setting minatar_intensive --methods ppo_crelu --fresh sample
 #    (forty-third session) where do the MaxMin curves settle? At 20 tasks the no-penalty MaxMin control (5 seeds) and
 #    the conv-only arm (4) peak between tasks 7 and 16 and most fall back part of the way. Seed 0 over 40 tasks (its
 #    first 20 are the 20-task folder's sequence: the permutations depend on the seed and the task index alone) for

@@ -1034,3 +1034,39 @@ def test_the_no_penalty_controls_split_the_maxmin_controls_activation_from_its_i
     assert arm_of["plastic_relu_off_ortho"] == arm_of["plastic_maxmin_off_sb3init"] == "plastic_maxmin_off"
     for m in built.values():
         m.env.close()
+
+
+def test_the_crelu_control_has_maxmins_two_properties_with_sb3s_init_and_adam(continual):
+    """``ppo_crelu`` on ``minatar_intensive`` (forty-fifth session), read against ``plastic_maxmin_off_sb3init``: the
+    same training (plain Adam, no penalty, SB3's init: every hidden layer's singular values sqrt(2), by SVD) and the
+    same feature widths into the heads, with CReLU's half the units per layer. The two properties it shares with
+    MaxMin, checked by hand on a seeded batch: every pre-activation gets a nonzero gradient (no dead unit) and the
+    activation keeps each row's norm; plain PPO's ReLU has neither."""
+    from sb3_plastic.activations import CReLU, MaxMin
+
+    setting = continual.SETTINGS["minatar_intensive"]
+    crelu, callbacks = continual.build_model("ppo_crelu", setting, continual.MethodParams(), 0, "cpu", None)
+    maxmin, _ = continual.build_model("plastic_maxmin_off_sb3init", setting, continual.MethodParams(), 0, "cpu", None)
+    assert callbacks == []
+    assert crelu.isometry_config.isometry_mode == "off" and type(crelu.policy.optimizer) is th.optim.Adam
+    assert {type(m).__name__ for m in crelu.policy.modules()} & {"CReLU", "MaxMin", "ReLU"} == {"CReLU"}
+    layers = [m for m in crelu.policy.features_extractor.modules() if isinstance(m, (th.nn.Conv2d, th.nn.Linear))]
+    reference = [m for m in maxmin.policy.features_extractor.modules() if isinstance(m, (th.nn.Conv2d, th.nn.Linear))]
+    assert [m.weight.shape[0] * 2 for m in layers] == [m.weight.shape[0] for m in reference] == [16, 128]
+    for layer in layers:
+        values = th.linalg.svdvals(layer.weight.detach().reshape(layer.weight.shape[0], -1))
+        th.testing.assert_close(values, th.full_like(values, 2 ** 0.5), rtol=1e-4, atol=1e-4)
+    assert crelu.policy.features_extractor.features_dim == maxmin.policy.features_extractor.features_dim == 128
+    assert continual.continual_report.ARM_OF["ppo_crelu"] == "plastic_maxmin_off_sb3init"
+
+    generator = th.Generator().manual_seed(0)
+    z = th.randn(64, 128, generator=generator, requires_grad=True)
+    for activation, keeps in ((CReLU(), True), (MaxMin(), True), (th.nn.ReLU(), False)):
+        out = activation(z)
+        norms_kept = th.allclose(out.norm(dim=1), z.norm(dim=1))
+        weights = th.randn(out.shape, generator=generator)  # a loss that weighs every output differently
+        (grad,) = th.autograd.grad((weights * out).sum(), z)
+        no_dead = bool((grad != 0).all())
+        assert norms_kept == no_dead == keeps, type(activation).__name__
+    for m in (crelu, maxmin):
+        m.env.close()
