@@ -73,6 +73,8 @@ issue #15; on a DQN / SAC setting the ``ppo`` prefix reads ``dqn`` / ``sac``: ``
 ``ppo_vecnorm``     the plain agent on SB3's running observation normalisation (``VecNormalize``, observations only;
                     issue #29's control, :func:`normalise_observations`)
 ``ppo_fire_switch_hidden`` FIRE at every task change on the hidden layers only, the output heads untouched (issue #29)
+``ppo_leaky_relu``  the plain agent with LeakyReLU (slope 0.01) in every hidden layer, the CNN's included: no dead
+                    unit without keeping the norm (the control of ``ppo_crelu``, forty-seventh session)
 ``ppo_l2_dohare``   Dohare et al.'s L2 agent of Slippery Ant: Adam betas (0.99, 0.99), L2 1e-3 (Adam ``weight_decay``)
 ``ppo_snp_continual`` continual Shrink & Perturb (``ShrinkPerturb("continual")``, library defaults) with Adam betas
                     (0.99, 0.99), as Dohare et al.'s regularised agents

@@ -99,7 +99,13 @@ METHODS = METHODS + FIELD_METHODS
 #: ``MlpPolicy`` default), MLP settings only: bounded hidden features, the control for deep Fourier features
 #: (``ppo_fourier``, whose sin / cos are bounded too): does any bound on the features keep the head out of the saturation
 #: that an observation offset drives a ReLU network's into? It acts within a task: its fresh agent runs it.
-MECHANISM_CONTROLS = ("ppo_vecnorm", "ppo_fire_switch_hidden", "ppo_tanh")
+#: ``ppo_leaky_relu`` (forty-seventh session): the plain agent with :class:`torch.nn.LeakyReLU` (PyTorch's default
+#: negative slope 0.01, fixed before its runs) in place of ReLU in every hidden layer, its CNN's included, at plain
+#: PPO's widths, init and Adam: the control of the second of MaxMin's two properties on ``minatar_intensive`` (read
+#: against ``ppo_crelu``, which has both). Every unit passes gradient, as with MaxMin and CReLU, but a negative
+#: pre-activation leaves only 1 % of itself, so the layer does not keep its input's norm. It acts within a task: its
+#: fresh agent runs it.
+MECHANISM_CONTROLS = ("ppo_vecnorm", "ppo_fire_switch_hidden", "ppo_tanh", "ppo_leaky_relu")
 METHODS = METHODS + MECHANISM_CONTROLS
 TASK_CHANGE_METHODS = (*TASK_CHANGE_METHODS, "ppo_fire_switch_hidden")
 
@@ -159,7 +165,8 @@ ALL_METHOD_NAMES = tuple(dict.fromkeys(method_name(m, a) for a in ALGOS for m in
 #: ``ppo_injection``'s layers fresh weights without the frozen old heads, ``ppo_fire_switch_hidden`` leaves FIRE's
 #: output layers alone, ``ppo_tanh`` has bounded features without Fourier features' periodic ones, ``ppo_crelu`` (a
 #: field method elsewhere; on ``minatar_intensive`` since the forty-fifth session the control of MaxMin's activation) keeps
-#: MaxMin's two properties, no dead unit and the input's norm, without its pairing of units; the isometry
+#: MaxMin's two properties, no dead unit and the input's norm, without its pairing of units, ``ppo_leaky_relu`` keeps
+#: CReLU's first property (no dead unit) without its second (the norm; at plain PPO's widths); the isometry
 #: variants (:data:`ISOMETRY_VARIANTS`) change one option of the penalty of their arm.
 ARM_OF: dict[str, str] = {
     "plastic_maxmin_off": "plastic_maxmin_conv",
@@ -171,6 +178,7 @@ ARM_OF: dict[str, str] = {
     "ppo_fire_switch_hidden": "ppo_fire_switch",
     "ppo_tanh": "ppo_fourier",
     "ppo_crelu": "plastic_maxmin_off_sb3init",
+    "ppo_leaky_relu": "ppo_crelu",
     "plastic_maxmin_rect": "plastic_maxmin",
     "plastic_maxmin_conv": "plastic_maxmin",
     **{name: "plastic_relu" for name in ISOMETRY_VARIANTS if name.startswith("plastic_relu_")
@@ -472,9 +480,16 @@ def build_model(method: str, setting: Setting, params: MethodParams, seed: int, 
         from torch import nn
 
         activation_fn = nn.Tanh
+    cnn_kwargs = _plain_cnn_kwargs(setting)
+    if canonical == "ppo_leaky_relu":
+        from torch import nn
+
+        activation_fn = nn.LeakyReLU
+        if cnn_kwargs:  # the CNN's layers too: every hidden layer of the plain agent
+            cnn_kwargs["features_extractor_kwargs"] = dict(cnn_kwargs["features_extractor_kwargs"],
+                                                           activation=nn.LeakyReLU)
     # the CNN keywords last: they already hold the setting's own extractor keywords (:func:`_plain_cnn_kwargs`)
-    policy_kwargs: dict[str, Any] = dict(net_arch=net_arch, activation_fn=activation_fn,
-                                         **{**shared, **_plain_cnn_kwargs(setting)})
+    policy_kwargs: dict[str, Any] = dict(net_arch=net_arch, activation_fn=activation_fn, **{**shared, **cnn_kwargs})
     optimizer_kwargs = {**(dict(eps=1e-5) if setting.algo == "ppo" else {}), **shared_optimizer}  # SB3's defaults
     if shared_optimizer:
         policy_kwargs["optimizer_kwargs"] = optimizer_kwargs

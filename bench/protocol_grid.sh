@@ -94,6 +94,12 @@ done
 #    directions); with the library's convention it has half the units per layer (half the parameters). Seeds 0-2 with
 #    their own fresh agents (~1 CPU-hour a seed): does the pair of properties carry the climb without MaxMin's pairing?
 SEEDS="0 1 2" run --setting minatar_intensive --methods ppo_crelu --fresh sample
+#    (forty-seventh session) CReLU's seed 0 climbed as MaxMin does (35.0 on tasks 10-19 against its fresh agents'
+#    23.3). Which of the two properties carries it? LeakyReLU (`ppo_leaky_relu`, slope 0.01, plain PPO's widths, init
+#    and Adam) keeps the first, no dead unit, without the second, the norm. Seeds 0-2 with their own fresh agents
+#    (~1 CPU-hour a seed), then both controls' seeds 3-4 (5 seeds each, the protocol's count).
+SEEDS="0 1 2" run --setting minatar_intensive --methods ppo_leaky_relu --fresh sample
+for m in ppo_crelu ppo_leaky_relu; do SEEDS="3 4" run --setting minatar_intensive --methods $m --fresh sample; done
 #    (forty-third session) where do the MaxMin curves settle? At 20 tasks the no-penalty MaxMin control (5 seeds) and
 #    the conv-only arm (4) peak between tasks 7 and 16 and most fall back part of the way. Seed 0 over 40 tasks (its
 #    first 20 are the 20-task folder's sequence: the permutations depend on the seed and the task index alone) for

@@ -220,3 +220,57 @@ def test_tanh_control_is_the_plain_agent_with_bounded_hidden_features(continual)
     assert hidden.abs().max() <= 1.0  # bounded, however far the input moves
     with pytest.raises(ValueError, match="'MlpPolicy'"):
         continual.build_model("ppo_tanh", continual.SETTINGS["minatar_intensive"], params, 0, "cpu", None)
+
+
+@pytest.mark.parametrize("setting_name", ["minatar_intensive", "cartpole_obs"])
+def test_leaky_relu_control_is_the_plain_agent_with_no_dead_unit_and_no_kept_norm(continual, setting_name, tmp_path):
+    """``ppo_leaky_relu`` (forty-seventh session): plain PPO's network, widths, init and Adam with LeakyReLU (slope
+    0.01) in every hidden layer, the MinAtar CNN's included; read against ``ppo_crelu``. With the slope set to 0 the
+    network computes plain PPO's function exactly; every pre-activation passes gradient but the norm is not kept
+    (checked by hand on a seeded batch)."""
+    from torch import nn
+
+    setting = continual.SETTINGS[setting_name] if setting_name == "minatar_intensive" else _tiny_cartpole(continual)
+    params = continual.MethodParams()
+    plain, _ = continual.build_model("ppo", setting, params, 0, "cpu", None)
+    leaky, callbacks = continual.build_model("ppo_leaky_relu", setting, params, 0, "cpu", None)
+    assert callbacks == [] and "ppo_leaky_relu" in continual.METHODS
+    assert "ppo_leaky_relu" not in continual.TASK_CHANGE_METHODS  # acts within a task: its fresh agent runs it
+    assert continual.continual_report.ARM_OF["ppo_leaky_relu"] == "ppo_crelu"
+
+    def activations(model):
+        return [type(m) for m in model.policy.modules() if isinstance(m, (nn.ReLU, nn.LeakyReLU, nn.Tanh))]
+
+    kinds = activations(plain)
+    assert len(kinds) == (2 if setting_name == "minatar_intensive" else 4) and set(kinds) == {nn.ReLU}
+    assert activations(leaky) == [nn.LeakyReLU] * len(kinds)
+    if setting_name == "minatar_intensive":
+        cnn = [type(m) for m in leaky.policy.features_extractor.modules() if isinstance(m, nn.LeakyReLU)]
+        assert len(cnn) == 2  # the conv layer's and the linear layer's (the heads read the CNN's features)
+    # the same parameters at the start (the activation draws no random numbers) and the same optimizer
+    for (name, a), (_, b) in zip(plain.policy.named_parameters(), leaky.policy.named_parameters(), strict=True):
+        assert a.shape == b.shape and th.equal(a, b), name
+    assert plain.policy.optimizer.defaults == leaky.policy.optimizer.defaults
+    slopes = {m.negative_slope for m in leaky.policy.modules() if isinstance(m, nn.LeakyReLU)}
+    assert slopes == {0.01}
+
+    generator = th.Generator().manual_seed(0)
+    obs = th.as_tensor(np.stack([leaky.observation_space.sample() for _ in range(16)])).float()
+    with th.no_grad():
+        differs = not th.allclose(plain.policy.predict_values(obs), leaky.policy.predict_values(obs))
+        for m in leaky.policy.modules():
+            if isinstance(m, nn.LeakyReLU):
+                m.negative_slope = 0.0
+        th.testing.assert_close(plain.policy.predict_values(obs), leaky.policy.predict_values(obs))  # ReLU's function
+        th.testing.assert_close(plain.policy.get_distribution(obs).distribution.logits,
+                                leaky.policy.get_distribution(obs).distribution.logits)
+    assert differs
+    z = th.randn(64, 128, generator=generator, requires_grad=True)
+    out = nn.LeakyReLU()(z)
+    (grad,) = th.autograd.grad((th.randn(out.shape, generator=generator) * out).sum(), z)
+    assert bool((grad != 0).all()) and not th.allclose(out.norm(dim=1), z.norm(dim=1))
+    leaky.save(tmp_path / "leaky.zip")  # a checkpoint rebuilds the same network (the runs resume from one)
+    loaded = type(leaky).load(tmp_path / "leaky.zip", device="cpu")
+    assert activations(loaded) == [nn.LeakyReLU] * len(kinds)
+    for m in (plain, leaky):
+        m.env.close()
