@@ -103,8 +103,8 @@ METHODS = METHODS + FIELD_METHODS
 #: negative slope 0.01, fixed before its runs) in place of ReLU in every hidden layer, its CNN's included, at plain
 #: PPO's widths, init and Adam: the control of the second of MaxMin's two properties on ``minatar_intensive`` (read
 #: against ``ppo_crelu``, which has both). Every unit passes gradient, as with MaxMin and CReLU, but a negative
-#: pre-activation leaves only 1 % of itself, so the layer does not keep its input's norm. It acts within a task: its
-#: fresh agent runs it.
+#: pre-activation leaves only 1 % of itself, so the layer does not keep its input's norm. Settings whose plain agent is
+#: ReLU only (C-CHAIN's Gym-control agents already have leaky ReLU). It acts within a task: its fresh agent runs it.
 MECHANISM_CONTROLS = ("ppo_vecnorm", "ppo_fire_switch_hidden", "ppo_tanh", "ppo_leaky_relu")
 METHODS = METHODS + MECHANISM_CONTROLS
 TASK_CHANGE_METHODS = (*TASK_CHANGE_METHODS, "ppo_fire_switch_hidden")
@@ -482,6 +482,9 @@ def build_model(method: str, setting: Setting, params: MethodParams, seed: int, 
         activation_fn = nn.Tanh
     cnn_kwargs = _plain_cnn_kwargs(setting)
     if canonical == "ppo_leaky_relu":
+        if setting.activation != "relu":
+            raise ValueError(f"method {method!r} replaces the plain agent's ReLU; the setting's plain activation is "
+                             f"{setting.activation!r} (allowed: 'relu')")
         from torch import nn
 
         activation_fn = nn.LeakyReLU

@@ -255,6 +255,13 @@ def test_leaky_relu_control_is_the_plain_agent_with_no_dead_unit_and_no_kept_nor
     assert slopes == {0.01}
 
     generator = th.Generator().manual_seed(0)
+    # the model's own activation (slope 0.01): gradient through every pre-activation, the norm not kept
+    act = next(m for m in leaky.policy.modules() if isinstance(m, nn.LeakyReLU))
+    z = th.randn(64, 128, generator=generator, requires_grad=True)
+    out = act(z)
+    (grad,) = th.autograd.grad((th.randn(out.shape, generator=generator) * out).sum(), z)
+    assert bool((grad != 0).all()) and not th.allclose(out.norm(dim=1), z.norm(dim=1))
+    leaky.observation_space.seed(0)
     obs = th.as_tensor(np.stack([leaky.observation_space.sample() for _ in range(16)])).float()
     with th.no_grad():
         differs = not th.allclose(plain.policy.predict_values(obs), leaky.policy.predict_values(obs))
@@ -265,12 +272,16 @@ def test_leaky_relu_control_is_the_plain_agent_with_no_dead_unit_and_no_kept_nor
         th.testing.assert_close(plain.policy.get_distribution(obs).distribution.logits,
                                 leaky.policy.get_distribution(obs).distribution.logits)
     assert differs
-    z = th.randn(64, 128, generator=generator, requires_grad=True)
-    out = nn.LeakyReLU()(z)
-    (grad,) = th.autograd.grad((th.randn(out.shape, generator=generator) * out).sum(), z)
-    assert bool((grad != 0).all()) and not th.allclose(out.norm(dim=1), z.norm(dim=1))
     leaky.save(tmp_path / "leaky.zip")  # a checkpoint rebuilds the same network (the runs resume from one)
     loaded = type(leaky).load(tmp_path / "leaky.zip", device="cpu")
     assert activations(loaded) == [nn.LeakyReLU] * len(kinds)
     for m in (plain, leaky):
         m.env.close()
+
+
+def test_leaky_relu_control_is_refused_where_the_plain_agent_is_not_relu(continual):
+    """C-CHAIN's Gym-control agents already have leaky ReLU (slope 0.1): ``ppo_leaky_relu`` would silently change
+    their slope, so it is refused with the setting's activation named."""
+    with pytest.raises(ValueError, match="'leaky_relu'.*allowed: 'relu'"):
+        continual.build_model("ppo_leaky_relu", continual.SETTINGS["cchain_cartpole"], continual.MethodParams(), 0,
+                              "cpu", None)
