@@ -114,6 +114,10 @@ for s in 0 1 2 3 4; do run "$w" $MI --methods ppo_cbp_dohare_no_replace --seeds 
 #    betas) and ReLU + AdamO, seed 0 of each (seeds 1-4 of every arm, plain included, in 8.)
 DOHARE_ARMS="ppo_cbp_dohare plastic_relu ppo_l2_dohare ppo_snp_continual ppo_adam_equal_betas"
 for m in $DOHARE_ARMS; do run "$w" $SD --methods "$m" --seeds 0 --fresh none; done
+#    and the control of the CBP arm there (forty-eighth session: CBP's seed 0 ended the last five frictions at an IQM
+#    of ~4900 against plain PPO's ~1330; on permuted SpaceInvaders its optimizer without the replacement did better
+#    than CBP itself): CBP's optimizer exactly (betas 0.99 / 0.99, weight decay 1e-4), no unit replacement, seed 0
+run "$w" $SD --methods ppo_cbp_dohare_no_replace --seeds 0 --fresh none
 #    and the control of their terminal time limit (twenty-eighth session: on the first friction it halves plain PPO's
 #    return, 1636 against 3927 with SB3's bootstrap): plain PPO seed 0 over all 10 frictions with the cut
 #    bootstrapped. Does a decline under their design survive SB3's bootstrap?

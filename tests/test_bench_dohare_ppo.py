@@ -157,10 +157,11 @@ def test_cbp_at_his_design_replaces_units_as_his_gnt(continual):
 
 def test_the_cbp_control_is_the_cbp_arm_without_its_replacement(continual):
     """``ppo_cbp_dohare_no_replace`` builds ``ppo_cbp_dohare``'s model exactly (same initial weights, same optimizer
-    groups: betas 0.99 / 0.99, weight decay 1e-4) and no callback, on the MinAtar grid and (DQN) C-MinAtar."""
+    groups: betas 0.99 / 0.99, weight decay 1e-4) and no callback, on the MinAtar grid, (DQN) C-MinAtar and Slippery
+    Ant at his design (his LeCun init on both)."""
     import torch as th
 
-    for name in ("minatar_intensive", "cminatar"):
+    for name in ("minatar_intensive", "cminatar", "slippery_ant_dohare"):
         setting = continual.SETTINGS[name]
         arm, arm_callbacks = continual.build_model(continual.method_name("ppo_cbp_dohare", setting.algo), setting,
                                                    continual.MethodParams(), 0, "cpu", None)
